@@ -1,0 +1,210 @@
+"""Adapter for our own architectures (FoX, Transformer; later GSA, TNL, DRT) built from a model card."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from evalsuite.adapters.base import Adapter, Generation, GenerationConfig, apply_stop
+from evalsuite.cards import ModelCard
+from evalsuite.errors import UserError
+from evalsuite.models.checkpoint import checkpoint_sha256, load_checkpoint
+from evalsuite.models.fox import ForgettingTransformer
+from evalsuite.tokenizers import get_tokenizer
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Elements of one logits chunk (B x positions x vocab) when computing the loss: 2**25 fp32 = 128 MiB.
+_LOGIT_BUDGET = 2**25
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise UserError(f"unknown device {device!r}; use auto, cpu, cuda or cuda:N") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda was asked for but no CUDA GPU is available")
+    return dev
+
+
+def resolve_dtype(dtype: str) -> torch.dtype:
+    if dtype not in DTYPES:
+        raise UserError(f"unknown dtype {dtype!r}; use {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def _hf_cache_snapshot(repo: str) -> Path | None:
+    """The local Hugging Face hub snapshot of ``repo`` if one is on disk (no network)."""
+    hub = os.environ.get("HF_HUB_CACHE") or os.path.join(
+        os.environ.get("HF_HOME", os.path.expanduser("~/.cache/huggingface")), "hub"
+    )
+    root = Path(hub) / ("models--" + repo.replace("/", "--"))
+    ref = root / "refs" / "main"
+    if ref.is_file():
+        snap = root / "snapshots" / ref.read_text().strip()
+        if snap.is_dir():
+            return snap
+    snaps = sorted((root / "snapshots").glob("*"), key=lambda p: p.stat().st_mtime) if root.is_dir() else []
+    return snaps[-1] if snaps else None
+
+
+def resolve_checkpoint(card: ModelCard) -> Path | None:
+    """Directory holding the card's weights; None for random init. Hub downloads only when online."""
+    w = card.weights
+    if w["source"] == "random":
+        return None
+    if "path" in w:
+        path = Path(os.path.expanduser(w["path"]))
+        if not path.is_absolute() and card.path is not None:
+            path = card.path.parent / path
+        if path.is_dir():
+            return path
+        if w["source"] == "own":
+            raise UserError(f"model {card.name}: checkpoint directory {path} does not exist")
+    repo = w.get("repo")
+    if repo:
+        local = _hf_cache_snapshot(repo)
+        if local is not None:
+            return local
+        if os.environ.get("HF_HUB_OFFLINE", "0") not in ("1", "true", "True"):
+            try:
+                from huggingface_hub import snapshot_download
+
+                return Path(snapshot_download(repo, allow_patterns=["*.json", "*.safetensors", "*.bin"]))
+            except ImportError:
+                pass
+            except Exception as e:  # noqa: BLE001 - any hub failure means "not available here"
+                raise UserError(f"model {card.name}: could not download {repo} ({type(e).__name__}: {e})") from None
+    raise UserError(
+        f"model {card.name}: weights not found locally; pass --checkpoint DIR "
+        f"(e.g. a download of {repo or 'the release'}) or set weights.path in the card"
+    )
+
+
+class NativeAdapter(Adapter):
+    """Our PyTorch models. Weights stay fp32; ``dtype`` bf16/fp16 runs the forward under autocast, as the
+    FoX evaluations do (fp32 residual stream, bf16 matmuls, fp32 log-forget)."""
+
+    def __init__(
+        self,
+        card: ModelCard,
+        *,
+        device: str = "auto",
+        dtype: str = "float32",
+        checkpoint: Path | None = None,
+        attention_backend: str = "auto",
+    ):
+        self.card = card
+        self.name = card.name
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype)
+        self.tokenizer = get_tokenizer(card.tokenizer)
+        self.max_length = card.max_length
+        ckpt = Path(checkpoint) if checkpoint is not None else resolve_checkpoint(card)
+        if ckpt is None:
+            self.model = ForgettingTransformer(card.model_config())
+            self.model.init_weights(card.weights.get("seed", 0))
+            self.layout, self.weights_id = "random", f"random-init-seed-{card.weights.get('seed', 0)}"
+        else:
+            self.model, self.layout = load_checkpoint(ckpt)
+            self.weights_id = checkpoint_sha256(ckpt)
+        self.checkpoint = ckpt
+        if self.model.cfg.vocab_size < self.tokenizer.vocab_size:
+            raise UserError(
+                f"model {card.name}: vocab size {self.model.cfg.vocab_size} is smaller than tokenizer "
+                f"{card.tokenizer}'s {self.tokenizer.vocab_size}"
+            )
+        self.model.set_attention_backend(attention_backend)
+        self.model.to(self.device).eval()
+
+    def _autocast(self):
+        if self.dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    def check_length(self, n: int) -> None:
+        if self.max_length is not None and n > self.max_length:
+            raise UserError(f"{n} tokens exceed model {self.name}'s max_length {self.max_length}")
+
+    @torch.inference_mode()
+    def token_nll(self, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        B, T = input_ids.shape
+        self.check_length(T)
+        with self._autocast():
+            hidden = self.model(input_ids.to(self.device))
+            chunk = max(1, _LOGIT_BUDGET // (B * self.model.cfg.vocab_size))
+            targets = targets.to(self.device)
+            out = []
+            for s in range(0, T, chunk):
+                logits = self.model.logits(hidden[:, s : s + chunk]).float()
+                nll = F.cross_entropy(logits.flatten(0, 1), targets[:, s : s + chunk].flatten(), reduction="none")
+                out.append(nll.view(B, -1))
+        return torch.cat(out, dim=1).cpu()
+
+    def _next_token(self, logits: torch.Tensor, config: GenerationConfig, gen: torch.Generator) -> torch.Tensor:
+        """logits ``[B, V]`` -> token ids ``[B]``; sampling runs on the CPU so seeds agree across devices."""
+        if config.temperature == 0:
+            return logits.argmax(-1)
+        probs = torch.softmax(logits.float().cpu() / config.temperature, dim=-1)
+        if config.top_p < 1:
+            sorted_p, order = probs.sort(dim=-1, descending=True)
+            keep = sorted_p.cumsum(-1) - sorted_p < config.top_p  # smallest prefix reaching top_p
+            sorted_p = sorted_p * keep
+            probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+        return torch.multinomial(probs, 1, generator=gen).squeeze(-1).to(logits.device)
+
+    @torch.inference_mode()
+    def generate(self, prompts: list[list[int]], config: GenerationConfig) -> list[Generation]:
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise UserError("generate needs non-empty prompts")
+        B, longest = len(prompts), max(len(p) for p in prompts)
+        self.check_length(longest)
+        ids = torch.zeros(B, longest, dtype=torch.long)
+        for b, p in enumerate(prompts):  # left padding; padded keys are masked through the cache's start
+            ids[b, longest - len(p) :] = torch.tensor(p)
+        start = torch.tensor([longest - len(p) for p in prompts], device=self.device)
+        start = start if int(start.max()) > 0 else None
+        gen = torch.Generator().manual_seed(config.seed)
+        eos = self.tokenizer.eos_id if config.stop_at_eos else None
+        new: list[list[int]] = [[] for _ in range(B)]
+        results: list[Generation | None] = [None] * B
+        with self._autocast():
+            cache = self.model.new_cache(B, longest + config.max_new_tokens, start)
+            logits = self.model.logits(self.model(ids.to(self.device), cache=cache)[:, -1])
+            for step_index in range(config.max_new_tokens):
+                tokens = self._next_token(logits, config, gen).tolist()
+                for b, tok in enumerate(tokens):
+                    if results[b] is not None:
+                        continue
+                    if tok == eos:
+                        results[b] = Generation(self.tokenizer.decode(new[b]), new[b], "eos")
+                        continue
+                    new[b].append(tok)
+                    if config.stop:
+                        text, stopped = apply_stop(self.tokenizer.decode(new[b]), config.stop)
+                        if stopped:
+                            results[b] = Generation(text, new[b], "stop")
+                if all(r is not None for r in results) or step_index == config.max_new_tokens - 1:
+                    break
+                step = torch.tensor(tokens, device=self.device)[:, None]
+                logits = self.model.logits(self.model(step, cache=cache)[:, -1])
+        return [r or Generation(self.tokenizer.decode(new[b]), new[b], "length") for b, r in enumerate(results)]
+
+    def provenance(self) -> dict:
+        return {
+            "model": self.name,
+            "card": self.card.to_dict(),
+            "weights_layout": self.layout,
+            "checkpoint": str(self.checkpoint) if self.checkpoint else None,
+            "checkpoint_sha256": self.weights_id,
+            "tokenizer": self.tokenizer.spec,
+            "device": str(self.device),
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "attention_backend": self.model.blocks[0].attn.backend if len(self.model.blocks) else None,
+        }

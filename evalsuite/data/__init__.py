@@ -1,0 +1,1 @@
+"""Document sources: user corpora on disk and the built-in synthetic corpus."""

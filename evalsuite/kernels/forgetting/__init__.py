@@ -1,0 +1,41 @@
+"""Forgetting Attention: one entry point that picks the Triton kernel or its PyTorch reference twin.
+
+``attention(q, k, v, cum_q, cum_k)``: q ``[B, Tq, H, D]`` are the last Tq positions of k/v ``[B, Tk, H, D]``;
+``cum_*`` are cumulative log forget gates (float32, ``[B, T, H]``) or None for plain causal attention.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from evalsuite.kernels.forgetting.reference import attention_blocked, attention_dense
+
+BACKENDS = ("auto", "triton", "reference", "dense")
+
+
+def triton_available(t: torch.Tensor) -> bool:
+    """The kernel runs on CUDA tensors in bf16/fp16 (q/k/v); fp32 activations use the reference."""
+    if not t.is_cuda or t.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def attention(q, k, v, cum_q=None, cum_k=None, *, key_start=None, scale=None, backend: str = "auto"):
+    """Causal (Forgetting) attention with the chosen backend; see the module docstring for shapes."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown attention backend {backend!r}; choose from {', '.join(BACKENDS)}")
+    if backend == "auto":
+        backend = "triton" if triton_available(q) else "reference"
+    if backend == "dense":
+        return attention_dense(q, k, v, cum_q, cum_k, scale=scale, key_start=key_start)
+    if backend == "reference":
+        return attention_blocked(q, k, v, cum_q, cum_k, scale=scale, key_start=key_start)
+    from evalsuite.kernels.forgetting import triton as kernel
+
+    if q.shape[1] == k.shape[1] and key_start is None:
+        return kernel.forgetting_attention_triton(q, k, v, cum_q, scale=scale)
+    return kernel.forgetting_attention_decode_triton(q, k, v, cum_q, cum_k, scale=scale, key_start=key_start)

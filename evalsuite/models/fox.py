@@ -1,0 +1,402 @@
+"""Forgetting Transformer and the Transformer baselines (FoX paper, §2-3 and Appendix A/D).
+
+One readable module covers the four architectures of the paper, as the official code does
+(Transformer (Pro) *is* the FoX model without a forget gate and with RoPE):
+
+=====================  ===========  ======  ====================================================
+card architecture      forget gate  RoPE    Pro extras (QK-norm, output gate+norm, KV-shift)
+=====================  ===========  ======  ====================================================
+FoX (LLaMA)            "full"       no      no
+FoX (Pro)              "full"       no      yes
+Transformer (LLaMA)    "none"       θ=5e5   no
+Transformer (Pro)      "none"       θ=5e5   yes
+=====================  ===========  ======  ====================================================
+
+Block (pre-norm): ``h = x + Attn(RMSNorm(x)); y = h + SwiGLU(RMSNorm(h))``; final RMSNorm; untied head.
+Attention per head: ``o_i = softmax_j(q_i.k_j/sqrt(d) + c_i - c_j) v_j`` with ``c = cumsum(log f)`` and
+``f_t = sigmoid(w_f.x_t + b_f)`` (``fgate_type="full"``), ``sigmoid(b)`` (``"bias_only"``, learnable, or
+``"fixed"``, a buffer: ALiBi-equivalent), or no gate (``"none"``).
+
+Tensor layout: activations ``[B, T, D]``; heads ``[B, T, H, hd]``; log-forget ``[B, T, H]`` (float32).
+Left padding is supported through ``start`` (``[B]`` long): tokens before ``start[b]`` are padding.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from evalsuite.kernels.forgetting import attention
+
+FGATE_TYPES = ("full", "bias_only", "fixed", "none")
+PAD_BIAS = 1e30  # added to the cumulative log-forget of padding keys; exp(-1e30) == 0 in fp32
+
+
+@dataclass
+class FoxConfig:
+    """Hyperparameters; names follow the paper. Defaults are the 760M FoX (Pro) of the paper."""
+
+    vocab_size: int = 50257
+    hidden_size: int = 1536
+    num_layers: int = 24
+    num_heads: int = 24
+    hidden_ratio: float = 3.5  # SwiGLU width ratio: 4 for LLaMA blocks, 3.5 for Pro (paper footnote 2)
+    intermediate_size: int | None = None  # overrides hidden_ratio when set
+    fgate_type: str = "full"  # "full" | "bias_only" | "fixed" | "none"
+    decay_time_min: float | None = None  # Appendix D init of bias_only/fixed gates: T_min, T_max
+    decay_time_max: float | None = None
+    use_rope: bool = False
+    rope_base: float = 500000.0
+    qk_norm: bool = True
+    qk_norm_shared: bool = False  # one [hd] scale for all heads (the released checkpoints, footnote 4)
+    use_output_gate: bool = True
+    use_output_norm: bool = True
+    use_k_shift: bool = True
+    use_v_shift: bool = True
+    norm_eps: float = 1e-6
+    qk_norm_eps: float = 1e-5  # the official layer's constructor default, not norm_eps
+    initializer_range: float = 0.02
+
+    def __post_init__(self):
+        if self.fgate_type not in FGATE_TYPES:
+            raise ValueError(f"fgate_type must be one of {FGATE_TYPES}, got {self.fgate_type!r}")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
+        if self.fgate_type in ("bias_only", "fixed") and (self.decay_time_min is None) != (self.decay_time_max is None):
+            raise ValueError("give both decay_time_min and decay_time_max, or neither")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def mlp_size(self) -> int:
+        """SwiGLU width: int(d * ratio * 2/3) rounded up to a multiple of 256 (official rule)."""
+        if self.intermediate_size is not None:
+            return self.intermediate_size
+        return 256 * math.ceil(int(self.hidden_size * self.hidden_ratio * 2 / 3) / 256)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> FoxConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown FoX config keys: {', '.join(unknown)}")
+        return cls(**d)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim, computed in float32, returned in x's dtype."""
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        y = y * weight.float()
+    return y.to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        return rms_norm(x, self.weight, self.eps)
+
+
+class HeadRMSNorm(nn.Module):
+    """RMSNorm applied to each head separately on ``[..., H, hd]``; scale shared ([hd]) or per head ([H*hd])."""
+
+    def __init__(self, num_heads: int, head_dim: int, eps: float, shared: bool):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(head_dim if shared else num_heads * head_dim))
+        self.num_heads, self.head_dim, self.eps = num_heads, head_dim, eps
+
+    def forward(self, x):  # x: [..., H, hd]
+        return rms_norm(x, self.weight.view(-1, self.head_dim), self.eps)
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
+    """Rotary embedding, GPT-NeoX "rotate half" pairing, full head dim.
+
+    x: ``[B, T, H, hd]``; positions: ``[B, T]`` (float32 absolute positions).
+    """
+    hd = x.shape[-1]
+    inv_freq = base ** (-torch.arange(0, hd, 2, device=x.device, dtype=torch.float32) / hd)
+    angles = positions.float()[..., None] * inv_freq  # [B, T, hd/2]
+    cos = torch.cat([angles.cos(), angles.cos()], -1)[:, :, None, :].to(x.dtype)
+    sin = torch.cat([angles.sin(), angles.sin()], -1)[:, :, None, :].to(x.dtype)
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+def decay_time_bias(num_heads: int, t_min: float, t_max: float) -> torch.Tensor:
+    """Appendix D init: per-head bias b with sigmoid(b)^T = 1/e, T log-spaced over [t_min, t_max].
+
+    ``b = -log(expm1(1/T))`` since ``-log sigmoid(b) = 1/T``. Returns ``[H]`` float32.
+    """
+    T = torch.exp(torch.linspace(math.log(t_min), math.log(t_max), num_heads, dtype=torch.float64))
+    return (-torch.log(torch.expm1(1.0 / T))).float()
+
+
+class ShiftProjection(nn.Module):
+    """KV-shift (paper eq. 14): ``out_t = a_t * W x_{t-1} + (1 - a_t) * W x_t``, ``a_t = sigmoid(w_h . x_t)``.
+
+    One mixing coefficient per head and token; the previous row of the first token is zero (or the
+    cached row during decoding). Returns ``[B, T, H, hd]`` and the last projected row ``[B, H, hd]``.
+    """
+
+    def __init__(self, d: int, num_heads: int):
+        super().__init__()
+        self.linear = nn.Linear(d, d, bias=False)
+        self.shift = nn.Linear(d, num_heads, bias=False)
+        self.num_heads = num_heads
+
+    def forward(self, x, prev: torch.Tensor | None, pad: torch.Tensor | None):
+        B, T, _ = x.shape
+        out = self.linear(x).view(B, T, self.num_heads, -1)
+        if pad is not None:  # padding rows must not leak into the first real token
+            out = out.masked_fill(pad[:, :, None, None], 0.0)
+        alpha = torch.sigmoid(self.shift(x).float())[..., None]  # [B, T, H, 1]
+        first = torch.zeros_like(out[:, :1]) if prev is None else prev[:, None].to(out.dtype)
+        previous = torch.cat([first, out[:, :-1]], dim=1)
+        mixed = alpha * previous.float() + (1 - alpha) * out.float()
+        return mixed.to(out.dtype), out[:, -1]
+
+
+@dataclass
+class LayerCache:
+    """Decoding state of one attention layer, preallocated for ``capacity`` positions.
+
+    k, v: ``[B, capacity, H, hd]`` (k after QK-norm and RoPE); cum: ``[B, capacity, H]`` float32
+    cumulative log-forget; k_prev/v_prev: ``[B, H, hd]`` last projected rows for the KV-shift.
+    """
+
+    k: torch.Tensor
+    v: torch.Tensor
+    cum: torch.Tensor | None
+    k_prev: torch.Tensor | None = None
+    v_prev: torch.Tensor | None = None
+
+
+class ModelCache:
+    """All layers' caches plus the shared length and left-padding starts."""
+
+    def __init__(self, config: FoxConfig, batch: int, capacity: int, device, dtype, start=None):
+        H, hd = config.num_heads, config.head_dim
+        gated = config.fgate_type != "none" or start is not None  # padding needs a decay bias
+        self.layers = [
+            LayerCache(
+                k=torch.empty(batch, capacity, H, hd, device=device, dtype=dtype),
+                v=torch.empty(batch, capacity, H, hd, device=device, dtype=dtype),
+                cum=torch.empty(batch, capacity, H, device=device, dtype=torch.float32) if gated else None,
+            )
+            for _ in range(config.num_layers)
+        ]
+        self.capacity = capacity
+        self.length = 0
+        self.start = start  # [B] long or None
+
+    def positions(self, batch: int, new: int, device) -> torch.Tensor:
+        """Absolute positions ``[B, new]`` of the next ``new`` tokens, counted from each sequence's start."""
+        pos = torch.arange(self.length, self.length + new, device=device)[None].expand(batch, new)
+        if self.start is not None:
+            pos = (pos - self.start[:, None]).clamp(min=0)
+        return pos
+
+
+class ForgettingAttention(nn.Module):
+    def __init__(self, cfg: FoxConfig):
+        super().__init__()
+        D, H, hd = cfg.hidden_size, cfg.num_heads, cfg.head_dim
+        self.cfg = cfg
+        self.q_proj = nn.Linear(D, D, bias=False)
+        self.k_proj = ShiftProjection(D, H) if cfg.use_k_shift else nn.Linear(D, D, bias=False)
+        self.v_proj = ShiftProjection(D, H) if cfg.use_v_shift else nn.Linear(D, D, bias=False)
+        self.o_proj = nn.Linear(D, D, bias=False)
+        if cfg.qk_norm:
+            self.q_norm = HeadRMSNorm(H, hd, cfg.qk_norm_eps, cfg.qk_norm_shared)
+            self.k_norm = HeadRMSNorm(H, hd, cfg.qk_norm_eps, cfg.qk_norm_shared)
+        if cfg.fgate_type == "full":
+            self.fgate_proj = nn.Linear(D, H, bias=True)
+        elif cfg.fgate_type == "bias_only":
+            self.fgate_bias = nn.Parameter(torch.zeros(H))
+        elif cfg.fgate_type == "fixed":
+            self.register_buffer("fgate_bias", torch.zeros(H))
+        if cfg.use_output_gate:
+            self.ogate_proj = nn.Linear(D, D, bias=False)
+        if cfg.use_output_norm:
+            self.out_norm = HeadRMSNorm(H, hd, cfg.norm_eps, shared=False)
+        self.backend = "auto"
+
+    def _project(self, proj, x, prev, pad):
+        if isinstance(proj, ShiftProjection):
+            return proj(x, prev, pad)
+        B, T, _ = x.shape
+        return proj(x).view(B, T, self.cfg.num_heads, -1), None
+
+    def log_forget(self, x: torch.Tensor) -> torch.Tensor | None:
+        """log f_t per head, ``[B, T, H]`` float32, or None without a forget gate."""
+        if self.cfg.fgate_type == "none":
+            return None
+        if self.cfg.fgate_type == "full":
+            return F.logsigmoid(self.fgate_proj(x).float())
+        B, T, _ = x.shape
+        return F.logsigmoid(self.fgate_bias.float()).expand(B, T, -1)
+
+    def forward(self, x, positions, pad=None, cache: LayerCache | None = None, cache_len: int = 0):
+        """x: ``[B, T, D]`` normed input; positions: ``[B, T]``; pad: ``[B, T]`` bool or None."""
+        cfg = self.cfg
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, cfg.num_heads, -1)
+        k, k_last = self._project(self.k_proj, x, cache.k_prev if cache is not None and cache_len else None, pad)
+        v, v_last = self._project(self.v_proj, x, cache.v_prev if cache is not None and cache_len else None, pad)
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if cfg.use_rope:
+            q, k = rope(q, positions, cfg.rope_base), rope(k, positions, cfg.rope_base)
+
+        log_f = self.log_forget(x)
+        if pad is not None:
+            # Left padding is folded into the decay bias, so every backend handles it unchanged: padded
+            # keys get +PAD_BIAS, which makes c_i - c_j hugely negative (weight exactly 0) for real queries.
+            log_f = torch.zeros(B, T, cfg.num_heads, device=x.device) if log_f is None else log_f
+            log_f = log_f.masked_fill(pad[..., None], 0.0)
+        cum = None
+        if log_f is not None:
+            cum = torch.cumsum(log_f, dim=1)
+            if cache is not None and cache_len:
+                cum = cum + cache.cum[:, cache_len - 1 : cache_len]
+            if pad is not None:
+                cum = cum + PAD_BIAS * pad[..., None]
+
+        if cache is not None:  # write this step into the cache, attend over everything cached so far
+            end = cache_len + T
+            cache.k[:, cache_len:end] = k
+            cache.v[:, cache_len:end] = v
+            if cum is not None:
+                cache.cum[:, cache_len:end] = cum
+            cache.k_prev, cache.v_prev = k_last, v_last
+            k_all, v_all = cache.k[:, :end], cache.v[:, :end]
+            cum_all = None if cum is None else cache.cum[:, :end]
+        else:
+            k_all, v_all, cum_all = k, v, cum
+        o = attention(q, k_all, v_all, cum, cum_all, backend=self.backend)
+
+        if cfg.use_output_norm:
+            o = self.out_norm(o)
+        o = o.reshape(B, T, -1)
+        if cfg.use_output_gate:
+            o = o * torch.sigmoid(self.ogate_proj(x))
+        return self.o_proj(o)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, d: int, hidden: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(d, hidden, bias=False)
+        self.up_proj = nn.Linear(d, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, d, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: FoxConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
+        self.attn = ForgettingAttention(cfg)
+        self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.mlp_size)
+
+    def forward(self, h, positions, pad, cache, cache_len):
+        h = h + self.attn(self.attn_norm(h), positions, pad, cache, cache_len)
+        return h + self.mlp(self.mlp_norm(h))
+
+
+class ForgettingTransformer(nn.Module):
+    """Decoder-only LM. ``forward`` returns final hidden states; ``logits`` applies the LM head.
+
+    Keeping the head separate lets callers compute the loss in chunks, so a 64K x 50K logit matrix is
+    never built.
+    """
+
+    def __init__(self, cfg: FoxConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    @torch.no_grad()
+    def init_weights(self, seed: int = 0) -> None:
+        """HF-LLaMA init used by the paper: N(0, 0.02^2) for linear/embedding weights, zero biases, unit
+        norms; Appendix D decay-time biases for bias_only/fixed gates. Seeded, no global RNG touched."""
+        gen = torch.Generator().manual_seed(seed)
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif name.endswith("bias"):
+                p.zero_()
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) * self.cfg.initializer_range)
+        if self.cfg.fgate_type in ("bias_only", "fixed") and self.cfg.decay_time_min is not None:
+            bias = decay_time_bias(self.cfg.num_heads, self.cfg.decay_time_min, self.cfg.decay_time_max)
+            for block in self.blocks:
+                block.attn.fgate_bias.copy_(bias)
+
+    def set_attention_backend(self, backend: str) -> None:
+        """"auto" (Triton on CUDA, blocked reference on CPU), "triton", "reference" or "dense"."""
+        for block in self.blocks:
+            block.attn.backend = backend
+
+    def new_cache(self, batch: int, capacity: int, start: torch.Tensor | None = None) -> ModelCache:
+        p = self.lm_head.weight
+        dtype = torch.get_autocast_dtype(p.device.type) if torch.is_autocast_enabled(p.device.type) else p.dtype
+        return ModelCache(self.cfg, batch, capacity, p.device, dtype, start)
+
+    def forward(self, input_ids: torch.Tensor, cache: ModelCache | None = None, start: torch.Tensor | None = None):
+        """input_ids: ``[B, T]`` -> hidden ``[B, T, D]`` after the final norm.
+
+        With a cache, the tokens continue the cached sequence and are appended to it. ``start`` (``[B]``)
+        marks left padding for an uncached call; a cache carries its own.
+        """
+        B, T = input_ids.shape
+        cache_len = 0 if cache is None else cache.length
+        if cache is not None:
+            if cache_len + T > cache.capacity:
+                raise ValueError(f"cache capacity {cache.capacity} exceeded ({cache_len} + {T})")
+            start = cache.start
+            positions = cache.positions(B, T, input_ids.device)
+        else:
+            positions = torch.arange(T, device=input_ids.device)[None].expand(B, T)
+            if start is not None:
+                positions = (positions - start[:, None]).clamp(min=0)
+        pad = None
+        if start is not None:
+            absolute = torch.arange(cache_len, cache_len + T, device=input_ids.device)
+            pad = absolute[None, :] < start[:, None]
+        h = self.embed(input_ids)
+        for i, block in enumerate(self.blocks):
+            layer_cache = None if cache is None else cache.layers[i]
+            h = block(h, positions, pad, layer_cache, cache_len)
+        if cache is not None:
+            cache.length += T
+        return self.norm(h)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+    def num_params(self, non_embedding: bool = True) -> int:
+        """Parameter count; the paper's "params" exclude the input embedding (the untied head counts)."""
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.embed.weight.numel() if non_embedding else n

@@ -1,0 +1,206 @@
+"""Per-token loss curves (FoX paper §4.2 and Appendix C; fox.md §7 "Metrics").
+
+One window of ``length`` tokens per document, BOS first: the model reads ``[BOS, x_0 .. x_{L-2}]`` and
+is scored on ``x_0 .. x_{L-1}``, so position ``i`` predicts ``x_i`` from ``i`` tokens of context (the
+FoX convention ``input_ids = roll(x, 1); input_ids[0] = BOS``). Documents shorter than the window are
+skipped and counted. With ``roll`` each window is rotated by a seeded random shift first (the
+LongCrawl64 convention that removes position bias).
+
+Per-position NLL sums are kept in float64 with counts, accumulated one document at a time in corpus
+order, so the result does not depend on batch size or on where a run was interrupted. The state is
+saved atomically after every batch; a rerun with the same config resumes from it.
+
+Outputs in the run directory:
+* ``loss_per_token.npz``: ``loss_per_token`` (mean NLL per position, float64 ``[L]``), ``count``;
+* ``results.json``: loss and perplexity over the first ``l`` tokens for ``l = 2^k <= L`` (and ``L``),
+  plus the config, its hash and provenance.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from evalsuite.adapters.base import Adapter
+from evalsuite.data.corpus import Document, iter_documents
+from evalsuite.data.synthetic import synthetic_documents
+from evalsuite.errors import UserError
+from evalsuite.progress import progress_bar
+from evalsuite.provenance import provenance
+from evalsuite.store import atomic_save_npz, atomic_write_json, config_hash
+from evalsuite.tokenizers import Tokenizer
+
+SYNTHETIC = "synthetic"
+
+
+@dataclass
+class LossConfig:
+    data: str = SYNTHETIC  # a file/directory of documents, or "synthetic" (the built-in corpus)
+    length: int = 65536
+    max_docs: int | None = None
+    roll: bool = False
+    seed: int = 0
+    batch_size: int = 1
+
+
+def eval_lengths(length: int) -> list[int]:
+    """``1, 2, 4, ... <= length``, plus ``length`` itself when it is not a power of two."""
+    out = [2**k for k in range(int(math.log2(length)) + 1)]
+    return out if out[-1] == length else out + [length]
+
+
+def documents(config: LossConfig) -> Iterator[Document]:
+    if config.data == SYNTHETIC:
+        n_words = int(config.length * 1.3) + 1000  # comfortably more than `length` GPT-2 tokens
+        return iter(synthetic_documents(n_docs=config.max_docs or 8, n_words=n_words, seed=config.seed))
+    return iter_documents(Path(config.data))
+
+
+def window_tokens(doc: Document, tokenizer: Tokenizer, length: int) -> np.ndarray | None:
+    """The first ``length`` tokens of a document (no BOS), or None if it is shorter.
+
+    Long texts are tokenised from a prefix first: BPE is local, so tokens well before the cut equal
+    those of the full text; we keep a margin of 64 tokens and fall back to the whole text if short.
+    """
+    if doc.tokens is not None:
+        return doc.tokens[:length] if len(doc.tokens) >= length else None
+    text = doc.text
+    prefix_chars = 16 * length + 1024
+    if len(text) > prefix_chars:
+        ids = tokenizer.encode(text[:prefix_chars], add_bos=False)
+        if len(ids) >= length + 64:
+            return np.asarray(ids[:length], dtype=np.int64)
+    ids = tokenizer.encode(text, add_bos=False)
+    return np.asarray(ids[:length], dtype=np.int64) if len(ids) >= length else None
+
+
+def roll_window(x: np.ndarray, seed: int, doc_index: int) -> np.ndarray:
+    """Rotate by a shift drawn from a generator seeded by (seed, document index): stable under resume."""
+    shift = int(np.random.default_rng([seed, doc_index]).integers(0, len(x)))
+    return np.roll(x, shift)
+
+
+class _State:
+    """Running sums; saved and restored as one npz."""
+
+    def __init__(self, length: int):
+        self.sum = np.zeros(length, dtype=np.float64)
+        self.count = np.zeros(length, dtype=np.int64)
+        self.next_doc = 0  # corpus index of the first document not yet consumed
+        self.used = 0
+        self.skipped = 0
+
+    def save(self, path: Path, chash: str) -> None:
+        atomic_save_npz(
+            path, sum=self.sum, count=self.count, counters=np.array([self.next_doc, self.used, self.skipped]),
+            config_hash=np.array(chash),
+        )
+
+    @classmethod
+    def load(cls, path: Path, length: int, chash: str) -> _State | None:
+        if not path.exists():
+            return None
+        with np.load(path) as z:
+            if str(z["config_hash"]) != chash or len(z["sum"]) != length:
+                return None
+            st = cls(length)
+            st.sum, st.count = z["sum"].copy(), z["count"].copy()
+            st.next_doc, st.used, st.skipped = (int(v) for v in z["counters"])
+        return st
+
+
+def summarize(sum_: np.ndarray, count: np.ndarray, model: str, n_docs: int) -> list[dict]:
+    """Records of mean loss and perplexity over the first ``l`` tokens for each evaluation length."""
+    loss_per_token = sum_ / count
+    cum = np.cumsum(loss_per_token)
+    records = []
+    for l in eval_lengths(len(sum_)):  # noqa: E741 - the paper's name for the length
+        loss = float(cum[l - 1] / l)
+        for metric, value in (("loss", loss), ("perplexity", math.exp(loss))):
+            records.append(dict(model=model, task="loss", subtask="", length=l, metric=metric, value=value, n=n_docs))
+    return records
+
+
+def run_loss(adapter: Adapter, config: LossConfig, out_dir: Path | None = None, progress: bool = True) -> dict:
+    """Run (or resume, or return the finished) per-token loss evaluation; returns ``results.json``'s content."""
+    if config.length < 2:
+        raise UserError("--length must be at least 2")
+    if config.max_docs is not None and config.max_docs < 1:
+        raise UserError("--max-docs must be at least 1")
+    adapter.check_length(config.length)
+    tok = adapter.tokenizer
+    if tok.bos_id is None:
+        raise UserError(f"tokenizer {tok.spec} has no BOS token; the loss protocol starts each window with BOS")
+    prov = adapter.provenance()
+    identity = {k: prov[k] for k in ("model", "checkpoint_sha256", "tokenizer", "dtype")}
+    chash = config_hash({"task": "loss", **asdict(config), **identity})
+    out_dir = Path(out_dir or Path("results/runs/loss") / f"{adapter.name}-{chash}")
+    results_path, state_path = out_dir / "results.json", out_dir / "state.npz"
+    if results_path.exists():
+        import json
+
+        done = json.loads(results_path.read_text())
+        if done.get("config_hash") == chash:
+            return done
+        raise UserError(f"{out_dir} holds a different finished run; choose another --out")
+
+    state = _State.load(state_path, config.length, chash) or _State(config.length)
+    target = config.max_docs
+    batch: list[tuple[int, np.ndarray]] = []
+
+    def flush(next_doc: int) -> None:
+        ids = np.stack([w for _, w in batch])
+        inputs = np.concatenate([np.full((len(batch), 1), tok.bos_id), ids[:, :-1]], axis=1)
+        nll = adapter.token_nll(torch.from_numpy(inputs), torch.from_numpy(ids)).double().numpy()
+        for row in nll:  # one document at a time: the float64 sum is independent of batching
+            state.sum += row
+            state.count += 1
+        state.used += len(batch)
+        state.next_doc = next_doc
+        state.save(state_path, chash)
+        batch.clear()
+
+    with progress_bar(target, f"loss {adapter.name}", enabled=progress, completed=state.used) as bar:
+        index = -1
+        for index, doc in enumerate(documents(config)):
+            if index < state.next_doc:
+                continue
+            if target is not None and state.used + len(batch) >= target:
+                break
+            window = window_tokens(doc, tok, config.length)
+            if window is None:
+                state.skipped += 1
+                continue
+            if config.roll:
+                window = roll_window(window, config.seed, index)
+            batch.append((index, window))
+            if len(batch) == config.batch_size:
+                flush(index + 1)
+                bar.advance(config.batch_size)
+        if batch:
+            n = len(batch)
+            flush(batch[-1][0] + 1)
+            bar.advance(n)
+    if state.used == 0:
+        raise UserError(f"no document has at least {config.length} tokens ({state.skipped} too short)")
+
+    loss_per_token = state.sum / state.count
+    atomic_save_npz(out_dir / "loss_per_token.npz", loss_per_token=loss_per_token, count=state.count)
+    results = {
+        "task": "loss",
+        "model": adapter.name,
+        "train_length": getattr(getattr(adapter, "card", None), "train_length", None),
+        "config": asdict(config),
+        "config_hash": chash,
+        "documents": {"used": state.used, "skipped_too_short": state.skipped},
+        "provenance": provenance(**prov, seed=config.seed),
+        "records": summarize(state.sum, state.count, adapter.name, state.used),
+    }
+    atomic_write_json(results_path, results)
+    state_path.unlink(missing_ok=True)
+    return results
