@@ -115,7 +115,8 @@ def list_cards() -> list[ModelCard]:
             for p in sorted(d.glob("*.yaml")):
                 card = parse_card(p)
                 cards.setdefault(card.name, card)
-    return list(cards.values())
+    # paper model first, then its tiny twin
+    return sorted(cards.values(), key=lambda c: (c.name.removesuffix("-tiny"), c.name.endswith("-tiny")))
 
 
 def load_card(name_or_path: str) -> ModelCard:

@@ -88,7 +88,9 @@ def loss(
     data: Annotated[str, typer.Option(help="File or directory (.txt, .jsonl[.xz], .npy), or 'synthetic'.")] = (
         "synthetic"
     ),
-    length: Annotated[int, typer.Option(help="Window length in tokens (BOS included).")] = 65536,
+    length: Annotated[
+        int | None, typer.Option(help="Window length in tokens, BOS included [default: 65536, or the model's max].")
+    ] = None,
     max_docs: Annotated[int | None, typer.Option(help="Stop after this many windows.")] = None,
     roll: Annotated[bool, typer.Option(help="Rotate each window by a seeded random shift (LongCrawl64).")] = False,
     batch_size: Annotated[int, typer.Option(min=1, help="Windows per forward pass.")] = 1,
@@ -104,6 +106,7 @@ def loss(
 
     _seed_everything(seed)
     adapter = _adapter(model, device, dtype, checkpoint, attention)
+    length = length or min(65536, adapter.max_length or 65536)
     config = LossConfig(data=data, length=length, max_docs=max_docs, roll=roll, seed=seed, batch_size=batch_size)
     results = run_loss(adapter, config, out)
     docs = results["documents"]

@@ -106,3 +106,18 @@ def iter_documents(path: Path) -> Iterator[Document]:
             yield from _npy_documents(file)
         else:
             yield Document(id=file.name, text=_decode_utf8(_read_bytes(file), file))
+
+
+def count_documents(path: Path) -> int:
+    """Number of documents ``iter_documents`` will yield (reads JSONL files once to count lines)."""
+    n = 0
+    for file in corpus_files(path):
+        suffix = _suffix(file)
+        if suffix in (".jsonl", ".jsonl.xz"):
+            n += sum(1 for line in _read_bytes(file).split(b"\n") if line.strip())
+        elif suffix == ".npy":
+            arr = np.load(file, mmap_mode="r", allow_pickle=False)
+            n += 1 if arr.ndim == 1 else arr.shape[0]
+        else:
+            n += 1
+    return n

@@ -55,4 +55,6 @@ def synthetic_text(n_words: int, seed: int, repeat_prob: float = 0.3) -> str:
 
 def synthetic_documents(n_docs: int = 8, n_words: int = 80000, seed: int = 0) -> list[Document]:
     """``n_docs`` documents; 80K words is about 100K GPT-2 tokens, enough for a 65536-token window."""
-    return [Document(id=f"synthetic-{seed}-{i}", text=synthetic_text(n_words, seed * 100003 + i)) for i in range(n_docs)]
+    return [
+        Document(id=f"synthetic-{seed}-{i}", text=synthetic_text(n_words, seed * 100003 + i)) for i in range(n_docs)
+    ]

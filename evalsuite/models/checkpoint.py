@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from evalsuite.errors import UserError
-from evalsuite.models.fox import FoxConfig, ForgettingTransformer
+from evalsuite.models.fox import ForgettingTransformer, FoxConfig
 from evalsuite.store import file_sha256
 
 OWN_FORMAT = "evalsuite"

@@ -355,7 +355,7 @@ class ForgettingTransformer(nn.Module):
                 block.attn.fgate_bias.copy_(bias)
 
     def set_attention_backend(self, backend: str) -> None:
-        """"auto" (Triton on CUDA, blocked reference on CPU), "triton", "reference" or "dense"."""
+        """ "auto" (Triton on CUDA, blocked reference on CPU), "triton", "reference" or "dense"."""
         for block in self.blocks:
             block.attn.backend = backend
 

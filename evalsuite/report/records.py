@@ -62,7 +62,7 @@ def find_runs(paths: Iterable[Path | str]) -> list[Path]:
     for raw in paths:
         path = Path(raw)
         if not path.exists():
-            raise UserError(f"no such file or directory: {path}")
+            raise UserError(f"{path} does not exist")
         if path.is_file():
             if path.name not in RUN_MARKERS:
                 raise UserError(f"{path} is not a run directory or a {' / '.join(RUN_MARKERS)} file")

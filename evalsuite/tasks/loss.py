@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from evalsuite.adapters.base import Adapter
-from evalsuite.data.corpus import Document, iter_documents
+from evalsuite.data.corpus import Document, count_documents, iter_documents
 from evalsuite.data.synthetic import synthetic_documents
 from evalsuite.errors import UserError
 from evalsuite.progress import progress_bar
@@ -54,11 +54,13 @@ def eval_lengths(length: int) -> list[int]:
     return out if out[-1] == length else out + [length]
 
 
-def documents(config: LossConfig) -> Iterator[Document]:
+def documents(config: LossConfig) -> tuple[int, Iterator[Document]]:
+    """(number of documents, iterator over them); fails early on a bad path or an empty corpus."""
     if config.data == SYNTHETIC:
         n_words = int(config.length * 1.3) + 1000  # comfortably more than `length` GPT-2 tokens
-        return iter(synthetic_documents(n_docs=config.max_docs or 8, n_words=n_words, seed=config.seed))
-    return iter_documents(Path(config.data))
+        docs = synthetic_documents(n_docs=config.max_docs or 8, n_words=n_words, seed=config.seed)
+        return len(docs), iter(docs)
+    return count_documents(Path(config.data)), iter_documents(Path(config.data))
 
 
 def window_tokens(doc: Document, tokenizer: Tokenizer, length: int) -> np.ndarray | None:
@@ -97,7 +99,10 @@ class _State:
 
     def save(self, path: Path, chash: str) -> None:
         atomic_save_npz(
-            path, sum=self.sum, count=self.count, counters=np.array([self.next_doc, self.used, self.skipped]),
+            path,
+            sum=self.sum,
+            count=self.count,
+            counters=np.array([self.next_doc, self.used, self.skipped]),
             config_hash=np.array(chash),
         )
 
@@ -149,6 +154,7 @@ def run_loss(adapter: Adapter, config: LossConfig, out_dir: Path | None = None, 
             return done
         raise UserError(f"{out_dir} holds a different finished run; choose another --out")
 
+    n_docs, docs = documents(config)
     state = _State.load(state_path, config.length, chash) or _State(config.length)
     target = config.max_docs
     batch: list[tuple[int, np.ndarray]] = []
@@ -165,9 +171,9 @@ def run_loss(adapter: Adapter, config: LossConfig, out_dir: Path | None = None, 
         state.save(state_path, chash)
         batch.clear()
 
-    with progress_bar(target, f"loss {adapter.name}", enabled=progress, completed=state.used) as bar:
-        index = -1
-        for index, doc in enumerate(documents(config)):
+    total = n_docs if target is None else min(target, n_docs)  # upper bound: short documents are skipped
+    with progress_bar(total, f"loss {adapter.name}", enabled=progress, completed=state.used) as bar:
+        for index, doc in enumerate(docs):
             if index < state.next_doc:
                 continue
             if target is not None and state.used + len(batch) >= target:

@@ -41,11 +41,18 @@ def _check_shapes(q, k, v, cum_q, cum_k, key_start):
         raise ValueError(f"key_start must be [B]; got {tuple(key_start.shape)}")
 
 
+def _compute_dtype(q):
+    """float32 arithmetic for half inputs (as the kernel accumulates), float64 for float64 inputs."""
+    return torch.promote_types(q.dtype, torch.float32)
+
+
 def _scores(q, k, cum_q, cum_k, q_pos, k_pos, key_start, scale):
-    """Masked logits for one tile. q: [B, tq, H, D], k: [B, tk, H, D] -> [B, H, tq, tk] float32."""
-    s = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float()) * scale
+    """Masked logits for one tile. q: [B, tq, H, D], k: [B, tk, H, D] -> [B, H, tq, tk] (fp32 or fp64)."""
+    dt = _compute_dtype(q)
+    s = torch.einsum("bqhd,bkhd->bhqk", q.to(dt), k.to(dt)) * scale
     if cum_q is not None:
-        s = s + cum_q.float().permute(0, 2, 1)[..., :, None] - cum_k.float().permute(0, 2, 1)[..., None, :]
+        # c_i - c_j in full precision before adding: |c| grows with T, the difference stays small
+        s = s + (cum_q.to(dt).permute(0, 2, 1)[..., :, None] - cum_k.to(dt).permute(0, 2, 1)[..., None, :])
     mask = k_pos[None, :] > q_pos[:, None]  # [tq, tk], True = hidden (future key)
     mask = mask[None, None]
     if key_start is not None:  # left padding: keys before key_start[b] are not part of sequence b
@@ -71,7 +78,7 @@ def attention_dense(q, k, v, cum_q=None, cum_k=None, *, scale=None, key_start=No
     q_pos = k_pos[Tk - Tq :]
     s = _scores(q, k, cum_q, cum_k, q_pos, k_pos, key_start, scale)
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # rows with no visible key (padding) -> 0
-    return torch.einsum("bhqk,bkhd->bqhd", p, v.float()).to(q.dtype)
+    return torch.einsum("bhqk,bkhd->bqhd", p, v.to(p.dtype)).to(q.dtype)
 
 
 def attention_blocked(q, k, v, cum_q=None, cum_k=None, *, scale=None, key_start=None, block=None):
@@ -104,5 +111,5 @@ def attention_blocked(q, k, v, cum_q=None, cum_k=None, *, scale=None, key_start=
             scale,
         )
         p = torch.softmax(s, dim=-1).nan_to_num(0.0)
-        out.append(torch.einsum("bhqk,bkhd->bqhd", p, v[:, :visible].float()))
+        out.append(torch.einsum("bhqk,bkhd->bqhd", p, v[:, :visible].to(p.dtype)))
     return torch.cat(out, dim=1).to(q.dtype)

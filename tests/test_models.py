@@ -1,0 +1,148 @@
+"""The four FoX-paper architectures: dense-reference parity, cached decoding, gate variants, sizes."""
+
+import math
+
+import pytest
+import torch
+
+from evalsuite.cards import ARCHITECTURES, count_params, load_card
+from evalsuite.kernels.forgetting import reference
+from evalsuite.models.fox import ForgettingTransformer, FoxConfig, decay_time_bias
+
+ARCHS = list(ARCHITECTURES)
+
+
+def tiny(arch: str, perturb: bool = True, **over) -> ForgettingTransformer:
+    cfg = FoxConfig.from_dict(
+        {**ARCHITECTURES[arch], "vocab_size": 97, "hidden_size": 32, "num_layers": 2, "num_heads": 4, **over}
+    )
+    model = ForgettingTransformer(cfg)
+    model.init_weights(seed=1)
+    with torch.no_grad():  # make gates and norms non-trivial so every path matters
+        for name, p in model.named_parameters() if perturb else ():
+            if name.endswith(("norm.weight", "bias")):
+                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))) * 0.3)
+    return model.eval()
+
+
+def explicit_attention(q, k, v, log_f):
+    """The paper's formula with D_ij = sum_{l=j+1..i} log f_l spelled out term by term (no cumsum)."""
+    B, T, H, D = q.shape
+    i = torch.arange(T)[:, None, None]
+    j = torch.arange(T)[None, :, None]
+    l = torch.arange(T)[None, None, :]  # noqa: E741
+    between = ((l > j) & (l <= i)).double()  # [T, T, T]
+    bias = torch.zeros(B, H, T, T, dtype=torch.float64)
+    if log_f is not None:
+        bias = torch.einsum("ijl,blh->bhij", between, log_f.double())
+    s = torch.einsum("bihd,bjhd->bhij", q.double(), k.double()) / math.sqrt(D) + bias
+    s = s.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float("-inf"))
+    return torch.einsum("bhij,bjhd->bihd", torch.softmax(s, -1), v.double())
+
+
+@pytest.mark.parametrize("gated", [True, False])
+def test_dense_reference_matches_explicit_formula(gated):
+    g = torch.Generator().manual_seed(0)
+    B, T, H, D = 2, 23, 3, 8
+    q, k, v = (torch.randn(B, T, H, D, generator=g, dtype=torch.float64) for _ in range(3))
+    log_f = torch.nn.functional.logsigmoid(torch.randn(B, T, H, generator=g, dtype=torch.float64)) if gated else None
+    cum = None if log_f is None else log_f.cumsum(1)
+    ref = explicit_attention(q, k, v, log_f)
+    torch.testing.assert_close(reference.attention_dense(q, k, v, cum, cum), ref, rtol=1e-10, atol=1e-10)
+    blocked = reference.attention_blocked(q, k, v, cum, cum, block=4)  # several query blocks
+    torch.testing.assert_close(blocked, ref, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_memory_efficient_model_matches_dense_softmax(arch, monkeypatch):
+    """Whole model, fp32: the blocked attention path equals the dense-matrix path to 1e-5."""
+    model = tiny(arch)
+    ids = torch.randint(0, 97, (2, 70), generator=torch.Generator().manual_seed(2))
+    model.set_attention_backend("dense")
+    dense = model.logits(model(ids))
+    monkeypatch.setattr(reference, "_TILE_BUDGET", 2 * 4 * 70 * 16)  # force 16-row query blocks
+    model.set_attention_backend("reference")
+    blocked = model.logits(model(ids))
+    torch.testing.assert_close(blocked, dense, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cached_decoding_matches_full_forward(arch):
+    model = tiny(arch)
+    ids = torch.randint(0, 97, (2, 40), generator=torch.Generator().manual_seed(3))
+    full = model.logits(model(ids))
+    cache = model.new_cache(2, 40)
+    steps = [model.logits(model(ids[:, :25], cache=cache))]
+    steps += [model.logits(model(ids[:, t : t + 1], cache=cache)) for t in range(25, 40)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_left_padding_is_invisible(arch):
+    """A left-padded row in a batch gives the same logits as the sequence alone, in prefill and decoding."""
+    model = tiny(arch)
+    g = torch.Generator().manual_seed(4)
+    long_seq, short_seq = torch.randint(0, 97, (1, 30), generator=g), torch.randint(0, 97, (1, 21), generator=g)
+    alone = model.logits(model(short_seq))
+    batch = torch.cat([long_seq, torch.cat([torch.full((1, 9), 5), short_seq], 1)])
+    start = torch.tensor([0, 9])
+    padded = model.logits(model(batch, start=start))
+    torch.testing.assert_close(padded[1, 9:], alone[0], rtol=1e-5, atol=1e-5)
+    cache = model.new_cache(2, 34, start)
+    model(batch, cache=cache)
+    nxt = torch.tensor([[7], [11]])
+    step = model.logits(model(nxt, cache=cache))
+    ref = model.logits(model(torch.cat([short_seq, nxt[1:]], 1)))[:, -1]
+    torch.testing.assert_close(step[1, -1], ref[0], rtol=1e-5, atol=1e-5)
+
+
+def test_forget_gate_decays_attention_to_the_past():
+    """With f -> 0 every query can only see itself; with no gate it sees all of its past."""
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 6, 1, 4, generator=g) for _ in range(3))
+    cum = torch.full((1, 6, 1), -1e4).cumsum(1)
+    out = reference.attention_dense(q, k, v, cum, cum)
+    torch.testing.assert_close(out, v, rtol=1e-5, atol=1e-5)
+
+
+def test_decay_time_init_matches_appendix_d():
+    """(T_min, T_max) = (2, 128) with 4 heads gives T = (2, 8, 32, 128) and sigmoid(b)^T = 1/e."""
+    b = decay_time_bias(4, 2.0, 128.0).double()
+    torch.testing.assert_close(
+        b, torch.tensor([0.4328, 2.0163, 3.4501, 4.8481], dtype=torch.float64), atol=1e-4, rtol=0
+    )
+    T = torch.tensor([2.0, 8.0, 32.0, 128.0], dtype=torch.float64)
+    torch.testing.assert_close(torch.sigmoid(b) ** T, torch.full((4,), math.exp(-1), dtype=torch.float64))
+
+
+@pytest.mark.parametrize("kind", ["bias_only", "fixed"])
+def test_data_independent_gates(kind):
+    model = tiny("fox-llama", perturb=False, fgate_type=kind, decay_time_min=2.0, decay_time_max=64.0)
+    attn = model.blocks[0].attn
+    torch.testing.assert_close(attn.fgate_bias, decay_time_bias(4, 2.0, 64.0))
+    learnable = any(n.endswith("fgate_bias") for n, _ in model.named_parameters())
+    assert learnable == (kind == "bias_only")  # "fixed" is a buffer: ALiBi-equivalent
+    assert "blocks.0.attn.fgate_bias" in model.state_dict()
+    x = torch.randn(1, 5, 32)
+    log_f = attn.log_forget(x)
+    assert log_f.shape == (1, 5, 4) and torch.allclose(log_f[0, 0], log_f[0, 4])  # same every step
+    ids = torch.randint(0, 97, (1, 12))
+    cache = model.new_cache(1, 12)
+    steps = torch.cat(
+        [model(ids[:, :6], cache=cache)] + [model(ids[:, t : t + 1], cache=cache) for t in range(6, 12)], 1
+    )
+    torch.testing.assert_close(steps, model(ids), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "name, millions",
+    [("fox-pro", 759.44), ("transformer-pro", 757.67), ("fox-llama", 757.63), ("transformer-llama", 756.75)],
+)
+def test_paper_cards_have_the_paper_sizes(name, millions):
+    """Non-embedding parameters of the 760M cards (FoX Table 6, as derived in fox.md)."""
+    assert count_params(load_card(name)) / 1e6 == pytest.approx(millions, abs=0.01)
+
+
+def test_mlp_sizes_follow_the_official_rounding():
+    for d, ratio, size in [(1536, 4, 4096), (1536, 3.5, 3584), (1024, 4, 2816), (1024, 3.5, 2560), (768, 3.5, 1792)]:
+        assert FoxConfig(hidden_size=d, num_heads=8, hidden_ratio=ratio).mlp_size == size
