@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from evalsuite.errors import UserError
+
 
 def config_hash(config: dict) -> str:
     """12 hex digits identifying a config (canonical JSON, sorted keys)."""
@@ -23,8 +25,10 @@ def config_hash(config: dict) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+def atomic_write_bytes(path: Path | str, data: bytes | str) -> Path:
+    """Write ``data`` (text is UTF-8 encoded) so readers see the old file or the new one, never a mix."""
     path = Path(path)
+    data = data.encode("utf-8") if isinstance(data, str) else data
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -36,6 +40,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return path
 
 
 def atomic_write_json(path: Path, obj) -> None:
@@ -59,21 +64,27 @@ def append_jsonl(path: Path, record: dict) -> None:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """Records of a JSONL file; a torn final line (crash mid-write) is ignored."""
+    """Records (JSON objects) of a JSONL file; a torn final line (crash mid-write) is ignored.
+
+    A bad line anywhere else means the file is corrupt: UserError naming the line.
+    """
     path = Path(path)
     if not path.exists():
         return []
+    try:
+        lines = [(n, line) for n, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1) if line.strip()]
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read {path}: {e}") from None
     records = []
-    lines = path.read_text(encoding="utf-8").split("\n")
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
+    for i, (number, line) in enumerate(lines):
         try:
-            records.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError:
-            if i >= len(lines) - 2:  # only the last line may be torn
+            if i == len(lines) - 1:  # only the last line may be torn
                 break
-            raise
+            raise UserError(f"{path}:{number}: corrupt record (not valid JSON)") from None
+        if isinstance(row, dict):
+            records.append(row)
     return records
 
 

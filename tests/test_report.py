@@ -155,8 +155,7 @@ def test_gather_records(tmp_path: Path) -> None:
     text = "\n".join(json.dumps(line) for line in lines) + "\n\n" + '{"model": "trunc'  # killed mid-write
     (niah / "records.jsonl").write_text(text)
 
-    with pytest.warns(UserWarning, match="not valid JSON"):
-        df = gather_records([tmp_path / "runs"])
+    df = gather_records([tmp_path / "runs"])  # the torn last line is dropped
 
     for column in ("model", "task", "subtask", "length", "depth", "metric", "value", "n", "config_hash", "run_dir"):
         assert column in df.columns

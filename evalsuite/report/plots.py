@@ -22,7 +22,7 @@ from matplotlib.ticker import FuncFormatter, MultipleLocator
 
 from evalsuite.errors import UserError
 from evalsuite.report.records import LOSS_CURVE_FILE, find_runs, load_loss_curve, load_run, run_labels
-from evalsuite.report.tables import write_atomic
+from evalsuite.store import atomic_write_bytes
 
 # The FoX paper's colours for its models (matched as card-name prefixes, so "fox-pro-tiny" gets C0).
 PAPER_COLORS = {
@@ -236,5 +236,5 @@ def _save(fig: Figure, stem: Path) -> list[Path]:
         # No creation date in the PDF, so identical inputs give identical files.
         metadata = {"CreationDate": None} if fmt == "pdf" else None
         fig.savefig(buffer, format=fmt, dpi=150, bbox_inches="tight", metadata=metadata)
-        paths.append(write_atomic(f"{stem}.{fmt}", buffer.getvalue()))
+        paths.append(atomic_write_bytes(f"{stem}.{fmt}", buffer.getvalue()))
     return paths

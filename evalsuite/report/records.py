@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from evalsuite.errors import UserError
+from evalsuite.store import read_jsonl
 
 RESULTS_FILE = "results.json"
 RECORDS_FILE = "records.jsonl"
@@ -127,29 +127,6 @@ def load_loss_curve(run_dir: Path | str) -> tuple[np.ndarray, np.ndarray]:
     if loss.ndim != 1 or loss.shape != count.shape:
         raise UserError(f"{path}: expected 1-D 'loss_per_token' and 'count' of equal length")
     return loss, count
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Parse a JSONL file, skipping blank lines and warning about lines that are not JSON objects.
-
-    A run killed mid-write can leave a truncated last line; that should not make the whole run unreadable.
-    """
-    rows = []
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read {path}: {exc}") from None
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            warnings.warn(f"{path}:{number}: skipping a line that is not valid JSON", stacklevel=2)
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
 
 
 def has_metric(entry: Any) -> bool:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -11,6 +9,7 @@ import pandas as pd
 
 from evalsuite.errors import UserError
 from evalsuite.report.records import run_labels
+from evalsuite.store import atomic_write_bytes
 
 FORMATS = ("csv", "md", "tex")
 
@@ -27,27 +26,6 @@ _LATEX_ESCAPES = {
     "~": r"\textasciitilde{}",
     "^": r"\textasciicircum{}",
 }
-
-
-def write_atomic(path: Path | str, data: str | bytes) -> Path:
-    """Write ``data`` to ``path`` via a temp file in the same directory and ``os.replace``.
-
-    Readers never see a half-written file, and an interrupted write leaves the old file intact.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    payload = data.encode("utf-8") if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(payload)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def write_table(
@@ -69,7 +47,7 @@ def write_table(
     index = not isinstance(df.index, pd.RangeIndex)
     render = {"csv": _to_csv, "md": _to_markdown, "tex": _to_latex}
     # Append the suffix rather than Path.with_suffix, so stems like "ppl_v0.1" keep their dots.
-    return [write_atomic(f"{out_stem}.{fmt}", render[fmt](df, index, floatfmt)) for fmt in formats]
+    return [atomic_write_bytes(f"{out_stem}.{fmt}", render[fmt](df, index, floatfmt)) for fmt in formats]
 
 
 def _to_csv(df: pd.DataFrame, index: bool, floatfmt: str) -> str:
