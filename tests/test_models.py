@@ -146,3 +146,12 @@ def test_paper_cards_have_the_paper_sizes(name, millions):
 def test_mlp_sizes_follow_the_official_rounding():
     for d, ratio, size in [(1536, 4, 4096), (1536, 3.5, 3584), (1024, 4, 2816), (1024, 3.5, 2560), (768, 3.5, 1792)]:
         assert FoxConfig(hidden_size=d, num_heads=8, hidden_ratio=ratio).mlp_size == size
+
+
+def test_attention_only_blocks():
+    model = tiny("fox-pro", use_mlp=False)
+    assert not any("mlp" in name for name in model.state_dict())
+    ids = torch.randint(0, 97, (1, 9))
+    cache = model.new_cache(1, 9)
+    steps = torch.cat([model(ids[:, :4], cache=cache)] + [model(ids[:, t : t + 1], cache=cache) for t in range(4, 9)], 1)
+    torch.testing.assert_close(steps, model(ids), rtol=1e-5, atol=1e-5)

@@ -46,6 +46,7 @@ class FoxConfig:
     num_heads: int = 24
     hidden_ratio: float = 3.5  # SwiGLU width ratio: 4 for LLaMA blocks, 3.5 for Pro (paper footnote 2)
     intermediate_size: int | None = None  # overrides hidden_ratio when set
+    use_mlp: bool = True  # False: attention-only blocks (e.g. the MQAR setups of GSA/Zoology)
     fgate_type: str = "full"  # "full" | "bias_only" | "fixed" | "none"
     decay_time_min: float | None = None  # Appendix D init of bias_only/fixed gates: T_min, T_max
     decay_time_max: float | None = None
@@ -314,12 +315,13 @@ class Block(nn.Module):
         super().__init__()
         self.attn_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.attn = ForgettingAttention(cfg)
-        self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
-        self.mlp = SwiGLU(cfg.hidden_size, cfg.mlp_size)
+        if cfg.use_mlp:
+            self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
+            self.mlp = SwiGLU(cfg.hidden_size, cfg.mlp_size)
 
     def forward(self, h, positions, pad, cache, cache_len):
         h = h + self.attn(self.attn_norm(h), positions, pad, cache, cache_len)
-        return h + self.mlp(self.mlp_norm(h))
+        return h + self.mlp(self.mlp_norm(h)) if hasattr(self, "mlp") else h
 
 
 class ForgettingTransformer(nn.Module):
