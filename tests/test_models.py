@@ -153,5 +153,7 @@ def test_attention_only_blocks():
     assert not any("mlp" in name for name in model.state_dict())
     ids = torch.randint(0, 97, (1, 9))
     cache = model.new_cache(1, 9)
-    steps = torch.cat([model(ids[:, :4], cache=cache)] + [model(ids[:, t : t + 1], cache=cache) for t in range(4, 9)], 1)
+    steps = torch.cat(
+        [model(ids[:, :4], cache=cache)] + [model(ids[:, t : t + 1], cache=cache) for t in range(4, 9)], 1
+    )
     torch.testing.assert_close(steps, model(ids), rtol=1e-5, atol=1e-5)
