@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from evalsuite.kernels.forgetting import attention
+from evalsuite.kernels.forgetting import attention, cumsum_over_time
 
 FGATE_TYPES = ("full", "bias_only", "fixed", "none")
 PAD_BIAS = 1e30  # added to the cumulative log-forget of padding keys; exp(-1e30) == 0 in fp32
@@ -272,7 +272,7 @@ class ForgettingAttention(nn.Module):
             log_f = log_f.masked_fill(pad[..., None], 0.0)
         cum = None
         if log_f is not None:
-            cum = torch.cumsum(log_f, dim=1)
+            cum = cumsum_over_time(log_f)
             if cache is not None and cache_len:
                 cum = cum + cache.cum[:, cache_len - 1 : cache_len]
             if pad is not None:

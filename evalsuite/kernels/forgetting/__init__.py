@@ -13,9 +13,20 @@ from evalsuite.kernels.forgetting.reference import attention_blocked, attention_
 BACKENDS = ("auto", "triton", "reference", "dense")
 
 
+def cumsum_over_time(log_f):
+    """``cumsum(log_f, dim=1)`` for ``[B, T, H]`` gates, fast on GPU; differentiable. Returns float32 ``[B, T, H]``.
+
+    ``torch.cumsum(x, dim=1)`` on a ``[B, T, H]`` CUDA tensor scans the T axis step by step for each of the B*H
+    columns: on an H100 it took ~0.36 us per step (5.9 ms at T=16384, as long as the attention forward itself).
+    Scanning a time-contiguous copy along its last axis is parallel. The result is a ``[B, T, H]`` view of
+    ``[B, H, T]`` storage, which the kernels read as efficiently as the plain layout.
+    """
+    return log_f.float().transpose(1, 2).contiguous().cumsum(-1).transpose(1, 2)
+
+
 def triton_available(t: torch.Tensor) -> bool:
-    """The kernel runs on CUDA tensors in bf16/fp16 (q/k/v); fp32 activations use the reference."""
-    if not t.is_cuda or t.dtype not in (torch.bfloat16, torch.float16):
+    """The kernel runs on CUDA tensors in bf16/fp16 with head dim 16-128; anything else uses the reference."""
+    if not t.is_cuda or t.dtype not in (torch.bfloat16, torch.float16) or t.shape[-1] not in (16, 32, 64, 128):
         return False
     try:
         import triton  # noqa: F401

@@ -25,8 +25,11 @@ Design notes (FoX paper, Algorithms 1-2):
 * Causal block skipping: a query block visits only the key blocks at or left of its diagonal, and only the
   diagonal blocks pay for masking. Ragged tails (T not a multiple of the block) are masked on load.
 * The backward is split in two kernels, so no atomics are needed: one program per key block accumulates
-  dK, dV and dc_k over query blocks; one program per query block accumulates dQ and dc_q over key blocks and
-  writes ``dc = dc_q + dc_k``. A small preprocessing kernel computes ``Dvec = rowsum(dO * O)``.
+  dK, dV and ``dc_k = -colsum(dS)`` over query blocks and writes dc_k; one program per query block accumulates dQ
+  and ``dc_q = rowsum(dS)`` over key blocks and adds dc_q to its rows of dc. A small preprocessing kernel computes
+  ``Dvec = rowsum(dO * O)``. (In exact arithmetic rowsum(dS) = 0, but Dvec comes from the rounded O, and the
+  row sums cancel that rounding error in the column sums: with sharp attention, dropping them made d(log f) ~10x
+  less accurate in bf16.)
 * The same source runs under ``TRITON_INTERPRET=1`` on CPU tensors (tests). There, fixed small block sizes
   are used and no device is queried. The interpreter's ``tl.dot`` mishandles bfloat16 (it multiplies the raw
   uint16 storage), so under the interpreter bf16 dot operands are upcast to float32 first (``UPCAST``);
@@ -47,10 +50,15 @@ LOG2E = 1.4426950408889634
 # Block configurations, per head dim: (BLOCK_M, BLOCK_N, num_warps, num_stages).
 # Forward and dQ: one program per BLOCK_M query rows, stepping over keys BLOCK_N at a time.
 # dK/dV: one program per BLOCK_N keys, stepping over queries BLOCK_M at a time.
-# Tuned on an H100 (see evalsuite/bench/attention.py: `--tune`); the constraints are asserted at launch.
-FWD_CONFIGS = {16: (128, 64, 4, 3), 32: (128, 64, 4, 3), 64: (128, 64, 4, 3), 128: (128, 64, 8, 3)}
-BWD_DKDV_CONFIGS = {16: (64, 128, 8, 2), 32: (64, 128, 8, 2), 64: (64, 128, 8, 2), 128: (64, 128, 8, 2)}
-BWD_DQ_CONFIGS = {16: (128, 64, 8, 2), 32: (128, 64, 8, 2), 64: (128, 64, 8, 2), 128: (128, 64, 8, 2)}
+# Tuned on an H100 at T=16384, B*T=65536, H=16 (evalsuite/bench/attention.py --tune; the top forward configs were
+# within 1-2% of each other, run to run); D=16/32 use configs checked for correctness on the H100 but not tuned.
+# The constraints (BLOCK_M % BLOCK_N == 0 forward/dQ, BLOCK_N % BLOCK_M == 0 dK/dV) are asserted at launch.
+FWD_CONFIGS = {16: (256, 64, 8, 3), 32: (256, 64, 8, 3), 64: (128, 64, 4, 4), 128: (128, 64, 8, 3)}
+BWD_DKDV_CONFIGS = {16: (32, 64, 4, 4), 32: (32, 64, 4, 4), 64: (32, 64, 4, 3), 128: (32, 128, 8, 3)}
+BWD_DQ_CONFIGS = {16: (128, 32, 4, 4), 32: (128, 32, 4, 4), 64: (128, 32, 4, 4), 128: (128, 64, 8, 4)}
+# Forward: skip rescaling the accumulator while the row maxima grow by less than 2^8 (see _fwd_inner), per head dim.
+# Off: on the H100 the data-dependent branch made the forward ~10% slower (6.87 vs 6.20 ms, D=64, T=16384).
+FWD_LAZY_RESCALE = {16: False, 32: False, 64: False, 128: False}
 # Decode: (BLOCK_N, num_warps, num_stages); BLOCK_M follows Tq.
 DECODE_CONFIG = (64, 4, 2)
 # Under the interpreter: small blocks, so tests at T <= 256 still cover several diagonal / off-diagonal blocks.
@@ -61,9 +69,19 @@ INTERPRET_DECODE = (16, 4, 1)
 
 HEAD_DIMS = (16, 32, 64, 128)
 
+# The strides of c are left unspecialised, so one compiled kernel serves c in [B, T, H] storage (the natural
+# result of a cumsum) and in time-major storage (see cumsum_over_time); on an H100 the time-major c ran as fast
+# unspecialised as specialised (6.19 vs 6.33 ms, forward, T=16384, D=64).
+_VECTOR_STRIDES = ("stride_cb", "stride_ct", "stride_ch")
+
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _empty(shape, dtype, device):
+    """Allocate an output buffer (tests replace this to poison outputs with NaN)."""
+    return torch.empty(shape, dtype=dtype, device=device)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -103,11 +121,14 @@ def _fwd_inner(
     HAS_C: tl.constexpr,
     BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr,
+    LAZY_RESCALE: tl.constexpr,
 ):
     """Online-softmax sweep over keys [lo, hi) for one query block. Pointers start at key ``lo``.
 
-    acc: [BLOCK_M, D] f32 unnormalised output; l_i, m_i: [BLOCK_M] row sums / row maxima of s (natural units,
+    acc: [BLOCK_M, D] f32 unnormalised output; l_i, m_i: [BLOCK_M] row sums / reference maxima of s (natural units,
     softmax taken as exp2(s * mult)). MASK: diagonal block (causal mask, keys may run past T).
+    LAZY_RESCALE: keep a stale reference max (and skip rescaling acc) unless some row's max grew by more than
+    8 in log2 units; the unnormalised weights then stay <= 2^8, harmless in fp32 sums and bf16 matmul inputs.
     """
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
@@ -129,24 +150,34 @@ def _fwd_inner(
         if MASK:
             s = tl.where(offs_m[:, None] >= cols[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2((m_i - m_new) * mult)
-        p = tl.exp2(s * mult - (m_new * mult)[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = _mm(p.to(v.dtype), v, acc * alpha[:, None], UPCAST)
-        m_i = m_new
+        if LAZY_RESCALE:
+            if tl.max((m_new - m_i) * mult, 0) > 8.0:  # m_i = -inf on the first step: always taken there
+                alpha = tl.exp2((m_i - m_new) * mult)
+                acc = acc * alpha[:, None]
+                l_i = l_i * alpha
+                m_i = m_new
+            p = tl.exp2(s * mult - (m_i * mult)[:, None])
+            l_i += tl.sum(p, 1)
+            acc = _mm(p.to(v.dtype), v, acc, UPCAST)
+        else:
+            alpha = tl.exp2((m_i - m_new) * mult)
+            p = tl.exp2(s * mult - (m_new * mult)[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = _mm(p.to(v.dtype), v, acc * alpha[:, None], UPCAST)
+            m_i = m_new
         k_ptrs += BLOCK_N * stride_kt
         v_ptrs += BLOCK_N * stride_vt
         c_ptrs += BLOCK_N * stride_ct
     return acc, l_i, m_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_VECTOR_STRIDES)
 def _fwd_kernel(
     Q,
     K,
     V,
     C,
-    O,
+    Out,
     LSE,
     stride_qb,
     stride_qt,
@@ -176,6 +207,7 @@ def _fwd_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr,
+    LAZY_RESCALE: tl.constexpr,
 ):
     """Forward. Grid: (B*H, cdiv(T, BLOCK_M)). Writes O [B, T, H, D] and LSE [B, H, T] (log2 units)."""
     pid_bh = tl.program_id(0)
@@ -206,7 +238,7 @@ def _fwd_kernel(
     # keys strictly left of the block: no mask (BLOCK_M % BLOCK_N == 0, so blocks never straddle start_m)
     acc, l_i, m_i = _fwd_inner(
         acc, l_i, m_i, q, cq, k_ptrs, v_ptrs, c_ptrs, offs_m, 0, start_m, T, sm_scale, mult,
-        stride_kt, stride_vt, stride_ct, False, HAS_C, BLOCK_N, UPCAST,
+        stride_kt, stride_vt, stride_ct, False, HAS_C, BLOCK_N, UPCAST, LAZY_RESCALE,
     )  # fmt: skip
     # diagonal blocks: causal mask
     k_ptrs += start_m.to(tl.int64) * stride_kt
@@ -214,20 +246,22 @@ def _fwd_kernel(
     c_ptrs += start_m.to(tl.int64) * stride_ct
     acc, l_i, m_i = _fwd_inner(
         acc, l_i, m_i, q, cq, k_ptrs, v_ptrs, c_ptrs, offs_m, start_m, tl.minimum(start_m + BLOCK_M, T), T,
-        sm_scale, mult, stride_kt, stride_vt, stride_ct, True, HAS_C, BLOCK_N, UPCAST,
+        sm_scale, mult, stride_kt, stride_vt, stride_ct, True, HAS_C, BLOCK_N, UPCAST, LAZY_RESCALE,
     )  # fmt: skip
 
     # every valid row sees at least its own key, so l_i > 0 and m_i is finite there
     o = acc / l_i[:, None]
-    o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None].to(tl.int64) * stride_ot + offs_d[None, :] * stride_od
-    tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=row_ok[:, None])
+    o_ptrs = (
+        Out + b * stride_ob + h * stride_oh + offs_m[:, None].to(tl.int64) * stride_ot + offs_d[None, :] * stride_od
+    )
+    tl.store(o_ptrs, o.to(Out.dtype.element_ty), mask=row_ok[:, None])
     lse = m_i * mult + tl.log2(l_i)
     tl.store(LSE + pid_bh.to(tl.int64) * T + offs_m, lse, mask=row_ok)
 
 
 @triton.jit
 def _bwd_preprocess_kernel(
-    O,
+    Out,
     DO,
     DELTA,
     stride_ob,
@@ -251,7 +285,9 @@ def _bwd_preprocess_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     rows = offs_m[:, None].to(tl.int64)
     mask = offs_m[:, None] < T
-    o = tl.load(O + b * stride_ob + h * stride_oh + rows * stride_ot + offs_d[None, :] * stride_od, mask=mask, other=0.0)
+    o = tl.load(
+        Out + b * stride_ob + h * stride_oh + rows * stride_ot + offs_d[None, :] * stride_od, mask=mask, other=0.0
+    )
     do = tl.load(
         DO + b * stride_dob + h * stride_doh + rows * stride_dot + offs_d[None, :] * stride_dod, mask=mask, other=0.0
     )
@@ -281,6 +317,7 @@ def _bwd_dkdv_inner(
     stride_qt,
     stride_dot,
     stride_ct,
+    stride_lt,
     MASK: tl.constexpr,
     HAS_C: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -298,7 +335,7 @@ def _bwd_dkdv_inner(
             row_ok = offs_m < T
             q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
             do = tl.load(do_ptrs, mask=row_ok[:, None], other=0.0)
-            lse = tl.load(lse_ptrs, mask=row_ok, other=0.0)
+            lse = tl.load(lse_ptrs, mask=row_ok, other=float("inf"))  # p = 0 on rows past T
             delta = tl.load(delta_ptrs, mask=row_ok, other=0.0)
         else:
             q = tl.load(q_ptrs)
@@ -312,9 +349,9 @@ def _bwd_dkdv_inner(
             else:
                 cq = tl.load(cq_ptrs)
             s_t = s_t * sm_scale + (cq[None, :] - ck[:, None])
+        if MASK:  # future queries and rows past T: p = 0
+            s_t = tl.where((offs_m[None, :] >= offs_n[:, None]) & row_ok[None, :], s_t, float("-inf"))
         p_t = tl.exp2(s_t * mult - lse[None, :])
-        if MASK:
-            p_t = tl.where((offs_m[None, :] >= offs_n[:, None]) & row_ok[None, :], p_t, 0.0)
         dv = _mm(p_t.to(do.dtype), do, dv, UPCAST)
         dp_t = _mm(v, tl.trans(do), tl.zeros([k.shape[0], BLOCK_M], dtype=tl.float32), UPCAST)
         ds_t = p_t * (dp_t - delta[None, :])
@@ -324,12 +361,12 @@ def _bwd_dkdv_inner(
         q_ptrs += BLOCK_M * stride_qt
         do_ptrs += BLOCK_M * stride_dot
         cq_ptrs += BLOCK_M * stride_ct
-        lse_ptrs += BLOCK_M
-        delta_ptrs += BLOCK_M
+        lse_ptrs += BLOCK_M * stride_lt
+        delta_ptrs += BLOCK_M * stride_lt
     return dk, dv, dck
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_VECTOR_STRIDES)
 def _bwd_dkdv_kernel(
     Q,
     K,
@@ -340,7 +377,7 @@ def _bwd_dkdv_kernel(
     DELTA,
     DK,
     DV,
-    DCK,
+    DC,
     stride_qb,
     stride_qt,
     stride_qh,
@@ -368,6 +405,10 @@ def _bwd_dkdv_kernel(
     stride_cb,
     stride_ct,
     stride_ch,
+    stride_dcb,
+    stride_dct,
+    stride_dch,
+    stride_lt,
     T,
     H,
     sm_scale,
@@ -378,7 +419,11 @@ def _bwd_dkdv_kernel(
     BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    """dK, dV [B, T, H, D] and dc_k [B, H, T] (fp32). Grid: (B*H, cdiv(T, BLOCK_N)); one key block each."""
+    """dK, dV [B, T, H, D] and dc_k = -colsum(dS) into DC [B, T, H] (fp32). Grid: (B*H, cdiv(T, BLOCK_N)).
+
+    One key block per program. LSE / DELTA are [B*H, T] with time stride ``stride_lt`` (1). The dQ kernel,
+    launched after this one, adds the row sums to DC.
+    """
     pid_bh = tl.program_id(0)
     pid_n = tl.program_id(1)  # the first key blocks are seen by the most queries: they go first
     b = (pid_bh // H).to(tl.int64)
@@ -407,8 +452,8 @@ def _bwd_dkdv_kernel(
     do_ptrs = DO + b * stride_dob + h * stride_doh + start64 * stride_dot
     do_ptrs += offs_m[:, None] * stride_dot + offs_d[None, :] * stride_dod
     cq_ptrs = c_base + start64 * stride_ct + offs_m * stride_ct
-    lse_ptrs = LSE + pid_bh.to(tl.int64) * T + start64 + offs_m
-    delta_ptrs = DELTA + pid_bh.to(tl.int64) * T + start64 + offs_m
+    lse_ptrs = LSE + (pid_bh.to(tl.int64) * T + start64 + offs_m) * stride_lt
+    delta_ptrs = DELTA + (pid_bh.to(tl.int64) * T + start64 + offs_m) * stride_lt
 
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
@@ -418,7 +463,7 @@ def _bwd_dkdv_kernel(
     hi = tl.minimum(start_n + BLOCK_N, T)
     dk, dv, dck = _bwd_dkdv_inner(
         dk, dv, dck, k, v, ck, q_ptrs, do_ptrs, cq_ptrs, lse_ptrs, delta_ptrs, offs_n, start_n, hi, T, sm_scale,
-        mult, stride_qt, stride_dot, stride_ct, True, HAS_C, BLOCK_M, UPCAST,
+        mult, stride_qt, stride_dot, stride_ct, stride_lt, True, HAS_C, BLOCK_M, UPCAST,
     )  # fmt: skip
     # 2) full query blocks below the diagonal: no mask
     lo = start_n + BLOCK_N
@@ -428,22 +473,22 @@ def _bwd_dkdv_kernel(
     q_ptrs += shift * stride_qt
     do_ptrs += shift * stride_dot
     cq_ptrs += shift * stride_ct
-    lse_ptrs += shift
-    delta_ptrs += shift
+    lse_ptrs += shift * stride_lt
+    delta_ptrs += shift * stride_lt
     dk, dv, dck = _bwd_dkdv_inner(
         dk, dv, dck, k, v, ck, q_ptrs, do_ptrs, cq_ptrs, lse_ptrs, delta_ptrs, offs_n, lo, hi, T, sm_scale,
-        mult, stride_qt, stride_dot, stride_ct, False, HAS_C, BLOCK_M, UPCAST,
+        mult, stride_qt, stride_dot, stride_ct, stride_lt, False, HAS_C, BLOCK_M, UPCAST,
     )  # fmt: skip
     # 3) ragged tail [hi, T): masked (at most one step)
     shift64 = (n_full * BLOCK_M).to(tl.int64)
     q_ptrs += shift64 * stride_qt
     do_ptrs += shift64 * stride_dot
     cq_ptrs += shift64 * stride_ct
-    lse_ptrs += shift64
-    delta_ptrs += shift64
+    lse_ptrs += shift64 * stride_lt
+    delta_ptrs += shift64 * stride_lt
     dk, dv, dck = _bwd_dkdv_inner(
         dk, dv, dck, k, v, ck, q_ptrs, do_ptrs, cq_ptrs, lse_ptrs, delta_ptrs, offs_n, tl.maximum(hi, lo), T, T,
-        sm_scale, mult, stride_qt, stride_dot, stride_ct, True, HAS_C, BLOCK_M, UPCAST,
+        sm_scale, mult, stride_qt, stride_dot, stride_ct, stride_lt, True, HAS_C, BLOCK_M, UPCAST,
     )  # fmt: skip
 
     dk = dk * sm_scale
@@ -452,7 +497,7 @@ def _bwd_dkdv_kernel(
     tl.store(DV + b * stride_dvb + h * stride_dvh + rows_n * stride_dvt + offs_d[None, :] * stride_dvd,
              dv.to(DV.dtype.element_ty), mask=col_ok[:, None])  # fmt: skip
     if HAS_C:
-        tl.store(DCK + pid_bh.to(tl.int64) * T + offs_n, dck, mask=col_ok)
+        tl.store(DC + b * stride_dcb + h * stride_dch + offs_n.to(tl.int64) * stride_dct, dck, mask=col_ok)
 
 
 @triton.jit
@@ -498,9 +543,9 @@ def _bwd_dq_inner(
             else:
                 ck = tl.load(ck_ptrs)
             s = s * sm_scale + (cq[:, None] - ck[None, :])
-        p = tl.exp2(s * mult - lse[:, None])
         if MASK:
-            p = tl.where(offs_m[:, None] >= cols[None, :], p, 0.0)
+            s = tl.where(offs_m[:, None] >= cols[None, :], s, float("-inf"))
+        p = tl.exp2(s * mult - lse[:, None])
         dp = _mm(do, tl.trans(v), tl.zeros([q.shape[0], BLOCK_N], dtype=tl.float32), UPCAST)
         ds = p * (dp - delta[:, None])
         dq = _mm(ds.to(k.dtype), k, dq, UPCAST)
@@ -512,7 +557,7 @@ def _bwd_dq_inner(
     return dq, dcq
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_VECTOR_STRIDES)
 def _bwd_dq_kernel(
     Q,
     K,
@@ -521,7 +566,6 @@ def _bwd_dq_kernel(
     DO,
     LSE,
     DELTA,
-    DCK,
     DQ,
     DC,
     stride_qb,
@@ -560,7 +604,7 @@ def _bwd_dq_kernel(
     BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    """dQ [B, T, H, D] and dc = dc_q + dc_k [B, T, H] (fp32). Grid: (B*H, cdiv(T, BLOCK_M))."""
+    """dQ [B, T, H, D] and DC += dc_q (DC holds dc_k from the dK/dV kernel). Grid: (B*H, cdiv(T, BLOCK_M))."""
     pid_bh = tl.program_id(0)
     pid_m = tl.num_programs(1) - 1 - tl.program_id(1)  # heaviest (last) query blocks first
     b = (pid_bh // H).to(tl.int64)
@@ -576,7 +620,7 @@ def _bwd_dq_kernel(
                 mask=row_ok[:, None], other=0.0)  # fmt: skip
     do = tl.load(DO + b * stride_dob + h * stride_doh + rows * stride_dot + offs_d[None, :] * stride_dod,
                  mask=row_ok[:, None], other=0.0)  # fmt: skip
-    lse = tl.load(LSE + pid_bh.to(tl.int64) * T + offs_m, mask=row_ok, other=0.0)
+    lse = tl.load(LSE + pid_bh.to(tl.int64) * T + offs_m, mask=row_ok, other=float("inf"))  # p = 0 past T
     delta = tl.load(DELTA + pid_bh.to(tl.int64) * T + offs_m, mask=row_ok, other=0.0)
     c_base = C + b * stride_cb + h * stride_ch
     if HAS_C:
@@ -606,9 +650,9 @@ def _bwd_dq_kernel(
     dq = dq * sm_scale
     tl.store(DQ + b * stride_dqb + h * stride_dqh + rows * stride_dqt + offs_d[None, :] * stride_dqd,
              dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])  # fmt: skip
-    if HAS_C:
-        dck = tl.load(DCK + pid_bh.to(tl.int64) * T + offs_m, mask=row_ok, other=0.0)
-        tl.store(DC + b * stride_dcb + h * stride_dch + offs_m.to(tl.int64) * stride_dct, dcq + dck, mask=row_ok)
+    if HAS_C:  # this program owns these rows of DC: a plain read-modify-write, no atomics
+        dc_ptrs = DC + b * stride_dcb + h * stride_dch + offs_m.to(tl.int64) * stride_dct
+        tl.store(dc_ptrs, tl.load(dc_ptrs, mask=row_ok, other=0.0) + dcq, mask=row_ok)
 
 
 @triton.jit
@@ -677,7 +721,7 @@ def _decode_kernel(
     if HAS_KS:
         ks = tl.load(KS + b).to(tl.int32)
     else:
-        ks = 0
+        ks = tl.full([], 0, dtype=tl.int32)
 
     lo = pid_s * keys_per_split
     # last key any row of this block may see, +1
@@ -751,15 +795,15 @@ def _scales(scale, D, has_c):
     return (sm_scale, LOG2E) if has_c else (sm_scale, sm_scale * LOG2E)
 
 
-def _fwd(q, k, v, cum, scale, config=None):
+def _fwd(q, k, v, cum, scale, config=None, lazy_rescale=None):
     """Launch the forward. Returns o [B, T, H, D] (q dtype) and lse [B, H, T] fp32 (log2 units)."""
     B, T, H, D = q.shape
     BLOCK_M, BLOCK_N, num_warps, num_stages = config or (INTERPRET_FWD if _interpreting() else FWD_CONFIGS[D])
     assert BLOCK_M % BLOCK_N == 0, "forward needs BLOCK_M % BLOCK_N == 0"
     has_c = cum is not None
     sm_scale, mult = _scales(scale, D, has_c)
-    o = torch.empty((B, T, H, D), dtype=q.dtype, device=q.device)
-    lse = torch.empty((B, H, T), dtype=torch.float32, device=q.device)
+    o = _empty((B, T, H, D), q.dtype, q.device)
+    lse = _empty((B, H, T), torch.float32, q.device)
     c = cum if has_c else lse  # dummy pointer, never read
     c_strides = cum.stride() if has_c else (0, 0, 0)
     grid = (B * H, triton.cdiv(T, BLOCK_M))
@@ -767,6 +811,7 @@ def _fwd(q, k, v, cum, scale, config=None):
         q, k, v, c, o, lse, *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(o), *c_strides,
         T, H, sm_scale, mult,
         HAS_C=has_c, HEAD_DIM=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, UPCAST=_upcast(q.dtype),
+        LAZY_RESCALE=FWD_LAZY_RESCALE.get(D, False) if lazy_rescale is None else lazy_rescale,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return o, lse
@@ -781,18 +826,17 @@ def _bwd(do, q, k, v, cum, o, lse, scale, dkdv_config=None, dq_config=None):
     if do.stride(-1) != 1:
         do = do.contiguous()
     dev = q.device
-    delta = torch.empty((B, H, T), dtype=torch.float32, device=dev)
+    delta = _empty((B, H, T), torch.float32, dev)
     pre_block = 16 if interp else 128
     _bwd_preprocess_kernel[(B * H, triton.cdiv(T, pre_block))](
         o, do, delta, *_strides4(o), *_strides4(do), T, H, HEAD_DIM=D, BLOCK_M=pre_block
     )
 
-    dq = torch.empty((B, T, H, D), dtype=q.dtype, device=dev)
-    dk = torch.empty((B, T, H, D), dtype=k.dtype, device=dev)
-    dv = torch.empty((B, T, H, D), dtype=v.dtype, device=dev)
-    dck = torch.empty((B, H, T), dtype=torch.float32, device=dev) if has_c else delta
-    dcum = torch.empty((B, T, H), dtype=torch.float32, device=dev) if has_c else None
-    c = cum if has_c else delta
+    dq = _empty((B, T, H, D), q.dtype, dev)
+    dk = _empty((B, T, H, D), k.dtype, dev)
+    dv = _empty((B, T, H, D), v.dtype, dev)
+    dcum = _empty((B, T, H), torch.float32, dev) if has_c else None
+    c = cum if has_c else delta  # dummy pointers when there is no gate, never read
     c_strides = cum.stride() if has_c else (0, 0, 0)
     dc = dcum if has_c else delta
     dc_strides = dcum.stride() if has_c else (0, 0, 0)
@@ -801,16 +845,16 @@ def _bwd(do, q, k, v, cum, o, lse, scale, dkdv_config=None, dq_config=None):
     BM, BN, nw, ns = dkdv_config or (INTERPRET_DKDV if interp else BWD_DKDV_CONFIGS[D])
     assert BN % BM == 0, "dK/dV kernel needs BLOCK_N % BLOCK_M == 0"
     _bwd_dkdv_kernel[(B * H, triton.cdiv(T, BN))](
-        q, k, v, c, do, lse, delta, dk, dv, dck,
+        q, k, v, c, do, lse, delta, dk, dv, dc,
         *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(do), *_strides4(dk), *_strides4(dv), *c_strides,
-        T, H, sm_scale, mult,
+        *dc_strides, 1, T, H, sm_scale, mult,
         HAS_C=has_c, HEAD_DIM=D, BLOCK_M=BM, BLOCK_N=BN, UPCAST=upcast, num_warps=nw, num_stages=ns,
     )  # fmt: skip
 
     BM, BN, nw, ns = dq_config or (INTERPRET_DQ if interp else BWD_DQ_CONFIGS[D])
     assert BM % BN == 0, "dQ kernel needs BLOCK_M % BLOCK_N == 0"
     _bwd_dq_kernel[(B * H, triton.cdiv(T, BM))](
-        q, k, v, c, do, lse, delta, dck, dq, dc,
+        q, k, v, c, do, lse, delta, dq, dc,
         *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(do), *_strides4(dq), *c_strides, *dc_strides,
         T, H, sm_scale, mult,
         HAS_C=has_c, HEAD_DIM=D, BLOCK_M=BM, BLOCK_N=BN, UPCAST=upcast, num_warps=nw, num_stages=ns,
@@ -840,9 +884,10 @@ def forgetting_attention_triton(q, k, v, cum=None, *, scale=None):
 
     Args:
         q, k, v: ``[B, T, H, D]`` bfloat16 or float16, any strides; D in (16, 32, 64, 128).
-        cum: ``[B, T, H]`` float32 cumulative log forget gates (``cumsum(log f, dim=1)``), or None for plain
-            causal attention. Gradients flow to ``cum`` (``dcum_i = sum_j dS_ij - sum_j dS_ji``); autograd
-            through the caller's cumsum turns them into ``d log f``.
+        cum: ``[B, T, H]`` float32 cumulative log forget gates (``cumsum(log f, dim=1)``; on GPU prefer
+            :func:`cumsum_over_time`, torch's dim=1 cumsum is slow at long T), or None for plain causal
+            attention. Gradients flow to ``cum`` (``dcum_i = sum_j dS_ij - sum_j dS_ji``); autograd through the
+            caller's cumsum turns them into ``d log f``.
         scale: logit scale, default ``1/sqrt(D)``.
     Returns:
         o: ``[B, T, H, D]`` in q's dtype (contiguous).
@@ -893,7 +938,9 @@ def forgetting_attention_decode_triton(q, k, v, cum_q=None, cum_k=None, *, scale
     has_c = cum_q is not None
     if has_c:
         if cum_q.shape != (B, Tq, H) or cum_k.shape != (B, Tk, H):
-            raise ValueError(f"cum_q/cum_k must be [B, Tq, H]/[B, Tk, H]; got {tuple(cum_q.shape)}/{tuple(cum_k.shape)}")
+            raise ValueError(
+                f"cum_q/cum_k must be [B, Tq, H]/[B, Tk, H]; got {tuple(cum_q.shape)}/{tuple(cum_k.shape)}"
+            )
         cum_q, cum_k = cum_q.float(), cum_k.float()
     has_ks = key_start is not None
     if has_ks:
@@ -913,8 +960,8 @@ def forgetting_attention_decode_triton(q, k, v, cum_q=None, cum_k=None, *, scale
     num_splits = triton.cdiv(Tk, keys_per_split)
 
     sm_scale, mult = _scales(scale, D, has_c)
-    o_part = torch.empty((num_splits, B, H, Tq, D), dtype=torch.float32, device=q.device)
-    lse_part = torch.empty((num_splits, B, H, Tq), dtype=torch.float32, device=q.device)
+    o_part = _empty((num_splits, B, H, Tq, D), torch.float32, q.device)
+    lse_part = _empty((num_splits, B, H, Tq), torch.float32, q.device)
     cq = cum_q if has_c else lse_part
     ck = cum_k if has_c else lse_part
     cq_strides = cum_q.stride() if has_c else (0, 0, 0)

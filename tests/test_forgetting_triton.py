@@ -1,0 +1,272 @@
+"""The Triton Forgetting Attention kernels against the PyTorch reference, on CPU under ``TRITON_INTERPRET=1``.
+
+Every check compares the kernel (bf16/fp16 inputs, fp32 accumulation) with ``reference.attention_dense`` run in
+float64 on the same (rounded) inputs, by relative error ``|out - ref| / |ref|``. Outputs are poisoned with NaN
+before each launch, so an element the kernel never writes fails the check.
+"""
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # must precede the kernels' decoration (import) below
+
+import importlib  # noqa: E402
+import math  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+pytest.importorskip("triton")
+
+from evalsuite.kernels.forgetting import cumsum_over_time, reference  # noqa: E402
+
+kernel = importlib.import_module("evalsuite.kernels.forgetting.triton")
+if type(kernel._fwd_kernel).__name__ != "InterpretedFunction":  # imported earlier without the interpreter
+    kernel = importlib.reload(kernel)
+
+# bf16 keeps 8 mantissa bits; gradients also go through the bf16-rounded output (Dvec = rowsum(dO * O)),
+# which costs a few more bits when attention is sharp (strong gates). fp16 keeps 11 bits.
+TOL = {torch.float16: (3e-3, 5e-3), torch.bfloat16: (1e-2, 2.5e-2)}  # (forward, gradients)
+
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch):
+    """Every buffer the kernels write starts as NaN."""
+
+    def nan_empty(shape, dtype, device):
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+    monkeypatch.setattr(kernel, "_empty", nan_empty)
+
+
+def rel_err(out, ref):
+    out, ref = out.double(), ref.double()
+    assert torch.isfinite(out).all(), "non-finite values (unwritten or overflowed)"
+    den = ref.norm()
+    return ((out - ref).norm() / den).item() if den > 0 else (out - ref).norm().item()
+
+
+def make_inputs(B, T, H, D, dtype, gate, seed=0):
+    """Random q, k, v [B, T, H, D] and log forget gates [B, T, H] (None for no gate).
+
+    gate "mild": log f ~ -0.01 (long memory); "strong": log f ~ -3 (attention to the last few tokens).
+    """
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, T, H, D, generator=g).to(dtype) for _ in range(3))
+    if gate is None:
+        return q, k, v, None
+    mean = {"mild": -0.01, "strong": -3.0}[gate]
+    logf = mean * (0.5 + torch.rand(B, T, H, generator=g))  # in [1.5 mean, 0.5 mean]
+    return q, k, v, logf
+
+
+def run_kernel(q, k, v, logf, do, fwd_config=None, dkdv_config=None, dq_config=None):
+    """Forward + backward through the kernel; gradients w.r.t. q, k, v and log f (through the cumsum)."""
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    if logf is not None:
+        leaves.append(logf.clone().requires_grad_())
+    cum = None if logf is None else leaves[3].cumsum(1)
+    if fwd_config is None and dkdv_config is None and dq_config is None:
+        o = kernel.forgetting_attention_triton(*leaves[:3], cum)
+    else:
+
+        class Fn(torch.autograd.Function):  # the same launches, with explicit block configs
+            @staticmethod
+            def forward(ctx, q, k, v, cum):
+                o, lse = kernel._fwd(q, k, v, cum, None, config=fwd_config)
+                ctx.save_for_backward(q, k, v, cum, o, lse)
+                return o
+
+            @staticmethod
+            def backward(ctx, do):
+                q, k, v, cum, o, lse = ctx.saved_tensors
+                return kernel._bwd(do, q, k, v, cum, o, lse, None, dkdv_config=dkdv_config, dq_config=dq_config)
+
+        o = Fn.apply(*leaves[:3], cum)
+    grads = torch.autograd.grad(o, leaves, do)
+    return o.detach(), grads
+
+
+def run_reference(q, k, v, logf, do):
+    leaves = [x.double().requires_grad_() for x in (q, k, v)]
+    if logf is not None:
+        leaves.append(logf.double().requires_grad_())
+    cum = None if logf is None else leaves[3].cumsum(1)
+    o = reference.attention_dense(*leaves[:3], cum, cum)
+    grads = torch.autograd.grad(o, leaves, do.double())
+    return o.detach(), grads
+
+
+def check_full(B, T, H, D, dtype, gate, seed=0, **configs):
+    q, k, v, logf = make_inputs(B, T, H, D, dtype, gate, seed)
+    do = torch.randn(B, T, H, D, generator=torch.Generator().manual_seed(seed + 1)).to(dtype)
+    o, grads = run_kernel(q, k, v, logf, do, **configs)
+    o_ref, grads_ref = run_reference(q, k, v, logf, do)
+    assert o.shape == (B, T, H, D) and o.dtype == dtype
+    tol_fwd, tol_bwd = TOL[dtype]
+    errors = {"o": rel_err(o, o_ref)}
+    for name, g, g_ref in zip(("dq", "dk", "dv", "dlogf"), grads, grads_ref, strict=False):
+        assert g.shape == g_ref.shape
+        errors[name] = rel_err(g, g_ref)
+    assert errors["o"] < tol_fwd, errors
+    assert all(e < tol_bwd for e in errors.values()), errors
+    return errors
+
+
+# (dtype, T, D, gate): ragged lengths, every head dim, every gate kind, both dtypes.
+FULL_CASES = [
+    (torch.bfloat16, 1, 64, "mild"),
+    (torch.bfloat16, 17, 32, "strong"),
+    (torch.bfloat16, 100, 64, "mild"),
+    (torch.bfloat16, 100, 64, None),
+    (torch.bfloat16, 255, 64, "strong"),
+    (torch.bfloat16, 64, 128, "mild"),
+    (torch.float16, 100, 32, None),
+    (torch.float16, 96, 128, "strong"),
+    (torch.float16, 255, 32, "mild"),
+    (torch.float16, 40, 16, "strong"),
+]
+
+
+@pytest.mark.parametrize("dtype,T,D,gate", FULL_CASES)
+def test_full_forward_backward(dtype, T, D, gate):
+    check_full(2, T, 2, D, dtype, gate)
+
+
+def test_gpu_like_block_ratios():
+    """Other block shapes than the interpreter defaults (BLOCK_M = 2 * BLOCK_N etc., as on the GPU)."""
+    check_full(1, 150, 2, 32, torch.float16, "mild", fwd_config=(64, 32, 4, 1),
+               dkdv_config=(32, 64, 4, 1), dq_config=(64, 32, 4, 1))  # fmt: skip
+    check_full(1, 70, 1, 32, torch.float16, "strong", fwd_config=(16, 16, 4, 1),
+               dkdv_config=(16, 16, 4, 1), dq_config=(16, 16, 4, 1))  # fmt: skip
+
+
+def test_lazy_rescale(monkeypatch):
+    """The forward's lazy-rescaling path (stale row max unless it grows by > 2^8) computes the same function."""
+    monkeypatch.setitem(kernel.FWD_LAZY_RESCALE, 32, True)
+    check_full(2, 130, 2, 32, torch.bfloat16, "strong")
+    check_full(1, 100, 2, 32, torch.float16, None)
+
+
+def test_cumsum_over_time():
+    logf = -torch.rand(2, 37, 3, dtype=torch.float64).float().requires_grad_()
+    cum = cumsum_over_time(logf)
+    assert cum.shape == logf.shape and cum.dtype == torch.float32
+    torch.testing.assert_close(cum, logf.cumsum(1))
+    g = torch.randn(2, 37, 3)
+    (grad,) = torch.autograd.grad(cum, logf, g)
+    torch.testing.assert_close(grad, g.flip(1).cumsum(1).flip(1))
+
+
+def test_strided_inputs_and_large_cum():
+    """q/k/v are views into a packed [B, T, 3, H, D] tensor, cum is a transposed view, and |c| ~ 1e4.
+
+    A constant shift of c changes nothing mathematically; the kernel must subtract c_i - c_j before adding it
+    to the scores to keep the result (the reference runs in float64 on the same fp32 values).
+    """
+    B, T, H, D = 2, 80, 3, 32
+    g = torch.Generator().manual_seed(3)
+    qkv = torch.randn(B, T, 3, H, D, generator=g).to(torch.bfloat16)
+    q, k, v = qkv.unbind(2)
+    assert not q.is_contiguous()
+    logf = -0.5 * torch.rand(B, T, H, generator=g)
+    cum_bht = (logf.cumsum(1) - 1.0e4).transpose(1, 2).contiguous()  # stored [B, H, T]
+    cum = cum_bht.transpose(1, 2)  # viewed [B, T, H], strided
+    do = torch.randn(B, T, H, D, generator=g).to(torch.bfloat16)
+
+    qs, ks, vs, cs = (x.clone().requires_grad_() for x in (q, k, v, cum))
+    o = kernel.forgetting_attention_triton(qs, ks, vs, cs)
+    grads = torch.autograd.grad(o, (qs, ks, vs, cs), do)
+
+    ref_leaves = [x.double().requires_grad_() for x in (q, k, v, cum)]
+    o_ref = reference.attention_dense(*ref_leaves[:3], ref_leaves[3], ref_leaves[3])
+    grads_ref = torch.autograd.grad(o_ref, ref_leaves, do.double())
+    assert rel_err(o, o_ref) < TOL[torch.bfloat16][0]
+    for g_out, g_ref in zip(grads, grads_ref, strict=True):
+        assert rel_err(g_out, g_ref) < TOL[torch.bfloat16][1]
+    # dcum sums to zero over time (row sums minus column sums of dS)
+    assert grads[3].sum(1).abs().max() < 1e-3
+
+
+def test_scale_argument():
+    B, T, H, D = 1, 40, 2, 64
+    q, k, v, logf = make_inputs(B, T, H, D, torch.float16, "mild", seed=5)
+    cum = logf.cumsum(1)
+    o = kernel.forgetting_attention_triton(q, k, v, cum, scale=0.3)
+    o_ref = reference.attention_dense(q.double(), k.double(), v.double(), cum.double(), cum.double(), scale=0.3)
+    assert rel_err(o, o_ref) < TOL[torch.float16][0]
+
+
+def test_no_grad_for_cum_none():
+    q, k, v, _ = make_inputs(1, 20, 1, 32, torch.float16, None)
+    q.requires_grad_()
+    o = kernel.forgetting_attention_triton(q, k, v)
+    (dq,) = torch.autograd.grad(o.float().sum(), [q])  # an expanded (stride-0) output gradient
+    assert torch.isfinite(dq).all()
+
+
+def check_decode(B, Tq, Tk, H, D, dtype, gate, key_start=None, num_splits=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, Tq, H, D, generator=g).to(dtype)
+    k, v = (torch.randn(B, Tk, H, D, generator=g).to(dtype) for _ in range(2))
+    cum_q = cum_k = None
+    if gate is not None:
+        mean = {"mild": -0.01, "strong": -3.0}[gate]
+        cum_k = (mean * (0.5 + torch.rand(B, Tk, H, generator=g))).cumsum(1)
+        cum_q = cum_k[:, Tk - Tq :]
+    o = kernel.forgetting_attention_decode_triton(q, k, v, cum_q, cum_k, key_start=key_start, num_splits=num_splits)
+    o_ref = reference.attention_dense(
+        q.double(), k.double(), v.double(),
+        None if cum_q is None else cum_q.double(), None if cum_k is None else cum_k.double(), key_start=key_start,
+    )  # fmt: skip
+    assert o.shape == (B, Tq, H, D) and o.dtype == dtype
+    err = rel_err(o, o_ref)
+    assert err < TOL[dtype][0], err
+    if key_start is not None:  # rows with nothing visible are exactly zero, like the reference
+        pos = torch.arange(Tk - Tq, Tk)
+        for b in range(B):
+            dead = pos < int(key_start[b])
+            assert (o[b, dead] == 0).all()
+
+
+@pytest.mark.parametrize(
+    "B,Tq,Tk,gate,key_start,num_splits",
+    [
+        (2, 1, 1, "mild", None, None),
+        (2, 1, 130, "strong", None, None),  # several splits (default picks > 1 under the interpreter)
+        (2, 3, 77, None, None, 1),
+        (3, 5, 90, "mild", [0, 13, 40], None),
+        (2, 16, 100, "strong", [7, 0], 3),
+        (2, 20, 20, "mild", [0, 11], None),  # prefill with left padding; first rows of b=1 see nothing
+        (1, 40, 64, None, [33], 2),
+    ],
+)
+def test_decode(B, Tq, Tk, gate, key_start, num_splits):
+    ks = None if key_start is None else torch.tensor(key_start)
+    check_decode(B, Tq, Tk, 2, 32, torch.bfloat16, gate, key_start=ks, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_decode_head_dims_fp16(D):
+    check_decode(1, 2, 50, 2, D, torch.float16, "mild", key_start=torch.tensor([5]))
+
+
+def test_decode_matches_full_forward():
+    """Decoding all positions (Tq == Tk, no padding) gives the full kernel's forward."""
+    q, k, v, logf = make_inputs(1, 45, 2, 32, torch.bfloat16, "strong", seed=9)
+    cum = logf.cumsum(1)
+    full = kernel.forgetting_attention_triton(q, k, v, cum)
+    dec = kernel.forgetting_attention_decode_triton(q, k, v, cum, cum, num_splits=2)
+    assert rel_err(dec, full.float()) < 1e-2
+
+
+def test_input_validation():
+    q = torch.randn(1, 8, 1, 48, dtype=torch.bfloat16)
+    with pytest.raises(ValueError):
+        kernel.forgetting_attention_triton(q, q, q)
+    q = torch.randn(1, 8, 1, 32)
+    with pytest.raises(TypeError):
+        kernel.forgetting_attention_triton(q, q, q)
+    q = torch.randn(1, 8, 1, 32, dtype=torch.bfloat16)
+    with pytest.raises(ValueError):
+        kernel.forgetting_attention_triton(q, q, q, torch.zeros(1, 7, 1))
+    assert math.isclose(kernel.LOG2E, 1 / math.log(2))
