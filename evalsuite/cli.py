@@ -159,6 +159,207 @@ def table(
         typer.echo(f"wrote {path} ({len(df)} rows)")
 
 
+def _csv_list(value: str | None, cast, option: str) -> list | None:
+    """``"64,128"`` -> ``[64, 128]``; None stays None."""
+    if value is None:
+        return None
+    try:
+        return [cast(v.strip()) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise UserError(f"{option} takes comma-separated {cast.__name__} values, got {value!r}") from None
+
+
+@app.command()
+def mqar(
+    preset: Annotated[str, typer.Option(help="Preset in tasks/mqar.yaml: ci, gsa-paper, zoology-fig2.")] = "ci",
+    models: Annotated[str | None, typer.Option(help="Comma-separated cards or architectures, or 'all'.")] = None,
+    d_model: Annotated[str | None, typer.Option(help="Comma-separated model widths.")] = None,
+    seq_len: Annotated[str | None, typer.Option(help="Comma-separated sequence lengths.")] = None,
+    kv_pairs: Annotated[str | None, typer.Option(help="Comma-separated kv-pair counts.")] = None,
+    pairing: Annotated[str | None, typer.Option(help="zip (pair lengths with kv counts) or product.")] = None,
+    lr: Annotated[str | None, typer.Option(help="Comma-separated learning rates (best over them is reported).")] = (
+        None
+    ),
+    layers: Annotated[int | None, typer.Option(min=1, help="Layers per model.")] = None,
+    heads: Annotated[int | None, typer.Option(min=1, help="Attention heads (default: d_model / preset head_dim).")] = (
+        None
+    ),
+    mlp: Annotated[bool | None, typer.Option("--mlp/--no-mlp", help="MLP in every block.")] = None,
+    max_steps: Annotated[int | None, typer.Option(min=1, help="Training steps per cell (early stop > 0.99).")] = None,
+    batch_size: Annotated[int | None, typer.Option(min=1, help="Training batch size.")] = None,
+    workers: Annotated[int, typer.Option(min=1, help="Cells trained at once (subprocesses on one device).")] = 1,
+    time_limit: Annotated[float | None, typer.Option(help="Seconds after which no new cell starts.")] = None,
+    device: DeviceOpt = "auto",
+    seed: SeedOpt = None,
+    out: OutOpt = None,
+    attention: BackendOpt = "auto",
+    progress: Annotated[bool, typer.Option(help="Show a progress bar (else one line per finished cell).")] = True,
+    report: Annotated[bool, typer.Option(help="Write tables and plots into the run directory.")] = True,
+):
+    """Train models on multi-query associative recall (Zoology's MQAR) over a sweep; table and plots."""
+    from evalsuite.kernels.forgetting import BACKENDS
+    from evalsuite.report.mqar import best_over_lr, best_table, load_mqar, write_mqar_report
+    from evalsuite.tasks.mqar import check_best, default_run_dir, run_mqar, sweep_from_options
+
+    if attention not in BACKENDS:
+        raise UserError(f"unknown attention backend {attention!r}; choose from {', '.join(BACKENDS)}")
+    sweep = sweep_from_options(
+        preset,
+        models=_csv_list(models, str, "--models"),
+        d_models=_csv_list(d_model, int, "--d-model"),
+        seq_lens=_csv_list(seq_len, int, "--seq-len"),
+        num_kv_pairs=_csv_list(kv_pairs, int, "--kv-pairs"),
+        pairing=pairing,
+        lrs=_csv_list(lr, float, "--lr"),
+        num_layers=layers,
+        num_heads=heads,
+        use_mlp=mlp,
+        max_steps=max_steps,
+        batch_size=batch_size,
+        seed=seed,
+    )
+    run_dir = out or default_run_dir(sweep, preset)
+    results = run_mqar(
+        sweep,
+        run_dir,
+        device=device,
+        attention=attention,
+        workers=workers,
+        time_limit=time_limit,
+        progress=progress,
+        preset=preset,
+        on_record=None if progress else _echo_mqar_cell,
+    )
+    cells = results["cells"]
+    typer.echo(f"mqar {preset}: {cells['finished']}/{cells['total']} cells in {run_dir}")
+    for error in results["errors"]:
+        typer.echo(f"  cell failed: {error}", err=True)
+    if cells["pending"]:
+        typer.echo(f"  {len(cells['pending'])} cells pending; rerun the same command to resume")
+    if results["records"]:
+        typer.echo(best_table(best_over_lr(load_mqar([run_dir]))).to_markdown(floatfmt=".3f"))
+        for path in write_mqar_report([run_dir], run_dir) if report else []:
+            typer.echo(f"wrote {path}")
+    if sweep.check_accuracy is not None:
+        check_best(results, sweep.check_accuracy)
+    if results["errors"]:
+        raise UserError(f"{len(results['errors'])} MQAR cell(s) failed; see the messages above")
+
+
+def _echo_mqar_cell(r: dict) -> None:
+    typer.echo(
+        f"  {r['model']} T={r['length']} kv={r['num_kv_pairs']} d={r['d_model']} lr={r['lr']:g}: "
+        f"accuracy {r['value']:.4f} after {r['steps']} steps ({r['train_seconds']:.0f} s)",
+        err=True,
+    )
+
+
+@plot_app.command("mqar")
+def plot_mqar_cmd(
+    runs: Annotated[list[Path], typer.Argument(help="MQAR run directories (or folders of them).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output directory.")] = Path("results/plots/mqar"),
+):
+    """MQAR: accuracy vs d_model (one panel per setting), accuracy vs state size, best-accuracy tables."""
+    from evalsuite.report.mqar import write_mqar_report
+
+    for path in write_mqar_report(runs, out):
+        typer.echo(f"wrote {path}")
+
+
+def _niah_numbers(value: str | None, option: str) -> list[float] | None:
+    """``"1000,4100"`` -> ``[1000.0, 4100.0]`` for the NIAH grid options; None stays None."""
+    if value is None:
+        return None
+    try:
+        return [float(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise UserError(f"{option} takes comma-separated numbers, got {value!r}") from None
+
+
+@app.command()
+def niah(
+    model: ModelOpt,
+    mode: Annotated[str, typer.Option(help="easy, standard or 2hop.")] = "easy",
+    flavour: Annotated[
+        str, typer.Option(help="2hop only: text (chained facts + 1-hop control) or drt (DRT token-level passkey).")
+    ] = "text",
+    preset: Annotated[
+        str | None, typer.Option(help="Grid preset in tasks/niah.yaml: cpu or fox (default: cpu on a CPU, else fox).")
+    ] = None,
+    lengths: Annotated[str | None, typer.Option(help="Comma-separated context lengths (tokens, BOS counted).")] = None,
+    depths: Annotated[str | None, typer.Option(help="Comma-separated needle depths in percent.")] = None,
+    samples: Annotated[int | None, typer.Option(help="2hop: samples per cell (default: from the preset).")] = None,
+    haystack: Annotated[str, typer.Option(help="File or directory (.txt, .jsonl[.xz]), or 'synthetic'.")] = (
+        "synthetic"
+    ),
+    max_new_tokens: Annotated[
+        int | None, typer.Option(help="Generated tokens per answer (default: the preset's; fox: 1024).")
+    ] = None,
+    stop_newline: Annotated[bool, typer.Option(help="Stop each answer at its first newline.")] = False,
+    batch_size: Annotated[int, typer.Option(min=1, help="Prompts of one length per generate call.")] = 4,
+    judge: Annotated[
+        str | None,
+        typer.Option(help="openai:MODEL: also score with the FoX judge ($OPENAI_API_KEY, $OPENAI_BASE_URL)."),
+    ] = None,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "float32",
+    seed: SeedOpt = 0,
+    out: OutOpt = None,
+    checkpoint: CheckpointOpt = None,
+    attention: BackendOpt = "auto",
+):
+    """Needle in a haystack over lengths x depths (FoX §4.3): easy, standard, or 2-hop; records and a summary."""
+    from evalsuite.metrics.judge import OpenAIJudge
+    from evalsuite.tasks.niah import NiahConfig, run_dir_for, run_niah
+
+    config = NiahConfig(
+        mode=mode,
+        flavour=flavour,
+        preset=preset,
+        lengths=[int(x) for x in _niah_numbers(lengths, "--lengths") or []] or None,
+        depths=_niah_numbers(depths, "--depths"),
+        samples=samples,
+        haystack=haystack,
+        max_new_tokens=max_new_tokens,
+        stop_newline=stop_newline,
+        batch_size=batch_size,
+        seed=seed,
+    )
+    judge_client = OpenAIJudge.from_spec(judge) if judge else None  # a missing key fails before the model loads
+    _seed_everything(seed)
+    adapter = _adapter(model, device, dtype, checkpoint, attention)
+    results = run_niah(adapter, config, out, judge=judge_client)
+    run_dir = out or run_dir_for(adapter.name, config, results["config_hash"])
+    for note in results["skipped"]:
+        typer.echo(f"  note: length {note['length']} skipped ({note['reason']})")
+    typer.echo(f"{model}: NIAH {results['label']}, train length {results['train_length']}")
+    for s in results["summary"]:
+        if s["metric"] in ("judge", "score", "match", "accuracy", "answer_exact"):
+            cells = f"{s['cells_within']} + {s['cells_beyond']} cells"
+            within, beyond = (f"{v:.3f}" if v is not None else "-" for v in (s["within"], s["beyond"]))
+            typer.echo(f"  {s['subtask']:>9} {s['metric']:>12}: within {within}, beyond {beyond} ({cells})")
+    if adapter.layout == "random":
+        typer.echo("  note: random-init weights; these numbers test the pipeline, not the architecture")
+    typer.echo(f"  results: {run_dir}")
+
+
+@plot_app.command("niah")
+def plot_niah_cmd(
+    runs: Annotated[list[Path], typer.Argument(help="NIAH run directories (or folders of them).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output path stem.")] = Path("results/plots/niah"),
+    metric: Annotated[
+        str | None, typer.Option(help="judge, score, match, accuracy, ... (default: judge if judged, else score).")
+    ] = None,
+):
+    """NIAH heatmaps (depth x length, dashed line at the training length) and a within/beyond summary table."""
+    from evalsuite.report.niah import plot_niah
+
+    paths, table = plot_niah(runs, out, metric=metric)
+    typer.echo(table.drop(columns=["run"]).to_markdown(index=False, floatfmt=".3f"))
+    for path in paths:
+        typer.echo(f"wrote {path}")
+
+
 def main() -> None:
     """Console entry point: user errors become one line on stderr and exit status 2."""
     try:

@@ -75,3 +75,14 @@ def test_stop_strings_and_eos(adapter):
 def test_apply_stop_takes_the_earliest():
     assert apply_stop("abc\ndef. ghi", ["\n", "."]) == ("abc", True)
     assert apply_stop("abc", ["x", ""]) == ("abc", False)
+
+
+def test_bfloat16_adapter_equals_autocast_over_fp32_weights():
+    """The adapter casts linear layers once; the numbers must equal autocast over fp32 weights (FoX's evals)."""
+    half = NativeAdapter(load_card("fox-pro-tiny"), device="cpu", dtype="bfloat16")
+    full = NativeAdapter(load_card("fox-pro-tiny"), device="cpu")
+    ids = torch.randint(0, 50257, (2, 65), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = full.model.logits(full.model(ids)).float()
+    ref = torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids.flatten(), reduction="none").view(2, 65)
+    torch.testing.assert_close(half.token_nll(ids, ids), ref, rtol=0, atol=0)

@@ -70,6 +70,16 @@ class Adapter(ABC):
         Returns: ``[B, T]`` float32 on the CPU.
         """
 
+    def token_argmax(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Greedy next token after every prefix: ``argmax_v p(v | input_ids[b, :t+1])`` (teacher forcing).
+
+        Args: input_ids: ``[B, T]`` long. Returns: ``[B, T]`` long on the CPU. Adapters without logits
+        (e.g. chat-only APIs) cannot run teacher-forced tests and keep this default.
+        """
+        from evalsuite.errors import UserError
+
+        raise UserError(f"model {self.name} cannot give next-token predictions for teacher-forced scoring")
+
     @abstractmethod
     def generate(self, prompts: list[list[int]], config: GenerationConfig) -> list[Generation]:
         """Continue each prompt (token ids, BOS already included if wanted)."""

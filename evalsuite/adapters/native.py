@@ -122,6 +122,13 @@ class NativeAdapter(Adapter):
             )
         self.model.set_attention_backend(attention_backend)
         self.model.to(self.device).eval()
+        if self.dtype != torch.float32:
+            # Autocast would cast every linear weight to bf16/fp16 on every call (a copy and a launch per
+            # layer per decoded token); casting the linear layers once gives the same numbers. Embeddings,
+            # norms and the fp32 residual stream stay as autocast leaves them.
+            for module in self.model.modules():
+                if isinstance(module, torch.nn.Linear):
+                    module.to(self.dtype)
 
     def _autocast(self):
         if self.dtype == torch.float32:
@@ -145,6 +152,16 @@ class NativeAdapter(Adapter):
                 logits = self.model.logits(hidden[:, s : s + chunk]).float()
                 nll = F.cross_entropy(logits.flatten(0, 1), targets[:, s : s + chunk].flatten(), reduction="none")
                 out.append(nll.view(B, -1))
+        return torch.cat(out, dim=1).cpu()
+
+    @torch.inference_mode()
+    def token_argmax(self, input_ids: torch.Tensor) -> torch.Tensor:
+        B, T = input_ids.shape
+        self.check_length(T)
+        with self._autocast():
+            hidden = self.model(input_ids.to(self.device))
+            chunk = max(1, _LOGIT_BUDGET // (B * self.model.cfg.vocab_size))
+            out = [self.model.logits(hidden[:, s : s + chunk]).argmax(-1) for s in range(0, T, chunk)]
         return torch.cat(out, dim=1).cpu()
 
     def _next_token(self, logits: torch.Tensor, config: GenerationConfig, gen: torch.Generator) -> torch.Tensor:

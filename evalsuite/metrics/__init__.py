@@ -1,0 +1,1 @@
+"""Scorers: deterministic answer matching (``match``) and the OpenAI-compatible LLM judge (``judge``)."""

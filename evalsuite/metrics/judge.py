@@ -1,0 +1,193 @@
+"""The FoX needle-in-a-haystack judge, through any OpenAI-compatible chat-completions endpoint.
+
+FoX (``eval/niah/eval.py``, adapted from LongAlign) asks GPT-4o-2024-08-06 at temperature 0, with the
+system message "You are a helpful assistant." and the user message :data:`JUDGE_TEMPLATE` below (verbatim,
+including its "small language model" wording and the "numberical" typo of the criteria), to rate an answer
+from 1 to 10; the rating is the first ``[[N]]`` in the reply. Here the call goes through the ``openai``
+SDK, so any compatible server works: the key comes from ``$OPENAI_API_KEY`` and the endpoint from
+``$OPENAI_BASE_URL`` (the SDK's own variables; unset means api.openai.com).
+
+Failures: 429, 5xx, 408/409, timeouts and dropped connections are retried with exponential backoff
+(honouring ``Retry-After``); after the last attempt the score is recorded as missing with the error, so a
+resumed run can try again. Other HTTP errors (bad key, unknown model, bad request) stop the run with a
+:class:`UserError`: retrying cannot fix them. A reply without ``[[N]]`` is kept and scored as missing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+
+from evalsuite.errors import UserError
+
+JUDGE_SYSTEM = "You are a helpful assistant."
+
+# FoX's user template, verbatim (its placeholders: criteria, reference, input, prediction).
+JUDGE_TEMPLATE = (
+    "[Instruction]\nPlease act as an impartial judge and evaluate the quality of the response provided by small "
+    "language model to a question displayed below. {criteria}[Ground truth]\n{reference}\nRemember that the model "
+    "is small and not instruction-tuned so it may output additional garbage content and have strange formatting. "
+    "These should absolutely not affect your rating as long as the ground truth is included in the model's "
+    "response. Only give your rating based on the relevant (if any) part of the response. Begin your evaluation by "
+    "providing a short explanation. Be as objective as possible. After providing your explanation, you must rate "
+    'the response on a scale of 1 to 10 by strictly following this format: "[[rating]]", for example: "Rating: '
+    '[[5]]". Some bad models might give empty response in which case you should give the lowest score.\n\n'
+    "[Question]\n{input}\n\n[The Start of the Model's Answer]\n{prediction}\n[The End of the Model's Answer]"
+)
+
+# The "accuracy" criterion as FoX writes it: an indented triple-quoted string, so every line carries the
+# four-space indentation and the text starts and ends with a newline (+ indentation).
+ACCURACY_CRITERION = (
+    "\n"
+    "    Score 1: The answer is completely unrelated to the reference.\n"
+    "    Score 3: The answer has minor relevance but does not align with the reference.\n"
+    "    Score 5: The answer has moderate relevance but contains inaccuracies.\n"
+    "    Score 7: The answer aligns with the reference but has minor omissions.\n"
+    "    Score 10: The answer is completely accurate and aligns perfectly with the reference.\n"
+    "    Only respond with a numberical score\n"
+    "    "
+)
+JUDGE_CRITERIA = (
+    "For this evaluation, you should primarily consider the following criteria:\n" + f"accuracy: {ACCURACY_CRITERION}\n"
+)
+
+RATING = re.compile(r"\[\[(\d+)\]\]")
+RETRY_STATUS = {408, 409, 429}  # plus every 5xx
+
+
+def judge_message(question: str, reference: str, prediction: str) -> str:
+    """The user message FoX sends for one answer."""
+    return JUDGE_TEMPLATE.format(criteria=JUDGE_CRITERIA, reference=reference, input=question, prediction=prediction)
+
+
+def parse_rating(reply: str | None) -> int | None:
+    """The first ``[[N]]`` of a judge reply as an int, or None when there is none."""
+    match = RATING.search(reply or "")
+    return int(match.group(1)) if match else None
+
+
+@dataclass
+class JudgeResult:
+    """One judged answer. ``score`` is None when the reply had no ``[[N]]`` or every attempt failed."""
+
+    model: str
+    score: int | None
+    reply: str | None
+    error: str | None
+    attempts: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def parse_judge_spec(spec: str) -> str:
+    """``openai:MODEL`` -> MODEL; UserError for anything else."""
+    provider, _, model = spec.partition(":")
+    if provider != "openai" or not model:
+        raise UserError(f"unknown judge {spec!r}; use openai:MODEL (e.g. openai:gpt-4o-2024-08-06)")
+    return model
+
+
+class OpenAIJudge:
+    """Rates answers 1-10 with the FoX judge prompt on an OpenAI-compatible endpoint.
+
+    Args:
+        model: the judge model name sent to the endpoint.
+        api_key / base_url: default to ``$OPENAI_API_KEY`` / ``$OPENAI_BASE_URL``; a missing key is a UserError
+            (raised here, so a run fails before it generates anything).
+        max_attempts: tries per answer (FoX: 5).
+        backoff / max_backoff: first retry delay in seconds, doubled per retry, capped.
+        timeout: seconds per request.
+        sleep: the sleep function (tests pass a recorder).
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        max_attempts: int = 5,
+        backoff: float = 1.0,
+        max_backoff: float = 30.0,
+        timeout: float = 120.0,
+        env: Mapping[str, str] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
+        env = os.environ if env is None else env
+        api_key = api_key or env.get("OPENAI_API_KEY")
+        if not api_key:
+            raise UserError(
+                "the judge needs an API key: set OPENAI_API_KEY (and OPENAI_BASE_URL for a non-OpenAI endpoint)"
+            )
+        if max_attempts < 1:
+            raise UserError("judge max_attempts must be at least 1")
+        try:
+            import openai
+        except ModuleNotFoundError:
+            raise UserError("the judge needs the 'openai' package: pip install openai") from None
+        self._openai = openai
+        self.model = model
+        self.base_url = base_url or env.get("OPENAI_BASE_URL") or None
+        self.max_attempts, self.backoff, self.max_backoff = max_attempts, backoff, max_backoff
+        self._sleep = sleep
+        # The SDK's own retries are off: ours count attempts, log them and honour the caller's policy.
+        self.client = openai.OpenAI(api_key=api_key, base_url=self.base_url, max_retries=0, timeout=timeout)
+
+    @classmethod
+    def from_spec(cls, spec: str, **kwargs) -> OpenAIJudge:
+        """A judge from ``openai:MODEL``."""
+        return cls(parse_judge_spec(spec), **kwargs)
+
+    @property
+    def spec(self) -> str:
+        return f"openai:{self.model}"
+
+    def _delay(self, attempt: int, error: Exception) -> float:
+        """Seconds to wait before the next try: ``Retry-After`` if the server sent one, else exponential."""
+        response = getattr(error, "response", None)
+        header = response.headers.get("retry-after") if response is not None else None
+        try:
+            if header is not None:
+                return min(max(float(header), 0.0), self.max_backoff)
+        except ValueError:
+            pass  # an HTTP date; fall back to our own schedule
+        return min(self.backoff * 2 ** (attempt - 1), self.max_backoff)
+
+    def _retryable(self, error: Exception) -> bool:
+        openai = self._openai
+        if isinstance(error, openai.APITimeoutError | openai.APIConnectionError):
+            return True
+        if isinstance(error, openai.APIStatusError):
+            return error.status_code in RETRY_STATUS or error.status_code >= 500
+        return False
+
+    def rate(self, question: str, reference: str, prediction: str) -> JudgeResult:
+        """Judge one answer; never raises for transient failures (see the module docstring)."""
+        messages = [
+            {"role": "system", "content": JUDGE_SYSTEM},
+            {"role": "user", "content": judge_message(question, reference, prediction)},
+        ]
+        last_error = ""
+        for attempt in range(1, self.max_attempts + 1):
+            try:
+                completion = self.client.chat.completions.create(model=self.model, messages=messages, temperature=0)
+            except self._openai.OpenAIError as e:
+                if not self._retryable(e):
+                    status = getattr(e, "status_code", None)
+                    raise UserError(f"judge request to {self.model} failed ({status}): {_short(e)}") from None
+                last_error = f"{type(e).__name__}: {_short(e)}"
+                if attempt < self.max_attempts:
+                    self._sleep(self._delay(attempt, e))
+                continue
+            reply = completion.choices[0].message.content if completion.choices else None
+            return JudgeResult(self.model, parse_rating(reply), reply or "", None, attempt)
+        return JudgeResult(self.model, None, None, f"gave up after {self.max_attempts} attempts: {last_error}", attempt)
+
+
+def _short(error: Exception, limit: int = 300) -> str:
+    text = " ".join(str(error).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,223 @@
+"""NIAH summaries and heatmaps (FoX Figure 4 style, ``eval/niah/plot_niah.py``; fox.md §4 "Plot").
+
+Heatmap: needle depth (rows, 0 % at the top) x context length (columns), the mean score of each cell,
+colours from red (#F0496E) through yellow (#EBB839) to green (#0CD79F) over the scorer's range (1-10 for
+the judge and the offline score, 0-1 for match rates and accuracies), one panel per run and subtask,
+and a dashed black line at the model's training length (placed between columns by linear interpolation;
+FoX draws it through the nearest column). Summary: the mean over cells within (length <= training length)
+and beyond it.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from evalsuite.errors import UserError
+from evalsuite.report.records import find_runs, load_run
+from evalsuite.store import atomic_write_bytes
+
+COLORS = ("#F0496E", "#EBB839", "#0CD79F")  # FoX's red -> yellow -> green
+SCALES = {"judge": (1, 10), "score": (1, 10)}  # every other metric is a 0-1 rate
+TITLES = {"easy": "Easy", "standard": "Standard", "2hop": "2-hop", "1hop": "1-hop control", "2hop-drt": "2-hop (DRT)"}
+METRIC_NAMES = {
+    "judge": "judge score (1-10)",
+    "score": "match score (1-10)",
+    "match": "match rate",
+    "recall": "key-word recall",
+    "bridge_stated": "bridge stated",
+    "accuracy": "last-token accuracy",
+    "answer_token_acc": "answer-token accuracy",
+    "answer_exact": "answer exact (teacher-forced)",
+}
+
+
+def summary_records(rows: Sequence[dict], model: str) -> list[dict]:
+    """Long-format records (model, task, subtask, length, depth, metric, value, n) from per-cell lines.
+
+    ``value`` is the mean over a cell's samples of a metric; missing values (an unparseable judge reply, a
+    failed judge call) are left out and ``n`` counts the rest.
+    """
+    groups: dict[tuple, dict[str, list[float]]] = {}
+    for row in rows:
+        key = (row["subtask"], row["length"], row.get("depth"))
+        metrics = groups.setdefault(key, {})
+        for metric, value in row.get("scores", {}).items():
+            metrics.setdefault(metric, [])
+            if value is not None:
+                metrics[metric].append(float(value))
+    out = []
+    for (subtask, length, depth), metrics in groups.items():
+        for metric, values in metrics.items():
+            out.append(
+                {
+                    "model": model,
+                    "task": "niah",
+                    "subtask": subtask,
+                    "length": length,
+                    "depth": depth,
+                    "metric": metric,
+                    "value": float(np.mean(values)) if values else None,
+                    "n": len(values),
+                }
+            )
+    return out
+
+
+def within_beyond(records: Sequence[dict], train_length: int | None) -> list[dict]:
+    """Mean over cells within and beyond the training length, per (subtask, metric); cells weigh equally."""
+    groups: dict[tuple[str, str], list[tuple[int, float]]] = {}
+    for r in records:
+        if r.get("value") is not None:
+            groups.setdefault((r["subtask"], r["metric"]), []).append((r["length"], r["value"]))
+    out = []
+    for (subtask, metric), cells in groups.items():
+        inside = [v for length, v in cells if train_length is None or length <= train_length]
+        beyond = [v for length, v in cells if train_length is not None and length > train_length]
+        out.append(
+            {
+                "subtask": subtask,
+                "metric": metric,
+                "within": float(np.mean(inside)) if inside else None,
+                "beyond": float(np.mean(beyond)) if beyond else None,
+                "all": float(np.mean([v for _, v in cells])),
+                "cells_within": len(inside),
+                "cells_beyond": len(beyond),
+                "train_length": train_length,
+            }
+        )
+    return out
+
+
+def load_niah_runs(paths: Sequence[Path | str]) -> list[tuple[Path, dict]]:
+    """(run dir, results.json) for every finished NIAH run under ``paths``."""
+    runs = []
+    for run_dir in find_runs(paths):
+        if (run_dir / "results.json").is_file():
+            results = load_run(run_dir)
+            if results.get("task") == "niah":
+                runs.append((run_dir, results))
+    if not runs:
+        raise UserError(f"no finished NIAH runs (results.json with task 'niah') under: {', '.join(map(str, paths))}")
+    return runs
+
+
+def default_metric(results: dict) -> str:
+    """The judge when the run was judged, else the offline score; DRT runs: last-token accuracy."""
+    metrics = {r["metric"] for r in results.get("records", []) if r.get("value") is not None}
+    for metric in ("judge", "score", "accuracy"):
+        if metric in metrics:
+            return metric
+    return "score"
+
+
+def heatmap_matrix(records: Sequence[dict], subtask: str, metric: str) -> tuple[np.ndarray, list, list[int]]:
+    """(values ``[depths, lengths]`` with NaN for empty cells, depths, lengths) of one subtask's metric."""
+    rows = [r for r in records if r["subtask"] == subtask and r["metric"] == metric]
+    lengths = sorted({r["length"] for r in rows})
+    depths = sorted({r["depth"] for r in rows}, key=lambda d: -1 if d is None else d)
+    values = np.full((len(depths), len(lengths)), np.nan)
+    for r in rows:
+        if r["value"] is not None:
+            values[depths.index(r["depth"]), lengths.index(r["length"])] = r["value"]
+    return values, depths, lengths
+
+
+def line_position(lengths: Sequence[int], train_length: int | None) -> float | None:
+    """Column coordinate of the training length (interpolated between column centres), or None outside."""
+    if train_length is None or not lengths or not lengths[0] <= train_length <= lengths[-1]:
+        return None
+    return float(np.interp(train_length, lengths, np.arange(len(lengths))))
+
+
+def plot_niah(
+    runs: Sequence[Path | str], out_stem: Path | str, metric: str | None = None, ncols: int = 4
+) -> tuple[list[Path], object]:
+    """Heatmaps of every NIAH run under ``runs`` plus the within/beyond summary table.
+
+    Writes ``<stem>.png``, ``<stem>.pdf``, ``<stem>_summary.csv`` and ``<stem>_summary.md``.
+    Returns (written paths, the summary DataFrame).
+    """
+    from matplotlib.colors import LinearSegmentedColormap
+    from matplotlib.figure import Figure
+
+    from evalsuite.report.tables import write_table
+
+    loaded = load_niah_runs(runs)
+    panels = []
+    for run_dir, results in loaded:
+        chosen = metric or default_metric(results)
+        subtask_order = list(dict.fromkeys(r["subtask"] for r in results["records"]))
+        for subtask in subtask_order:
+            panels.append((run_dir, results, subtask, chosen))
+    if not any(r["metric"] == p[3] for p in panels for r in p[1]["records"]):
+        raise UserError(f"no NIAH records with metric {metric!r}")
+
+    cmap = LinearSegmentedColormap.from_list("fox_niah", COLORS)
+    ncols = max(1, min(ncols, len(panels)))
+    nrows = -(-len(panels) // ncols)
+    fig = Figure(figsize=(6 * ncols, 5.6 * nrows))
+    axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False)).ravel()
+    shared_scale = len({SCALES.get(p[3], (0, 1)) for p in panels}) == 1
+    image = None
+    for ax, (_, results, subtask, chosen) in zip(axes, panels, strict=False):
+        values, depths, lengths = heatmap_matrix(results["records"], subtask, chosen)
+        vmin, vmax = SCALES.get(chosen, (0, 1))
+        image = ax.imshow(values, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto", interpolation="nearest")
+        ax.set_xticks(range(len(lengths)), [str(x) for x in lengths], rotation=45, ha="right")
+        ax.set_yticks(range(len(depths)), ["random" if d is None else f"{d:g}" for d in depths])
+        ax.set_xticks(np.arange(len(lengths) + 1) - 0.5, minor=True)
+        ax.set_yticks(np.arange(len(depths) + 1) - 0.5, minor=True)
+        ax.grid(which="minor", color="white", linewidth=0.5)
+        ax.tick_params(which="minor", length=0)
+        x = line_position(lengths, results.get("train_length"))
+        if x is not None:
+            ax.axvline(x, color="black", linestyle="--", linewidth=4)
+        ax.set_title(f"{results['model']}, {TITLES.get(subtask, subtask)}")
+        ax.set_xlabel("Document Length")
+        ax.set_ylabel("" if depths == [None] else "Depth Percent")  # DRT: needles at random positions
+        if not shared_scale:  # e.g. a 1-10 score next to a 0-1 accuracy: each panel its own scale
+            fig.colorbar(image, ax=ax, shrink=0.8, label=METRIC_NAMES.get(chosen, chosen))
+    for ax in axes[len(panels) :]:
+        ax.set_axis_off()
+    if image is not None and shared_scale:
+        names = {METRIC_NAMES.get(p[3], p[3]) for p in panels}
+        label = names.pop() if len(names) == 1 else "score"
+        fig.colorbar(image, ax=list(axes[: len(panels)]), shrink=0.8, label=label)
+
+    paths = []
+    for fmt in ("png", "pdf"):
+        buffer = io.BytesIO()
+        metadata = {"CreationDate": None} if fmt == "pdf" else None  # identical inputs give identical files
+        fig.savefig(buffer, format=fmt, dpi=150, bbox_inches="tight", metadata=metadata)
+        paths.append(atomic_write_bytes(f"{out_stem}.{fmt}", buffer.getvalue()))
+    table = summary_table(loaded, metric)
+    paths += write_table(table, f"{out_stem}_summary", formats=("csv", "md"))
+    return paths, table
+
+
+def summary_table(loaded: Sequence[tuple[Path, dict]], metric: str | None = None):
+    """One row per (run, subtask): the chosen metric's mean within / beyond the training length."""
+    import pandas as pd
+
+    rows = []
+    for run_dir, results in loaded:
+        chosen = metric or default_metric(results)
+        for s in within_beyond(results["records"], results.get("train_length")):
+            if s["metric"] == chosen:
+                rows.append(
+                    {
+                        "model": results["model"],
+                        "subtask": s["subtask"],
+                        "metric": chosen,
+                        "train_length": results.get("train_length"),
+                        "within": s["within"],
+                        "beyond": s["beyond"],
+                        "all": s["all"],
+                        "run": Path(run_dir).name,
+                    }
+                )
+    return pd.DataFrame(rows, columns=["model", "subtask", "metric", "train_length", "within", "beyond", "all", "run"])
