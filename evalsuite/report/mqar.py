@@ -1,0 +1,233 @@
+"""MQAR figures and tables from sweep records (``records.jsonl``, one line per trained cell).
+
+* accuracy vs d_model, best over learning rates, one panel per (sequence length, kv pairs) setting and one
+  line per model: Zoology's Figure 2 and the GSA paper's Figure 3(a);
+* accuracy vs decoding-state size (log bytes): the recall-memory trade-off of the Zoology/Based plots. An
+  attention model has no fixed state; its point is its KV cache at the sequence length (hollow markers);
+* the best accuracy per model and d_model (CSV / Markdown / LaTeX), and a long table with the best learning
+  rate and state size of every point.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullLocator
+
+from evalsuite.errors import UserError
+from evalsuite.report.plots import model_colors
+from evalsuite.report.records import RECORDS_FILE, find_runs
+from evalsuite.report.tables import write_table
+from evalsuite.store import atomic_write_bytes, read_jsonl
+
+SETTING = ["length", "num_kv_pairs"]
+POINT = ["model", "length", "num_kv_pairs", "d_model"]
+_FIELDS = (
+    "model",
+    "architecture",
+    "length",
+    "num_kv_pairs",
+    "d_model",
+    "lr",
+    "value",
+    "n",
+    "state_kind",
+    "state_bytes",
+    "state_dtype",
+    "steps",
+    "stopped_early",
+    "diverged",
+    "train_seconds",
+    "config_hash",
+)
+
+
+def records_frame(records: Iterable[dict], run_dir: Path | str = "") -> pd.DataFrame:
+    """One row per trained cell (``task == "mqar"``, ``metric == "accuracy"``) of ``records``.
+
+    Columns: ``_FIELDS`` plus ``device`` (from provenance) and ``run_dir``; ``value`` is the query accuracy.
+    """
+    rows = []
+    for r in records:
+        if r.get("task") == "mqar" and r.get("metric") == "accuracy" and r.get("value") is not None:
+            row = {k: r.get(k) for k in _FIELDS}
+            row["device"] = (r.get("provenance") or {}).get("device")
+            row["run_dir"] = str(run_dir)
+            rows.append(row)
+    df = pd.DataFrame(rows, columns=[*_FIELDS, "device", "run_dir"])
+    for column in ("length", "num_kv_pairs", "d_model"):
+        df[column] = df[column].astype(int)
+    df["value"] = df["value"].astype(float)
+    df["lr"] = df["lr"].astype(float)
+    df["state_bytes"] = pd.to_numeric(df["state_bytes"], errors="coerce")
+    return df
+
+
+def load_mqar(paths: Iterable[Path | str]) -> pd.DataFrame:
+    """:func:`records_frame` of every run under ``paths``; a cell recorded twice (same config hash) keeps its
+    last record."""
+    paths = list(paths)
+    frames = [records_frame(read_jsonl(run / RECORDS_FILE), run) for run in find_runs(paths)]
+    frames = [f for f in frames if not f.empty]
+    if not frames:
+        raise UserError(f"no MQAR records found under: {', '.join(map(str, paths))}")
+    df = pd.concat(frames, ignore_index=True).drop_duplicates("config_hash", keep="last")
+    return df.reset_index(drop=True)
+
+
+def best_over_lr(df: pd.DataFrame) -> pd.DataFrame:
+    """The best cell over learning rates for each (model, length, kv pairs, d_model); ties go to the smaller lr.
+
+    Columns: ``POINT``, ``accuracy``, ``n`` (test examples), ``lr`` (the best one), ``lrs`` (how many were
+    tried), ``state_kind``, ``state_bytes``, ``steps`` (of the best cell), ``device``.
+    """
+    ordered = df.sort_values(["value", "lr"], ascending=[False, True], kind="stable")
+    best = ordered.groupby(POINT, sort=True).head(1).set_index(POINT)
+    tried = df.groupby(POINT)["lr"].nunique().rename("lrs")
+    out = best.join(tried).reset_index().rename(columns={"value": "accuracy"})
+    columns = [*POINT, "accuracy", "n", "lr", "lrs", "state_kind", "state_bytes", "steps", "device"]
+    return out[columns].sort_values(POINT, kind="stable").reset_index(drop=True)
+
+
+def best_table(best: pd.DataFrame) -> pd.DataFrame:
+    """Wide table: one row per model, one column per (setting,) d_model, best accuracy over learning rates."""
+    settings = best[SETTING].drop_duplicates()
+    single = len(settings) == 1
+
+    def column(row) -> str:
+        d = f"d={row['d_model']}"
+        return d if single else f"T={row['length']} kv={row['num_kv_pairs']} {d}"
+
+    labelled = best.assign(column=best.apply(column, axis=1))
+    order = list(dict.fromkeys(labelled.sort_values([*SETTING, "d_model"])["column"]))
+    wide = labelled.pivot_table(index="model", columns="column", values="accuracy", aggfunc="max")
+    wide = wide.reindex(columns=order)
+    wide.columns.name = None
+    return wide
+
+
+def _setting_title(length: int, kv: int) -> str:
+    return f"T = {length}, {kv} kv pairs"
+
+
+def human_bytes(n: float, _pos=None) -> str:
+    """``1536 -> "1.5 KiB"`` (axis labels)."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.3g} {unit}"
+        n /= 1024
+    return f"{n:.3g} GiB"
+
+
+def _save(fig: Figure, out_stem: Path) -> list[Path]:
+    paths = []
+    for fmt in ("png", "pdf"):
+        buf = io.BytesIO()
+        metadata = {"CreationDate": None} if fmt == "pdf" else None  # same figure, same bytes
+        fig.savefig(buf, format=fmt, dpi=150, bbox_inches="tight", metadata=metadata)
+        paths.append(atomic_write_bytes(f"{out_stem}.{fmt}", buf.getvalue()))
+    return paths
+
+
+def _panels(best: pd.DataFrame, width: float = 4.2):
+    settings = [tuple(s) for s in best[SETTING].drop_duplicates().sort_values(SETTING).itertuples(index=False)]
+    fig = Figure(figsize=(width * len(settings) + 0.6, 3.6))
+    axes = np.atleast_1d(fig.subplots(1, len(settings), sharey=True, squeeze=False)[0])
+    return fig, list(zip(settings, axes, strict=True))
+
+
+def _legend(fig: Figure, axes) -> None:
+    """One legend below all panels, each label once."""
+    handles, labels = {}, []
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            if lab not in handles:
+                handles[lab] = h
+                labels.append(lab)
+    fig.tight_layout()
+    fig.legend(
+        [handles[lab] for lab in labels],
+        labels,
+        loc="upper center",
+        bbox_to_anchor=(0.5, 0.0),
+        frameon=False,
+        ncol=min(len(labels), 2 * len(axes)),
+    )
+
+
+def plot_accuracy_vs_dmodel(best: pd.DataFrame, out_stem: Path | str) -> list[Path]:
+    """Zoology-style: x = d_model (log2), y = best accuracy over lr, one panel per setting. PNG + PDF."""
+    fig, panels = _panels(best)
+    colors = model_colors(list(best["model"].unique()))
+    for (length, kv), ax in panels:
+        rows = best[(best["length"] == length) & (best["num_kv_pairs"] == kv)]
+        for model, g in rows.groupby("model", sort=True):
+            g = g.sort_values("d_model")
+            ax.plot(g["d_model"], g["accuracy"], marker="o", color=colors[model], label=model)
+        ds = sorted(rows["d_model"].unique())
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_locator(FixedLocator(ds))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xticklabels([str(d) for d in ds])
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_title(_setting_title(length, kv))
+        ax.set_xlabel("Model dimension")
+        ax.grid(alpha=0.3)
+    panels[0][1].set_ylabel("Accuracy (best over learning rates)")
+    _legend(fig, [ax for _, ax in panels])
+    return _save(fig, Path(out_stem))
+
+
+def plot_accuracy_vs_state(best: pd.DataFrame, out_stem: Path | str) -> list[Path]:
+    """x = decoding-state bytes (log), y = best accuracy, one panel per setting; points labelled by d_model.
+
+    Filled markers: a fixed recurrent state. Hollow markers, dashed lines: the KV cache of an attention model at
+    the sequence length (it keeps growing with length). Models without a known state are left out.
+    """
+    known = best[best["state_bytes"].notna()]
+    if known.empty:
+        raise UserError("no MQAR records with a state size to plot")
+    fig, panels = _panels(known)
+    colors = model_colors(list(known["model"].unique()))
+    for (length, kv), ax in panels:
+        rows = known[(known["length"] == length) & (known["num_kv_pairs"] == kv)]
+        for model, g in rows.groupby("model", sort=True):
+            g = g.sort_values("state_bytes")
+            cache = (g["state_kind"] == "kv-cache").all()
+            label = f"{model} (KV cache at T)" if cache else model
+            style = dict(linestyle="--", markerfacecolor="white") if cache else dict(linestyle="-")
+            ax.plot(g["state_bytes"], g["accuracy"], marker="o", color=colors[model], label=label, **style)
+        # one d_model label per width, above its best point (models of one width have similar states)
+        for d, g in rows.groupby("d_model"):
+            top = g.loc[g["accuracy"].idxmax()]
+            xy = (top["state_bytes"], top["accuracy"])
+            ax.annotate(f"d={d}", xy, textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7, color="0.3")
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_locator(LogLocator(base=2))
+        ax.xaxis.set_major_formatter(FuncFormatter(human_bytes))
+        ax.xaxis.set_minor_formatter(FuncFormatter(lambda *_: ""))
+        ax.set_ylim(-0.02, 1.08)
+        ax.set_title(_setting_title(length, kv))
+        ax.set_xlabel("Decoding state (bytes)")
+        ax.grid(alpha=0.3)
+    panels[0][1].set_ylabel("Accuracy (best over learning rates)")
+    _legend(fig, [ax for _, ax in panels])
+    return _save(fig, Path(out_stem))
+
+
+def write_mqar_report(paths: Iterable[Path | str], out_dir: Path | str) -> list[Path]:
+    """All MQAR outputs for the runs under ``paths`` into ``out_dir``: ``best.{csv,md,tex}`` (wide),
+    ``best_long.csv``, ``accuracy_vs_dmodel.{png,pdf}``, ``accuracy_vs_state.{png,pdf}``."""
+    out_dir = Path(out_dir)
+    best = best_over_lr(load_mqar(list(paths)))
+    written = write_table(best_table(best), out_dir / "best", floatfmt=".3f")
+    written += write_table(best, out_dir / "best_long", formats=("csv",))
+    written += plot_accuracy_vs_dmodel(best, out_dir / "accuracy_vs_dmodel")
+    if best["state_bytes"].notna().any():
+        written += plot_accuracy_vs_state(best, out_dir / "accuracy_vs_state")
+    return written

@@ -1,0 +1,312 @@
+"""One compact training loop: MQAR now, small language models later.
+
+No framework: AdamW, linear warmup then cosine decay, weight decay on matrices only, gradient clipping,
+bf16 autocast on CUDA, periodic evaluation and early stopping on an evaluation metric. Everything that is
+task-specific comes in as arguments:
+
+* ``batches``: an iterator of ``(inputs, labels)`` long tensors ``[B, T]``; labels are -100 where no loss
+  is taken (MQAR: everywhere but the query positions; an LM: nowhere but padding);
+* ``evaluate``: ``model -> {"accuracy": ..., ...}``, called every ``eval_every`` steps and at the end;
+* ``loss_fn``: ``(model, inputs, labels) -> scalar loss`` (default: cross-entropy on labelled positions).
+
+A model is any module with ``forward(ids [B, T]) -> hidden [B, T, D]`` and ``logits(hidden [..., D]) ->
+[..., V]`` (the ``ForgettingTransformer`` protocol); :func:`build_model` makes one from a model card with
+overrides, through the card's architecture registry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, replace
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from evalsuite.cards import ModelCard
+from evalsuite.errors import UserError
+
+IGNORE_INDEX = -100
+AMP_MODES = ("auto", "bf16", "none")
+
+
+# --------------------------------------------------------------------------------------------- models
+
+
+def build_model(card: ModelCard, overrides: dict | None = None, seed: int = 0) -> nn.Module:
+    """A freshly initialised model for ``card`` with config ``overrides`` (e.g. ``hidden_size``, ``num_layers``,
+    ``num_heads``, ``use_mlp``, ``vocab_size``) applied on top of the card's own config.
+
+    The config comes from the card's architecture preset (``evalsuite.cards.ARCHITECTURES``), so every
+    registered architecture is buildable; the module class is picked by the config's type.
+    """
+    card = replace(card, config={**card.config, **(overrides or {})})
+    config = card.model_config()
+    builder = MODEL_CLASSES.get(type(config))
+    if builder is None:
+        raise UserError(f"model {card.name}: no trainable module for config type {type(config).__name__}")
+    model = builder(config)
+    model.init_weights(seed)
+    return model
+
+
+def _model_classes() -> dict[type, Callable[..., nn.Module]]:
+    from evalsuite.models.fox import ForgettingTransformer, FoxConfig
+
+    return {FoxConfig: ForgettingTransformer}
+
+
+# Config type -> module class. New architectures (GSA, TNL, DRT) add their pair here.
+MODEL_CLASSES: dict[type, Callable[..., nn.Module]] = _model_classes()
+
+
+# ------------------------------------------------------------------------------------------- config
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation settings. ``lr`` is the peak rate, reached after ``warmup_steps`` and annealed with a
+    cosine to ``lr * min_lr_ratio`` at ``max_steps``."""
+
+    lr: float = 1e-3
+    max_steps: int = 1000
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    grad_clip: float | None = 1.0
+    eval_every: int = 100
+    early_stop: float | None = 0.99  # stop once the eval metric is strictly above this (Zoology: > 0.99)
+    early_stop_metric: str = "accuracy"
+    amp: str = "auto"  # "auto": bf16 autocast on CUDA, fp32 elsewhere; "bf16"; "none"
+    log_every: int = 25
+
+    def __post_init__(self):
+        if self.max_steps < 1:
+            raise UserError(f"max_steps must be >= 1, got {self.max_steps}")
+        if not 0 <= self.warmup_steps <= self.max_steps:
+            raise UserError(f"warmup_steps must be in [0, max_steps], got {self.warmup_steps}")
+        if self.lr <= 0:
+            raise UserError(f"learning rate must be > 0, got {self.lr}")
+        if self.eval_every < 1 or self.log_every < 1:
+            raise UserError("eval_every and log_every must be >= 1")
+        if self.amp not in AMP_MODES:
+            raise UserError(f"amp must be one of {', '.join(AMP_MODES)}, got {self.amp!r}")
+        self.betas = tuple(self.betas)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class TrainResult:
+    """What a run produced. ``history`` has one entry per log or eval step: ``step``, ``lr``, ``loss``
+    (mean training loss since the previous log entry), ``grad_norm``, ``seconds`` and ``eval_*`` metrics."""
+
+    steps: int
+    seconds: float
+    stopped_early: bool = False
+    diverged: bool = False
+    final_eval: dict | None = None
+    best_eval: dict | None = None
+    history: list[dict] = field(default_factory=list)
+
+
+def lr_at(step: int, config: TrainConfig) -> float:
+    """Learning rate for optimizer step ``step`` (0-based): linear warmup, then cosine to the floor."""
+    if step < config.warmup_steps:
+        return config.lr * (step + 1) / config.warmup_steps
+    span = max(config.max_steps - config.warmup_steps, 1)
+    progress = min((step - config.warmup_steps) / span, 1.0)
+    floor = config.lr * config.min_lr_ratio
+    return floor + (config.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def autocast_dtype(config_amp: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype for ``amp`` on ``device`` (None: full fp32)."""
+    if config_amp == "none" or (config_amp == "auto" and device.type != "cuda"):
+        return None
+    return torch.bfloat16
+
+
+def autocast(dtype: torch.dtype | None, device: torch.device):
+    return torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+
+# -------------------------------------------------------------------------------------- loss / eval
+
+
+def masked_cross_entropy(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over labelled positions (labels != -100).
+
+    inputs, labels: ``[B, T]`` long. Only the labelled rows of the hidden states go through the LM head,
+    so a task with few targets per sequence (MQAR: one per query) never builds the ``[B, T, V]`` logits.
+    """
+    hidden = model(inputs)  # [B, T, D]
+    mask = labels != IGNORE_INDEX
+    logits = model.logits(hidden[mask])  # [N, V]
+    return F.cross_entropy(logits.float(), labels[mask])
+
+
+@torch.no_grad()
+def masked_accuracy(
+    model: nn.Module, batches: Iterator[tuple[torch.Tensor, torch.Tensor]], amp_dtype: torch.dtype | None = None
+) -> dict:
+    """Token accuracy and loss on labelled positions, Zoology's way: per example, the fraction of labelled
+    positions where ``argmax == label``, averaged over examples (examples without labels are skipped).
+
+    Returns ``{"accuracy", "loss", "n"}`` (n: examples counted).
+    """
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    acc_sum, loss_sum, tokens, examples = 0.0, 0.0, 0, 0
+    for inputs, labels in batches:
+        inputs, labels = inputs.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+        with autocast(amp_dtype, device):
+            hidden = model(inputs)
+            mask = labels != IGNORE_INDEX
+            logits = model.logits(hidden[mask]).float()  # [N, V]
+        target = labels[mask]
+        loss_sum += F.cross_entropy(logits, target, reduction="sum").item()
+        correct = (logits.argmax(-1) == target).double()
+        row = mask.nonzero()[:, 0]  # example index of every labelled position
+        per_row = torch.zeros(labels.shape[0], dtype=torch.float64, device=device).index_add_(0, row, correct)
+        counts = mask.sum(1)
+        has = counts > 0
+        acc_sum += (per_row[has] / counts[has]).sum().item()
+        tokens += int(counts.sum())
+        examples += int(has.sum())
+    model.train(was_training)
+    if examples == 0:
+        raise UserError("evaluation data has no labelled positions")
+    return {"accuracy": acc_sum / examples, "loss": loss_sum / tokens, "n": examples}
+
+
+# -------------------------------------------------------------------------------------------- data
+
+
+def shuffled_batches(
+    inputs: torch.Tensor, labels: torch.Tensor, batch_size: int, rng: np.random.Generator
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Endless epochs over ``[N, T]`` tensors: a fresh permutation from ``rng`` each epoch, full batches only.
+
+    The tensors may live on the GPU already; only the index moves.
+    """
+    n = inputs.shape[0]
+    if batch_size > n:
+        raise UserError(f"batch size {batch_size} exceeds the {n} training examples")
+    while True:
+        order = torch.from_numpy(rng.permutation(n)).to(inputs.device)
+        for start in range(0, n - batch_size + 1, batch_size):
+            idx = order[start : start + batch_size]
+            yield inputs[idx], labels[idx]
+
+
+def fixed_batches(inputs: torch.Tensor, labels: torch.Tensor, batch_size: int):
+    """A callable giving one in-order pass over ``[N, T]`` tensors (for evaluation)."""
+
+    def batches():
+        for start in range(0, inputs.shape[0], batch_size):
+            yield inputs[start : start + batch_size], labels[start : start + batch_size]
+
+    return batches
+
+
+# -------------------------------------------------------------------------------------------- loop
+
+
+def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
+    """AdamW; weight decay on matrices and embeddings only: decaying norm gains and biases pulls them towards
+    zero for no regularisation benefit."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": config.weight_decay},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
+    fused = all(p.is_cuda for p in params)  # one kernel per step on the GPU
+    return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, eps=config.eps, fused=fused or None)
+
+
+def train(
+    model: nn.Module,
+    batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
+    config: TrainConfig,
+    *,
+    evaluate: Callable[[nn.Module], dict] | None = None,
+    loss_fn: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] = masked_cross_entropy,
+    on_step: Callable[[int], None] | None = None,
+) -> TrainResult:
+    """Train ``model`` in place for up to ``config.max_steps`` optimizer steps.
+
+    ``on_step(step)`` is called after every step (progress bars). Evaluation runs every ``eval_every`` steps
+    and after the last step; training stops early once ``eval[early_stop_metric] > early_stop``, and stops
+    as diverged when the training loss stops being finite. The host syncs with the GPU only at log and eval
+    steps, so the loop does not stall a fast device.
+    """
+    device = next(model.parameters()).device
+    amp_dtype = autocast_dtype(config.amp, device)
+    optimizer = make_optimizer(model, config)
+    result = TrainResult(steps=0, seconds=0.0)
+    start = time.perf_counter()
+    loss_acc = torch.zeros((), device=device)
+    loss_count = 0
+    grad_norm = torch.zeros((), device=device)
+    metric = config.early_stop_metric
+    model.train()
+
+    def run_eval(step: int, entry: dict) -> bool:
+        """Evaluate, note it in ``entry``; True when the early-stop threshold is crossed."""
+        scores = evaluate(model)
+        result.final_eval = {"step": step, **scores}
+        if result.best_eval is None or scores[metric] > result.best_eval[metric]:
+            result.best_eval = {"step": step, **scores}
+        entry.update({f"eval_{k}": v for k, v in scores.items()})
+        return config.early_stop is not None and scores[metric] > config.early_stop
+
+    for step in range(config.max_steps):
+        lr = lr_at(step, config)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        inputs, labels = next(batches)
+        inputs, labels = inputs.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+        with autocast(amp_dtype, device):
+            loss = loss_fn(model, inputs, labels)
+        loss.backward()
+        if config.grad_clip is not None:
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        loss_acc += loss.detach()
+        loss_count += 1
+        result.steps = step + 1
+        if on_step is not None:
+            on_step(step + 1)
+
+        last = step + 1 == config.max_steps
+        do_eval = evaluate is not None and ((step + 1) % config.eval_every == 0 or last)
+        if not ((step + 1) % config.log_every == 0 or do_eval or last):
+            continue
+        mean_loss = (loss_acc / loss_count).item()  # the one host-device sync per log step
+        entry = {"step": step + 1, "lr": lr, "loss": mean_loss, "grad_norm": float(grad_norm)}
+        loss_acc.zero_()
+        loss_count = 0
+        stop = False
+        if not math.isfinite(mean_loss):
+            result.diverged = stop = True
+        if evaluate is not None and (do_eval or stop):
+            stop = run_eval(step + 1, entry) or stop
+            result.stopped_early = stop and not result.diverged
+        entry["seconds"] = time.perf_counter() - start
+        result.history.append(entry)
+        if stop:
+            break
+    if evaluate is not None and result.final_eval is None:
+        run_eval(result.steps, {})
+    result.seconds = time.perf_counter() - start
+    return result

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The MQAR gsa-paper sweep on one CUDA GPU, from the repository root (no install needed):
+#
+#   OUT=/some/dir bash scripts/mqar_gpu.sh [extra `evalsuite mqar` options]
+#
+# Writes $OUT/gsa-paper/{records.jsonl,results.json} (no plots: draw them anywhere with
+# `evalsuite plot mqar $OUT/gsa-paper --out results/mqar/gsa-paper`) and $OUT/log.txt. Resumable: rerun with the
+# same $OUT, or with RESUME=dir holding an earlier records.jsonl, and only the missing cells train.
+# Knobs: WORKERS (cells trained at once on the GPU, default 6), TIME_LIMIT (seconds after which no new cell
+# starts, default 420, so that a 9-minute session ends with every finished cell written).
+set -euo pipefail
+OUT=${OUT:-/tmp/mqar_gpu}
+RUN="$OUT/gsa-paper"
+mkdir -p "$RUN"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+exec > >(tee -a "$OUT/log.txt") 2>&1
+
+if [ -n "${RESUME:-}" ] && [ -f "$RESUME/records.jsonl" ] && [ ! -f "$RUN/records.jsonl" ]; then
+    cp "$RESUME/records.jsonl" "$RUN/records.jsonl"
+fi
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name())'
+
+# The Triton attention kernel trains the models when it is present and agrees with the PyTorch reference
+# (forward and gradients, with and without a forget gate, at the sweep's head dim); otherwise the reference runs.
+ATTENTION=$(python3 - <<'EOF' 2>>"$OUT/log.txt" || echo reference
+import torch
+from evalsuite.kernels.forgetting import attention
+
+gen = torch.Generator(device="cuda").manual_seed(0)
+worst = 0.0
+for gated in (False, True):
+    q, k, v = (torch.randn(2, 512, 2, 64, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(3))
+    cum = -torch.rand(2, 512, 2, device="cuda", generator=gen).mul(0.1).cumsum(1) if gated else None
+    outs = []
+    for backend in ("triton", "reference"):
+        qq, kk, vv = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        o = attention(qq, kk, vv, cum, cum, backend=backend)
+        o.float().square().sum().backward()
+        outs.append([o.float(), qq.grad.float(), kk.grad.float(), vv.grad.float()])
+    for a, b in zip(*outs):
+        worst = max(worst, ((a - b).norm() / b.norm()).item())
+print("triton" if worst < 5e-2 else "reference")
+import sys
+print(f"triton vs reference: worst relative error {worst:.2e}", file=sys.stderr)
+EOF
+)
+echo "attention backend: $ATTENTION"
+
+python3 -m evalsuite.cli mqar --preset gsa-paper --device cuda --attention "$ATTENTION" \
+    --workers "${WORKERS:-6}" --time-limit "${TIME_LIMIT:-420}" --out "$RUN" --no-progress --no-report "$@"

@@ -1,0 +1,383 @@
+"""MQAR: the generator's statistics against Zoology's definition, the sweep (grid, resume, workers), state
+sizes, the report, and the ``ci`` preset end to end on a CPU."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from evalsuite.errors import UserError
+from evalsuite.report.mqar import best_over_lr, best_table, load_mqar, write_mqar_report
+from evalsuite.tasks.mqar import (
+    MQARSweep,
+    cell_config,
+    check_best,
+    decode_state_size,
+    default_run_dir,
+    load_preset,
+    multiquery_ar,
+    power_law_weights,
+    run_mqar,
+    sweep_cells,
+    sweep_from_options,
+    weighted_ordered_sample,
+)
+from evalsuite.train import build_model
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def gen(n, seq_len, kv, seed=0, **kw):
+    return multiquery_ar(n, seq_len, kv, np.random.default_rng(seed), **kw)
+
+
+# ------------------------------------------------------------------------------------------ generator
+
+
+def test_layout_keys_values_and_labels():
+    V, T, kv = 8192, 256, 16
+    x, y = gen(500, T, kv)
+    assert x.shape == y.shape == (500, T) and x.dtype == y.dtype == np.int64
+    keys, values = x[:, 0 : 2 * kv : 2], x[:, 1 : 2 * kv : 2]
+    assert keys.min() >= 1 and keys.max() < V // 2  # keys from [1, V/2)
+    assert values.min() >= V // 2 and values.max() < V  # values from [V/2, V)
+    for row in range(500):
+        assert len(set(keys[row])) == kv and len(set(values[row])) == kv  # without replacement
+        labelled = np.flatnonzero(y[row] != -100)
+        assert len(labelled) == kv  # one label per query, -100 elsewhere
+        assert labelled.min() >= 2 * kv and np.all((labelled - 2 * kv) % 2 == 0)  # even offsets after the block
+        pairs = dict(zip(keys[row], values[row], strict=True))
+        assert sorted(x[row, labelled]) == sorted(keys[row])  # every key queried exactly once
+        assert all(y[row, p] == pairs[x[row, p]] for p in labelled)  # label at a query key = its value
+        filler = np.ones(T, bool)
+        filler[: 2 * kv] = False
+        filler[labelled] = False
+        assert np.all(x[row, filler] == 0)  # non-queries are 0 without random_non_queries
+    assert np.all(y[:, : 2 * kv] == -100)
+
+
+def test_key_i_is_queried_at_the_ith_draw():
+    """Zoology places key i at gap i (gaps in draw order): the first key's query is the likeliest earliest."""
+    x, y = gen(4000, 64, 8)
+    first_key_pos = np.argmax(x[:, 16:] == x[:, [0]], axis=1)
+    last_key_pos = np.argmax(x[:, 16:] == x[:, [14]], axis=1)
+    assert first_key_pos.mean() < last_key_pos.mean()
+
+
+def test_uniform_keys_and_values():
+    V = 64
+    x, _ = gen(40000, 16, 2, vocab_size=V)
+    for column, lo, hi in ((0, 1, V // 2), (1, V // 2, V)):  # first key, first value
+        counts = np.bincount(x[:, column] - lo, minlength=hi - lo)
+        expected = len(x) / (hi - lo)
+        chi2 = ((counts - expected) ** 2 / expected).sum()
+        assert len(counts) == hi - lo and chi2 < 80  # ~31 dof; 80 is far in the tail
+
+
+@pytest.mark.parametrize("power_a", [0.01, 0.5])
+def test_gap_law_is_successive_sampling(power_a):
+    """Ordered gap pairs against the exact law: P(g0=i, g1=j) = p_i p_j / (1 - p_i)."""
+    T, kv, n = 16, 2, 60000  # space = (16 - 4) / 2 = 6 gap slots
+    x, y = gen(n, T, kv, vocab_size=64, power_a=power_a, seed=1)
+    p = power_law_weights(6, power_a)
+    p = p / p.sum()
+    pos = [np.argmax(x[:, 4:] == x[:, [2 * i]], axis=1) for i in range(kv)]  # query offset of key i
+    g0, g1 = pos[0] // 2, pos[1] // 2
+    counts = np.zeros((6, 6))
+    np.add.at(counts, (g0, g1), 1)
+    chi2 = 0.0
+    for i, j in itertools.permutations(range(6), 2):
+        expected = n * p[i] * p[j] / (1 - p[i])
+        chi2 += (counts[i, j] - expected) ** 2 / expected
+    assert np.trace(counts) == 0 and chi2 < 80  # 29 dof
+
+
+def test_gaps_match_numpy_weighted_choice_at_paper_scale():
+    """The exponential race against numpy's ``choice(replace=False, p=...)`` (what Zoology calls), T=512, 64 kv."""
+    space, kv = (512 - 128) // 2, 64
+    p = power_law_weights(space, 0.01)
+    p = p / p.sum()
+    ref_rng = np.random.default_rng(7)
+    ref = np.stack([ref_rng.choice(space, size=kv, replace=False, p=p) for _ in range(3000)])
+    ours = weighted_ordered_sample(np.random.default_rng(8), 3000, power_law_weights(space, 0.01), kv)
+    for rank in (0, 1, 8, 32, 63):  # mean gap of the rank-th draw
+        a, b = ref[:, rank].astype(float), ours[:, rank].astype(float)
+        se = np.sqrt(a.var() / len(a) + b.var() / len(b))
+        assert abs(a.mean() - b.mean()) < 5 * se
+    # marginal inclusion of each gap slot, compared in 8 coarse bins
+    bins = np.linspace(0, space, 9)
+    ha, hb = np.histogram(ref, bins)[0] / ref.size, np.histogram(ours, bins)[0] / ours.size
+    assert np.abs(ha - hb).max() < 0.01
+
+
+def test_power_law_puts_queries_early():
+    x, y = gen(2000, 512, 64)
+    offsets = np.flatnonzero((y != -100).ravel()) % 512 - 128
+    assert np.median(offsets) < 192  # the query region is 384 tokens; a = 0.01 favours small gaps
+    assert (offsets < 192).mean() > 0.5
+
+
+def test_random_non_queries():
+    V = 8192
+    a, ya = gen(300, 128, 8, seed=3)
+    b, yb = gen(300, 128, 8, seed=3, random_non_queries=True)
+    assert np.array_equal(ya, yb)  # same keys, values, gaps (the fill is drawn last)
+    filler = a == 0
+    assert np.array_equal(a[~filler], b[~filler])
+    fill = b[filler]
+    assert fill.min() >= 0 and fill.max() < V and len(np.unique(fill)) > 1000
+    assert abs(fill.mean() - (V - 1) / 2) < 0.02 * V
+
+
+def test_num_passes_repeats_the_block():
+    x, y = gen(50, 64, 4, num_passes=2)
+    assert np.array_equal(x[:, :8], x[:, 8:16])
+    assert (y[:, :16] == -100).all() and ((y != -100).sum(1) == 4).all()
+
+
+def test_seeded_and_machine_independent():
+    a = gen(8, 32, 4, seed=0, vocab_size=64)
+    b = gen(8, 32, 4, seed=0, vocab_size=64)
+    c = gen(8, 32, 4, seed=1, vocab_size=64)
+    assert all(np.array_equal(u, v) for u, v in zip(a, b, strict=True))
+    assert not np.array_equal(a[0], c[0])
+    # pinned bytes: PCG64 streams are platform-independent, so these hold on any machine
+    digest = hashlib.sha256(a[0].tobytes() + a[1].tobytes()).hexdigest()[:16]
+    assert digest == "2d6915cb8485a50c"
+    r = gen(8, 32, 4, seed=0, vocab_size=64, random_non_queries=True)
+    assert hashlib.sha256(r[0].tobytes() + r[1].tobytes()).hexdigest()[:16] == "0391887a4681d171"
+
+
+def test_no_global_rng():
+    torch.manual_seed(0)
+    np.random.seed(0)
+    before = (torch.get_rng_state().clone(), np.random.get_state()[1].copy())
+    gen(10, 64, 4)
+    assert torch.equal(before[0], torch.get_rng_state()) and np.array_equal(before[1], np.random.get_state()[1])
+
+
+@pytest.mark.parametrize(
+    "seq_len, kv, vocab, message",
+    [(63, 4, 8192, "even"), (64, 4, 64, "exceed"), (64, 17, 8192, "more than the sequence length")],
+)
+def test_zoology_constraints(seq_len, kv, vocab, message):
+    with pytest.raises(UserError, match=message):
+        gen(1, seq_len, kv, vocab_size=vocab)
+
+
+# ---------------------------------------------------------------------------------------------- sweep
+
+
+def test_gsa_paper_preset_grid():
+    sweep = load_preset("gsa-paper")
+    cells = sweep_cells(sweep)
+    assert len(cells) == 4 * 4 * 6  # the four FoX-paper architectures x d_model x the fork's lr sweep
+    assert {c.model for c in cells} == {"fox-pro", "fox-llama", "transformer-pro", "transformer-llama"}
+    assert {(c.seq_len, c.num_kv_pairs) for c in cells} == {(512, 64)}
+    assert sorted({c.d_model for c in cells}) == [64, 128, 256, 512]
+    assert sorted({c.lr for c in cells}) == [1e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2]
+    assert cells[0].lr == 1e-3 and cells[0].d_model == 512  # likeliest-best lr first, widest first
+    overrides = sweep.overrides("fox-pro", 256)
+    assert overrides == dict(vocab_size=8192, hidden_size=256, num_layers=4, num_heads=4, use_mlp=False)
+    assert len({json.dumps(cell_config(sweep, c), sort_keys=True) for c in cells}) == len(cells)
+
+
+def test_pairing_and_overrides():
+    sweep = MQARSweep(seq_lens=[64, 128], num_kv_pairs=[4, 32], pairing="product", models=["fox-pro"])
+    assert sweep.settings() == [(64, 4), (128, 4), (128, 32)]  # (64, 32) cannot fit and is skipped
+    with pytest.raises(UserError, match="zip"):
+        MQARSweep(seq_lens=[64, 128], num_kv_pairs=[4])
+    sweep = sweep_from_options("gsa-paper", num_heads=2, models=["fox-pro-tiny"], d_models=[64])
+    assert sweep.head_dim is None and sweep.overrides("fox-pro-tiny", 64)["num_heads"] == 2
+    with pytest.raises(UserError, match="unknown MQAR sweep key"):
+        MQARSweep.from_dict({"d_model": 3})
+    with pytest.raises(UserError, match="unknown MQAR preset"):
+        load_preset("nope")
+
+
+def test_default_run_dir():
+    assert default_run_dir(load_preset("ci"), "ci") == Path("results/runs/mqar/ci")
+    changed = sweep_from_options("ci", lrs=[1e-2])
+    assert default_run_dir(changed, "ci").name.startswith("ci-")
+
+
+def test_state_sizes():
+    tiny = dict(vocab_size=64, hidden_size=32, num_layers=3, num_heads=2, use_mlp=False)
+    llama = build_model(_card("transformer-llama"), tiny)
+    s = decode_state_size(llama, 512, torch.bfloat16)
+    assert s == {"kind": "kv-cache", "elements": 3 * 2 * 512 * 32, "bytes": 3 * 2 * 512 * 32 * 2, "dtype": "bfloat16"}
+    fox = build_model(_card("fox-pro"), tiny)  # + cumulative log-forget [T, H] fp32 + two KV-shift rows
+    s = decode_state_size(fox, 512, torch.float32)
+    assert s["elements"] == 3 * (2 * 512 * 32 + 512 * 2 + 2 * 32) and s["bytes"] == 4 * s["elements"]
+    assert decode_state_size(torch.nn.Linear(2, 2), 8, torch.float32) is None
+
+
+def _card(arch):
+    from evalsuite.tasks.mqar import resolve_model
+
+    return resolve_model(arch)
+
+
+TINY_SWEEP = dict(
+    models=["transformer-llama"],
+    d_models=[16],
+    seq_lens=[16],
+    num_kv_pairs=[2],
+    lrs=[1e-3],
+    num_layers=1,
+    head_dim=8,
+    vocab_size=64,
+    num_train=64,
+    num_test=16,
+    batch_size=16,
+    eval_batch_size=16,
+    max_steps=3,
+    warmup_steps=1,
+    eval_every=2,
+    cpu_threads=1,
+)
+
+
+def test_resume_skips_finished_cells(tmp_path):
+    sweep = MQARSweep(**TINY_SWEEP)
+    out = run_mqar(sweep, tmp_path, device="cpu", progress=False)
+    assert out["cells"] == {"total": 1, "finished": 1, "pending": []}
+    first = (tmp_path / "records.jsonl").read_text()
+    run_mqar(sweep, tmp_path, device="cpu", progress=False)
+    assert (tmp_path / "records.jsonl").read_text() == first  # nothing retrained
+    wider = MQARSweep(**{**TINY_SWEEP, "lrs": [1e-3, 1e-2]})
+    out = run_mqar(wider, tmp_path, device="cpu", progress=False)
+    lines = (tmp_path / "records.jsonl").read_text().splitlines()
+    assert len(lines) == 2 and lines[0] == first.strip()
+    record = json.loads(lines[1])
+    for key in ("model", "task", "subtask", "length", "metric", "value", "n", "d_model", "lr", "num_kv_pairs"):
+        assert key in record
+    assert record["task"] == "mqar" and record["metric"] == "accuracy" and record["length"] == 16
+    assert record["state_kind"] == "kv-cache" and record["provenance"]["device"] and record["config_hash"]
+    assert [r["metric"] for r in out["records"]] == ["accuracy_best_lr"]  # one (model, setting, d) point
+    assert out["records"][0]["lrs_tried"] == 2 and out["records"][0]["n"] == 16
+    assert out["provenance"]["dtype"] == "float32" and "summary" in out["provenance"]  # shared by the records
+    # a spent time limit starts nothing and lists what is pending
+    more = MQARSweep(**{**TINY_SWEEP, "lrs": [1e-3, 1e-2, 3e-2]})
+    out = run_mqar(more, tmp_path, device="cpu", progress=False, time_limit=0)
+    assert out["cells"]["finished"] == 2 and out["cells"]["pending"][0]["lr"] == 3e-2
+
+
+def test_parallel_workers_record_every_cell(tmp_path):
+    sweep = MQARSweep(**{**TINY_SWEEP, "lrs": [1e-3, 1e-2], "models": ["fox-pro", "transformer-llama"]})
+    out = run_mqar(sweep, tmp_path, device="cpu", progress=False, workers=2)
+    assert out["errors"] == [] and out["cells"]["finished"] == 4
+    hashes = {json.loads(line)["config_hash"] for line in (tmp_path / "records.jsonl").read_text().splitlines()}
+    assert len(hashes) == 4
+
+
+# --------------------------------------------------------------------------------------------- report
+
+
+def fake_records(run_dir: Path) -> None:
+    run_dir.mkdir(parents=True)
+    lines = []
+    for model, d, lr in itertools.product(["fox-pro", "transformer-llama"], [64, 128], [1e-3, 1e-2]):
+        acc = {1e-3: 0.5, 1e-2: 0.9}[lr] if model == "fox-pro" else 0.7  # llama: a tie over lrs
+        lines.append(
+            dict(
+                model=model,
+                task="mqar",
+                subtask=f"kv64/d{d}/lr{lr:g}",
+                length=512,
+                metric="accuracy",
+                value=acc + d / 1000,
+                n=3000,
+                d_model=d,
+                num_kv_pairs=64,
+                lr=lr,
+                state_kind="kv-cache",
+                state_bytes=2 * 512 * d * 4 * 2,
+                steps=600,
+                config_hash=f"{model}{d}{lr}",
+                provenance={"device": "NVIDIA H100 80GB HBM3"},
+            )
+        )
+    (run_dir / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+
+
+def test_best_over_lr_and_table(tmp_path):
+    fake_records(tmp_path / "run")
+    best = best_over_lr(load_mqar([tmp_path]))
+    assert len(best) == 4
+    fox = best[best["model"] == "fox-pro"].set_index("d_model")
+    assert fox.loc[64, "lr"] == 1e-2 and fox.loc[64, "accuracy"] == pytest.approx(0.964) and fox.loc[64, "lrs"] == 2
+    llama = best[best["model"] == "transformer-llama"]
+    assert (llama["lr"] == 1e-3).all()  # ties go to the smaller learning rate
+    wide = best_table(best)
+    assert list(wide.columns) == ["d=64", "d=128"] and list(wide.index) == ["fox-pro", "transformer-llama"]
+    assert wide.loc["transformer-llama", "d=128"] == pytest.approx(0.828)
+
+
+def test_report_files(tmp_path):
+    fake_records(tmp_path / "run")
+    written = write_mqar_report([tmp_path / "run"], tmp_path / "out")
+    names = sorted(p.name for p in written)
+    assert names == sorted(
+        ["best.csv", "best.md", "best.tex", "best_long.csv"]
+        + [f"accuracy_vs_{k}.{e}" for k in ("dmodel", "state") for e in ("png", "pdf")]
+    )
+    assert pd.read_csv(tmp_path / "out" / "best.csv", index_col=0).shape == (2, 2)
+    with pytest.raises(UserError, match="no MQAR records"):
+        load_mqar([tmp_path / "out"])
+
+
+def test_check_best():
+    results = {"records": [{"model": "a", "value": 0.95}, {"model": "b", "value": 0.5}]}
+    with pytest.raises(UserError, match="b 0.500"):
+        check_best(results, 0.9)
+    check_best(results, 0.4)
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+
+def cli(*args, cwd):
+    return subprocess.run(
+        [sys.executable, "-m", "evalsuite.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=600
+    )
+
+
+def test_ci_preset_learns_on_cpu(tmp_path):
+    out = cli("mqar", "--preset", "ci", "--device", "cpu", "--out", "run", "--no-progress", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    records = [json.loads(line) for line in (tmp_path / "run" / "records.jsonl").read_text().splitlines()]
+    assert len(records) == 4 and "cells in run" in out.stdout and "d=32 |" in out.stdout
+    best = {}
+    for r in records:
+        best[r["model"]] = max(best.get(r["model"], 0.0), r["value"])
+    assert min(best.values()) > 0.9  # both attention models learn the task
+    assert (tmp_path / "run" / "accuracy_vs_dmodel.png").is_file()
+    assert (tmp_path / "run" / "best.md").is_file() and (tmp_path / "run" / "results.json").is_file()
+    plotted = cli("plot", "mqar", "run", "--out", "plots", cwd=tmp_path)
+    assert plotted.returncode == 0 and (tmp_path / "plots" / "accuracy_vs_state.pdf").is_file()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["mqar", "--preset", "nope"], "unknown MQAR preset"),
+        (["mqar", "--d-model", "big"], "--d-model takes comma-separated int"),
+        (["mqar", "--models", "no-such-model"], "unknown model 'no-such-model'"),
+        (["mqar", "--attention", "magic"], "unknown attention backend"),
+        (["plot", "mqar", "/nonexistent"], "does not exist"),
+    ],
+)
+def test_cli_errors_are_one_line(args, message, tmp_path):
+    out = cli(*args, cwd=tmp_path)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith("error: ") and message in out.stderr and len(out.stderr.strip().splitlines()) == 1

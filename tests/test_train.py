@@ -1,0 +1,187 @@
+"""The general training loop: schedule, loss, accuracy, early stop, divergence, determinism, model builder."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from evalsuite.cards import ModelCard, load_card
+from evalsuite.errors import UserError
+from evalsuite.train import (
+    TrainConfig,
+    build_model,
+    fixed_batches,
+    lr_at,
+    make_optimizer,
+    masked_accuracy,
+    masked_cross_entropy,
+    shuffled_batches,
+    train,
+)
+
+
+def tiny_card(arch: str = "transformer-llama") -> ModelCard:
+    return ModelCard(name=arch, architecture=arch, tokenizer="none", weights={"source": "random"})
+
+
+TINY = dict(vocab_size=32, hidden_size=16, num_layers=1, num_heads=2, use_mlp=False)
+
+
+def test_schedule_warmup_then_cosine_to_floor():
+    cfg = TrainConfig(lr=1e-2, max_steps=100, warmup_steps=10, min_lr_ratio=0.1)
+    lrs = [lr_at(s, cfg) for s in range(100)]
+    assert lrs[0] == pytest.approx(1e-3) and lrs[9] == pytest.approx(1e-2)  # linear warmup to the peak
+    assert all(a <= b for a, b in zip(lrs[:10], lrs[1:10], strict=False))
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:], strict=False))  # cosine decays monotonically
+    assert lr_at(100, cfg) == pytest.approx(1e-3)  # the floor: lr * min_lr_ratio
+    mid = 10 + 45
+    assert lr_at(mid, cfg) == pytest.approx(1e-3 + 0.5 * (1e-2 - 1e-3))
+
+
+@pytest.mark.parametrize("bad", [dict(max_steps=0), dict(warmup_steps=11, max_steps=10), dict(amp="fp8"), dict(lr=0)])
+def test_config_errors(bad):
+    with pytest.raises(UserError):
+        TrainConfig(**bad)
+
+
+class Lookup(nn.Module):
+    """A model whose logits are a fixed table lookup of the input ids (hidden = one-hot)."""
+
+    def __init__(self, table: torch.Tensor):
+        super().__init__()
+        self.table = nn.Parameter(table.clone())
+
+    def forward(self, ids):  # [B, T] -> [B, T, V]
+        return F.one_hot(ids, self.table.shape[0]).float()
+
+    def logits(self, hidden):
+        return hidden @ self.table
+
+
+def test_masked_cross_entropy_matches_full_logits():
+    gen = torch.Generator().manual_seed(0)
+    model = Lookup(torch.randn(8, 8, generator=gen))
+    ids = torch.randint(0, 8, (3, 5), generator=gen)
+    labels = torch.full((3, 5), -100)
+    labels[0, 1], labels[2, 4], labels[2, 0] = 3, 7, 1
+    full = F.cross_entropy(model.logits(model(ids)).reshape(-1, 8), labels.reshape(-1), ignore_index=-100)
+    assert masked_cross_entropy(model, ids, labels).item() == pytest.approx(full.item(), rel=1e-6)
+
+
+def test_masked_accuracy_is_a_mean_over_examples():
+    model = Lookup(torch.eye(4))  # predicts the input token itself
+    ids = torch.tensor([[0, 1, 2, 3], [0, 1, 2, 3], [3, 3, 3, 3]])
+    labels = torch.tensor(
+        [
+            [0, -100, -100, -100],  # 1 of 1 right
+            [1, 1, 2, 3],  # 3 of 4 right (position 0 predicts 0)
+            [-100, -100, -100, -100],  # no labels: not counted
+        ]
+    )
+    out = masked_accuracy(model, fixed_batches(ids, labels, 2)())
+    assert out["n"] == 2
+    assert out["accuracy"] == pytest.approx((1.0 + 0.75) / 2)  # per example, not per token (4/5)
+
+
+def test_shuffled_batches_cover_each_epoch_once_and_repeat_by_seed():
+    x = torch.arange(10)[:, None].repeat(1, 3)
+
+    def first_epoch(seed):
+        batches = shuffled_batches(x, x, 2, np.random.default_rng(seed))
+        return [next(batches)[0][:, 0].tolist() for _ in range(5)]
+
+    seen = first_epoch(1)
+    assert sorted(sum(seen, [])) == list(range(10))
+    assert seen == first_epoch(1) and seen != first_epoch(2)
+    with pytest.raises(UserError):
+        next(shuffled_batches(x, x, 11, np.random.default_rng(0)))
+
+
+def test_weight_decay_only_on_matrices():
+    model = build_model(tiny_card("fox-pro"), TINY, seed=0)
+    groups = make_optimizer(model, TrainConfig(weight_decay=0.1)).param_groups
+    assert groups[0]["weight_decay"] == 0.1 and all(p.ndim >= 2 for p in groups[0]["params"])
+    assert groups[1]["weight_decay"] == 0.0 and all(p.ndim < 2 for p in groups[1]["params"])
+    assert len(groups[1]["params"]) > 0  # norms and the forget-gate bias
+
+
+def test_build_model_uses_card_registry_and_overrides():
+    model = build_model(load_card("fox-pro-tiny"), {"vocab_size": 64, "hidden_size": 32, "use_mlp": False}, seed=3)
+    assert model.cfg.vocab_size == 64 and model.cfg.hidden_size == 32 and model.cfg.num_layers == 2
+    assert model.cfg.fgate_type == "full" and not hasattr(model.blocks[0], "mlp")
+    same = build_model(load_card("fox-pro-tiny"), {"vocab_size": 64, "hidden_size": 32, "use_mlp": False}, seed=3)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), same.parameters(), strict=True))
+    with pytest.raises(UserError, match="unknown FoX config keys"):
+        build_model(tiny_card(), {"d_model": 32})
+
+
+def successor_data(n: int, vocab: int, length: int, seed: int):
+    """Label at t is (input_t + 1) mod vocab: learnable by the embedding and head alone."""
+    ids = torch.from_numpy(np.random.default_rng(seed).integers(0, vocab, (n, length)))
+    return ids, (ids + 1) % vocab
+
+
+def test_train_learns_and_stops_early():
+    model = build_model(tiny_card(), TINY, seed=0)
+    x, y = successor_data(512, 32, 8, seed=0)
+    tx, ty = successor_data(64, 32, 8, seed=1)
+    cfg = TrainConfig(lr=3e-2, max_steps=300, warmup_steps=5, eval_every=10, early_stop=0.99, log_every=5)
+    result = train(
+        model,
+        shuffled_batches(x, y, 32, np.random.default_rng(0)),
+        cfg,
+        evaluate=lambda m: masked_accuracy(m, fixed_batches(tx, ty, 64)()),
+    )
+    assert result.stopped_early and not result.diverged
+    assert result.final_eval["accuracy"] > 0.99 and result.steps < 300 and result.steps % 10 == 0
+    assert result.best_eval["accuracy"] == result.final_eval["accuracy"]
+    losses = [h["loss"] for h in result.history]
+    assert losses[-1] < losses[0] and all("lr" in h and "grad_norm" in h for h in result.history)
+
+
+def test_train_is_deterministic_on_cpu():
+    def run():
+        model = build_model(tiny_card("fox-llama"), TINY, seed=1)
+        x, y = successor_data(128, 32, 8, seed=0)
+        cfg = TrainConfig(lr=1e-2, max_steps=12, eval_every=6, log_every=3, early_stop=None)
+        batches = shuffled_batches(x, y, 16, np.random.default_rng(5))
+        return train(model, batches, cfg, evaluate=lambda m: masked_accuracy(m, fixed_batches(x, y, 64)()))
+
+    a, b = run(), run()
+    assert [h["loss"] for h in a.history] == [h["loss"] for h in b.history]
+    assert a.final_eval == b.final_eval and a.steps == 12 and not a.stopped_early
+
+
+def test_train_stops_when_loss_is_not_finite():
+    model = build_model(tiny_card(), TINY, seed=0)
+    x, y = successor_data(64, 32, 8, seed=0)
+    calls = []
+
+    def nan_after_three(m, inputs, labels):
+        calls.append(1)
+        loss = masked_cross_entropy(m, inputs, labels)
+        return loss * math.nan if len(calls) > 3 else loss
+
+    cfg = TrainConfig(lr=1e-3, max_steps=50, eval_every=100, log_every=2)
+    result = train(model, shuffled_batches(x, y, 16, np.random.default_rng(0)), cfg, loss_fn=nan_after_three)
+    assert result.diverged and not result.stopped_early and result.steps == 4
+    assert result.final_eval is None  # no evaluate given
+
+
+def test_eval_runs_after_the_last_step():
+    model = build_model(tiny_card(), TINY, seed=0)
+    x, y = successor_data(64, 32, 8, seed=0)
+    evals = []
+
+    def evaluate(m):
+        evals.append(1)
+        return {"accuracy": 0.0}
+
+    cfg = TrainConfig(lr=1e-3, max_steps=7, eval_every=5, log_every=100)
+    result = train(model, shuffled_batches(x, y, 16, np.random.default_rng(0)), cfg, evaluate=evaluate)
+    assert len(evals) == 2 and result.final_eval["step"] == 7 and [h["step"] for h in result.history] == [5, 7]
