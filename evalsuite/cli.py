@@ -43,13 +43,18 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _adapter(model: str, device: str, dtype: str, checkpoint: Path | None, backend: str):
-    from evalsuite.adapters.native import NativeAdapter
-    from evalsuite.cards import load_card
+def _check_backend(backend: str) -> None:
     from evalsuite.kernels.forgetting import BACKENDS
 
     if backend not in BACKENDS:
         raise UserError(f"unknown attention backend {backend!r}; choose from {', '.join(BACKENDS)}")
+
+
+def _adapter(model: str, device: str, dtype: str, checkpoint: Path | None, backend: str):
+    from evalsuite.adapters.native import NativeAdapter
+    from evalsuite.cards import load_card
+
+    _check_backend(backend)
     return NativeAdapter(load_card(model), device=device, dtype=dtype, checkpoint=checkpoint, attention_backend=backend)
 
 
@@ -197,12 +202,10 @@ def mqar(
     report: Annotated[bool, typer.Option(help="Write tables and plots into the run directory.")] = True,
 ):
     """Train models on multi-query associative recall (Zoology's MQAR) over a sweep; table and plots."""
-    from evalsuite.kernels.forgetting import BACKENDS
     from evalsuite.report.mqar import best_over_lr, best_table, load_mqar, write_mqar_report
     from evalsuite.tasks.mqar import check_best, default_run_dir, run_mqar, sweep_from_options
 
-    if attention not in BACKENDS:
-        raise UserError(f"unknown attention backend {attention!r}; choose from {', '.join(BACKENDS)}")
+    _check_backend(attention)
     sweep = sweep_from_options(
         preset,
         models=_csv_list(models, str, "--models"),
@@ -266,16 +269,6 @@ def plot_mqar_cmd(
         typer.echo(f"wrote {path}")
 
 
-def _niah_numbers(value: str | None, option: str) -> list[float] | None:
-    """``"1000,4100"`` -> ``[1000.0, 4100.0]`` for the NIAH grid options; None stays None."""
-    if value is None:
-        return None
-    try:
-        return [float(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise UserError(f"{option} takes comma-separated numbers, got {value!r}") from None
-
-
 @app.command()
 def niah(
     model: ModelOpt,
@@ -316,8 +309,8 @@ def niah(
         mode=mode,
         flavour=flavour,
         preset=preset,
-        lengths=[int(x) for x in _niah_numbers(lengths, "--lengths") or []] or None,
-        depths=_niah_numbers(depths, "--depths"),
+        lengths=[int(x) for x in _csv_list(lengths, float, "--lengths") or []] or None,
+        depths=_csv_list(depths, float, "--depths"),
         samples=samples,
         haystack=haystack,
         max_new_tokens=max_new_tokens,

@@ -139,29 +139,30 @@ class NativeAdapter(Adapter):
         if self.max_length is not None and n > self.max_length:
             raise UserError(f"{n} tokens exceed model {self.name}'s max_length {self.max_length}")
 
-    @torch.inference_mode()
-    def token_nll(self, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def _chunked_logits(self, input_ids: torch.Tensor):
+        """Yield ``(start, logits [B, chunk, V])`` over the positions; only one chunk of logits exists at a time."""
         B, T = input_ids.shape
         self.check_length(T)
+        hidden = self.model(input_ids.to(self.device))
+        chunk = max(1, _LOGIT_BUDGET // (B * self.model.cfg.vocab_size))
+        for s in range(0, T, chunk):
+            yield s, self.model.logits(hidden[:, s : s + chunk])
+
+    @torch.inference_mode()
+    def token_nll(self, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        targets = targets.to(self.device)
+        out = []
         with self._autocast():
-            hidden = self.model(input_ids.to(self.device))
-            chunk = max(1, _LOGIT_BUDGET // (B * self.model.cfg.vocab_size))
-            targets = targets.to(self.device)
-            out = []
-            for s in range(0, T, chunk):
-                logits = self.model.logits(hidden[:, s : s + chunk]).float()
-                nll = F.cross_entropy(logits.flatten(0, 1), targets[:, s : s + chunk].flatten(), reduction="none")
-                out.append(nll.view(B, -1))
+            for s, logits in self._chunked_logits(input_ids):
+                tgt = targets[:, s : s + logits.shape[1]]
+                nll = F.cross_entropy(logits.float().flatten(0, 1), tgt.flatten(), reduction="none")
+                out.append(nll.view(tgt.shape))
         return torch.cat(out, dim=1).cpu()
 
     @torch.inference_mode()
     def token_argmax(self, input_ids: torch.Tensor) -> torch.Tensor:
-        B, T = input_ids.shape
-        self.check_length(T)
         with self._autocast():
-            hidden = self.model(input_ids.to(self.device))
-            chunk = max(1, _LOGIT_BUDGET // (B * self.model.cfg.vocab_size))
-            out = [self.model.logits(hidden[:, s : s + chunk]).argmax(-1) for s in range(0, T, chunk)]
+            out = [logits.argmax(-1) for _, logits in self._chunked_logits(input_ids)]
         return torch.cat(out, dim=1).cpu()
 
     def _next_token(self, logits: torch.Tensor, config: GenerationConfig, gen: torch.Generator) -> torch.Tensor:
