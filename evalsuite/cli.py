@@ -171,7 +171,8 @@ def _csv_list(value: str | None, cast, option: str) -> list | None:
     try:
         return [cast(v.strip()) for v in value.split(",") if v.strip()]
     except ValueError:
-        raise UserError(f"{option} takes comma-separated {cast.__name__} values, got {value!r}") from None
+        kind = "numbers" if cast in (int, float) else "values"
+        raise UserError(f"{option} takes comma-separated {kind}, got {value!r}") from None
 
 
 @app.command()
