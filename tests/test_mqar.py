@@ -371,7 +371,7 @@ def test_ci_preset_learns_on_cpu(tmp_path):
     "args, message",
     [
         (["mqar", "--preset", "nope"], "unknown MQAR preset"),
-        (["mqar", "--d-model", "big"], "--d-model takes comma-separated int"),
+        (["mqar", "--d-model", "big"], "--d-model takes comma-separated numbers"),
         (["mqar", "--models", "no-such-model"], "unknown model 'no-such-model'"),
         (["mqar", "--attention", "magic"], "unknown attention backend"),
         (["plot", "mqar", "/nonexistent"], "does not exist"),
