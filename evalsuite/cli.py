@@ -19,6 +19,8 @@ app = typer.Typer(
 )
 plot_app = typer.Typer(help="Draw figures from run directories.", no_args_is_help=True)
 app.add_typer(plot_app, name="plot")
+bench_app = typer.Typer(help="Benchmarks (GPU): kernel timings and memory against the peers.", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
 
 _state = {"debug": False}
 
@@ -352,6 +354,43 @@ def plot_niah_cmd(
     typer.echo(table.drop(columns=["run"]).to_markdown(index=False, floatfmt=".3f"))
     for path in paths:
         typer.echo(f"wrote {path}")
+
+
+@bench_app.command("attention")
+def bench_attention_cmd(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (JSON, PNG).")] = Path("results/bench/run"),
+    seq_lens: Annotated[str, typer.Option(help="Comma-separated T values.")] = "1024,2048,4096,8192,16384,32768,65536",
+    head_dims: Annotated[str, typer.Option(help="Comma-separated head dims.")] = "64,128",
+    providers: Annotated[
+        str, typer.Option(help="Comma-separated: fox_triton, triton_causal, sdpa_causal, fla_forgetting.")
+    ] = "fox_triton,triton_causal,sdpa_causal,fla_forgetting",
+    n_heads: Annotated[int, typer.Option(help="Heads per call.")] = 16,
+    tokens_per_call: Annotated[int, typer.Option(help="B*T, fixed across T.")] = 65536,
+    dtype: Annotated[str, typer.Option(help="bfloat16 or float16.")] = "bfloat16",
+    parity_seq_lens: Annotated[str, typer.Option(help="Comma-separated T for the parity check ('' to skip).")] = (
+        "1024,2048,4096,8192,16384"
+    ),
+    tune: Annotated[bool, typer.Option(help="Sweep block configs first and use the best.")] = False,
+):
+    """Time our Forgetting Attention kernel against SDPA causal (and fla when installed): fwd, fwd+bwd, memory."""
+    from evalsuite.bench.attention import PROVIDERS, bench_attention
+
+    chosen = _csv_list(providers, str, "--providers")
+    bad = [p for p in chosen if p not in PROVIDERS]
+    if bad or dtype not in ("bfloat16", "float16"):
+        raise UserError(f"unknown provider(s) {', '.join(bad)}" if bad else "--dtype must be bfloat16 or float16")
+    bench_attention(
+        out,
+        seq_lens=_csv_list(seq_lens, int, "--seq-lens"),
+        head_dims=_csv_list(head_dims, int, "--head-dims"),
+        providers=chosen,
+        n_heads=n_heads,
+        tokens_per_call=tokens_per_call,
+        dtype=dtype,
+        parity_seq_lens=_csv_list(parity_seq_lens, int, "--parity-seq-lens") or [],
+        tune=tune,
+    )
+    typer.echo(f"wrote {out}/attention_bench.json and .png")
 
 
 def main() -> None:

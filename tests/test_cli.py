@@ -25,7 +25,7 @@ def test_models_lists_paper_models_and_tiny_twins():
     assert "759.4M" in out.stdout and "16384" in out.stdout
 
 
-@pytest.mark.parametrize("cmd", [[], ["models"], ["loss"], ["plot", "loss"], ["table"]])
+@pytest.mark.parametrize("cmd", [[], ["models"], ["loss"], ["plot", "loss"], ["table"], ["bench", "attention"]])
 def test_help_everywhere(cmd):
     out = cli(*cmd, "--help")
     assert out.returncode == 0 and "Usage" in out.stdout
@@ -40,6 +40,7 @@ def test_help_everywhere(cmd):
         (["loss", "--model", "fox-pro", "--device", "cpu"], "weights not found locally"),
         (["loss", "--model", "fox-pro-tiny", "--dtype", "int8"], "unknown dtype"),
         (["table", "/nonexistent"], "does not exist"),
+        (["bench", "attention", "--out", "b"], "needs a CUDA GPU"),
     ],
 )
 def test_errors_are_one_line(args, message, tmp_path, monkeypatch):

@@ -528,7 +528,42 @@ def _tune_head_dim(T, D, n_heads, tokens_per_call, dtype, verbose, device="cuda"
     return records
 
 
+def bench_attention(
+    out: Path,
+    *,
+    seq_lens=DEFAULT_SEQ_LENS,
+    head_dims=(64, 128),
+    modes=MODES,
+    providers=DEFAULT_PROVIDERS,
+    n_heads: int = 16,
+    tokens_per_call: int = 65536,
+    dtype: str = "bfloat16",
+    parity_seq_lens=(1024, 2048, 4096, 8192, 16384),
+    tune: bool = False,
+    tune_only: bool = False,
+) -> list[dict]:
+    """The whole benchmark run (optional config sweep, timings, parity); writes JSON and PNG under ``out``."""
+    if not torch.cuda.is_available():
+        from evalsuite.errors import UserError
+
+        raise UserError("the attention benchmark needs a CUDA GPU")
+    torch_dtype = getattr(torch, dtype)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if tune or tune_only:
+        tuned = tune_configs(head_dims=head_dims, n_heads=n_heads, tokens_per_call=tokens_per_call, dtype=torch_dtype)
+        (out / "tune.json").write_text(json.dumps(tuned, indent=1))
+        if tune_only:
+            return tuned
+        print("using tuned configs:", apply_configs(tuned), flush=True)
+    return run_attention_bench(
+        out, seq_lens=seq_lens, head_dims=head_dims, modes=modes, n_heads=n_heads,
+        tokens_per_call=tokens_per_call, dtype=torch_dtype, providers=providers, parity_seq_lens=parity_seq_lens,
+    )  # fmt: skip
+
+
 def main(argv=None) -> None:
+    """``python -m evalsuite.bench.attention``: the same run without the CLI's dependencies (GPU machines)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="output folder for the JSON and PNG")
     parser.add_argument("--seq-lens", type=int, nargs="+", default=list(DEFAULT_SEQ_LENS))
@@ -543,20 +578,10 @@ def main(argv=None) -> None:
     parser.add_argument("--tune", action="store_true", help="sweep block configs first (tune.json)")
     parser.add_argument("--tune-only", action="store_true", help="only sweep block configs")
     args = parser.parse_args(argv)
-    dtype = getattr(torch, args.dtype)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    if args.tune or args.tune_only:
-        tune = tune_configs(head_dims=args.head_dims, n_heads=args.n_heads, tokens_per_call=args.tokens_per_call,
-                            dtype=dtype)  # fmt: skip
-        (out / "tune.json").write_text(json.dumps(tune, indent=1))
-        if args.tune_only:
-            return
-        print("using tuned configs:", apply_configs(tune), flush=True)
-    run_attention_bench(
-        out, seq_lens=args.seq_lens, head_dims=args.head_dims, modes=args.modes, n_heads=args.n_heads,
-        tokens_per_call=args.tokens_per_call, dtype=dtype, providers=args.providers,
-        parity_seq_lens=args.parity_seq_lens,
+    bench_attention(
+        Path(args.out), seq_lens=args.seq_lens, head_dims=args.head_dims, modes=args.modes, providers=args.providers,
+        n_heads=args.n_heads, tokens_per_call=args.tokens_per_call, dtype=args.dtype,
+        parity_seq_lens=args.parity_seq_lens, tune=args.tune, tune_only=args.tune_only,
     )  # fmt: skip
 
 
