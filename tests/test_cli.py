@@ -134,3 +134,11 @@ def test_wheel_carries_cards(tmp_path):
     assert out.returncode == 0, out.stderr
     for name in PAPER_MODELS:
         assert f" {name}-tiny " in out.stdout
+    # task specs ship too: the NIAH grids and MQAR presets load from the installed package
+    code = (
+        "import evalsuite.cards as c, evalsuite.tasks.niah as n, evalsuite.tasks.mqar as m; "
+        "print(c.builtin_dir('tasks')); print(sorted(n.load_presets())); print(m.load_preset('ci').models)"
+    )
+    specs = subprocess.run([str(py), "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert specs.returncode == 0, specs.stderr
+    assert str(env_dir) in specs.stdout and "'cpu'" in specs.stdout and "'fox'" in specs.stdout
