@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -20,10 +19,10 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullLocator
 
 from evalsuite.errors import UserError
-from evalsuite.report.plots import model_colors
+from evalsuite.report.plots import model_colors, save_figure
 from evalsuite.report.records import RECORDS_FILE, find_runs
 from evalsuite.report.tables import write_table
-from evalsuite.store import atomic_write_bytes, read_jsonl
+from evalsuite.store import read_jsonl
 
 SETTING = ["length", "num_kv_pairs"]
 POINT = ["model", "length", "num_kv_pairs", "d_model"]
@@ -124,16 +123,6 @@ def human_bytes(n: float, _pos=None) -> str:
     return f"{n:.3g} GiB"
 
 
-def _save(fig: Figure, out_stem: Path) -> list[Path]:
-    paths = []
-    for fmt in ("png", "pdf"):
-        buf = io.BytesIO()
-        metadata = {"CreationDate": None} if fmt == "pdf" else None  # same figure, same bytes
-        fig.savefig(buf, format=fmt, dpi=150, bbox_inches="tight", metadata=metadata)
-        paths.append(atomic_write_bytes(f"{out_stem}.{fmt}", buf.getvalue()))
-    return paths
-
-
 def _panels(best: pd.DataFrame, width: float = 4.2):
     settings = [tuple(s) for s in best[SETTING].drop_duplicates().sort_values(SETTING).itertuples(index=False)]
     fig = Figure(figsize=(width * len(settings) + 0.6, 3.6))
@@ -180,7 +169,7 @@ def plot_accuracy_vs_dmodel(best: pd.DataFrame, out_stem: Path | str) -> list[Pa
         ax.grid(alpha=0.3)
     panels[0][1].set_ylabel("Accuracy (best over learning rates)")
     _legend(fig, [ax for _, ax in panels])
-    return _save(fig, Path(out_stem))
+    return save_figure(fig, out_stem)
 
 
 def plot_accuracy_vs_state(best: pd.DataFrame, out_stem: Path | str) -> list[Path]:
@@ -217,7 +206,7 @@ def plot_accuracy_vs_state(best: pd.DataFrame, out_stem: Path | str) -> list[Pat
         ax.grid(alpha=0.3)
     panels[0][1].set_ylabel("Accuracy (best over learning rates)")
     _legend(fig, [ax for _, ax in panels])
-    return _save(fig, Path(out_stem))
+    return save_figure(fig, out_stem)
 
 
 def write_mqar_report(paths: Iterable[Path | str], out_dir: Path | str) -> list[Path]:

@@ -10,15 +10,14 @@ and beyond it.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from evalsuite.errors import UserError
+from evalsuite.report.plots import save_figure
 from evalsuite.report.records import find_runs, load_run
-from evalsuite.store import atomic_write_bytes
 
 COLORS = ("#F0496E", "#EBB839", "#0CD79F")  # FoX's red -> yellow -> green
 SCALES = {"judge": (1, 10), "score": (1, 10)}  # every other metric is a 0-1 rate
@@ -188,12 +187,7 @@ def plot_niah(
         label = names.pop() if len(names) == 1 else "score"
         fig.colorbar(image, ax=list(axes[: len(panels)]), shrink=0.8, label=label)
 
-    paths = []
-    for fmt in ("png", "pdf"):
-        buffer = io.BytesIO()
-        metadata = {"CreationDate": None} if fmt == "pdf" else None  # identical inputs give identical files
-        fig.savefig(buffer, format=fmt, dpi=150, bbox_inches="tight", metadata=metadata)
-        paths.append(atomic_write_bytes(f"{out_stem}.{fmt}", buffer.getvalue()))
+    paths = save_figure(fig, out_stem)
     table = summary_table(loaded, metric)
     paths += write_table(table, f"{out_stem}_summary", formats=("csv", "md"))
     return paths, table

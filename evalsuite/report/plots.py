@@ -198,7 +198,7 @@ def plot_loss(
         ncol=min(4, len(handles)),
         frameon=False,
     )
-    return _save(fig, Path(out_path_stem))
+    return save_figure(fig, out_path_stem)
 
 
 def _draw_train_lengths(ax, runs: list[LossRun], colors: dict[str, str], lo: int, hi: int) -> None:
@@ -228,8 +228,8 @@ def _format_x_axis(ax, x_max: int) -> None:
     ax.set_xlim(0, x_max)
 
 
-def _save(fig: Figure, stem: Path) -> list[Path]:
-    """Render PNG (dpi 150) and PDF in memory, then write each atomically."""
+def save_figure(fig: Figure, stem: Path | str) -> list[Path]:
+    """Render ``<stem>.png`` (dpi 150) and ``<stem>.pdf`` in memory, then write each atomically."""
     paths = []
     for fmt in ("png", "pdf"):
         buffer = io.BytesIO()
