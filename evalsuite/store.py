@@ -18,6 +18,10 @@ import numpy as np
 
 from evalsuite.errors import UserError
 
+# The two files every run directory holds (the report layer reads what the tasks write):
+RESULTS_FILE = "results.json"  # written once, atomically, when a run finishes
+RECORDS_FILE = "records.jsonl"  # one line per finished item, appended as items finish
+
 
 def config_hash(config: dict) -> str:
     """12 hex digits identifying a config (canonical JSON, sorted keys)."""

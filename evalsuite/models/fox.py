@@ -398,6 +398,22 @@ class ForgettingTransformer(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
 
+    def decode_state_size(self, length: int, dtype: torch.dtype) -> dict:
+        """What a :class:`ModelCache` holds per sequence after ``length`` tokens (attention has no fixed state:
+        ``kind="kv-cache"``): per layer k and v ``[length, D]`` in ``dtype``, the float32 cumulative log-forget
+        ``[length, H]`` of gated layers, and the one projected row each KV-shift keeps."""
+        cfg = self.cfg
+        item = torch.empty((), dtype=dtype).element_size()
+        kv = 2 * length * cfg.hidden_size
+        shift = cfg.hidden_size * (int(cfg.use_k_shift) + int(cfg.use_v_shift))
+        cum = length * cfg.num_heads if cfg.fgate_type != "none" else 0
+        return {
+            "kind": "kv-cache",
+            "elements": cfg.num_layers * (kv + shift + cum),
+            "bytes": cfg.num_layers * ((kv + shift) * item + cum * 4),
+            "dtype": str(dtype).removeprefix("torch."),
+        }
+
     def num_params(self, non_embedding: bool = True) -> int:
         """Parameter count; the paper's "params" exclude the input embedding (the untied head counts)."""
         n = sum(p.numel() for p in self.parameters())

@@ -20,9 +20,9 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullLocat
 
 from evalsuite.errors import UserError
 from evalsuite.report.plots import model_colors, save_figure
-from evalsuite.report.records import RECORDS_FILE, find_runs
+from evalsuite.report.records import find_runs
 from evalsuite.report.tables import write_table
-from evalsuite.store import read_jsonl
+from evalsuite.store import RECORDS_FILE, read_jsonl
 
 SETTING = ["length", "num_kv_pairs"]
 POINT = ["model", "length", "num_kv_pairs", "d_model"]

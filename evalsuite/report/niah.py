@@ -18,6 +18,7 @@ import numpy as np
 from evalsuite.errors import UserError
 from evalsuite.report.plots import save_figure
 from evalsuite.report.records import find_runs, load_run
+from evalsuite.store import RESULTS_FILE
 
 COLORS = ("#F0496E", "#EBB839", "#0CD79F")  # FoX's red -> yellow -> green
 SCALES = {"judge": (1, 10), "score": (1, 10)}  # every other metric is a 0-1 rate
@@ -95,7 +96,7 @@ def load_niah_runs(paths: Sequence[Path | str]) -> list[tuple[Path, dict]]:
     """(run dir, results.json) for every finished NIAH run under ``paths``."""
     runs = []
     for run_dir in find_runs(paths):
-        if (run_dir / "results.json").is_file():
+        if (run_dir / RESULTS_FILE).is_file():
             results = load_run(run_dir)
             if results.get("task") == "niah":
                 runs.append((run_dir, results))

@@ -18,10 +18,8 @@ import numpy as np
 import pandas as pd
 
 from evalsuite.errors import UserError
-from evalsuite.store import read_jsonl
+from evalsuite.store import RECORDS_FILE, RESULTS_FILE, read_jsonl
 
-RESULTS_FILE = "results.json"
-RECORDS_FILE = "records.jsonl"
 LOSS_CURVE_FILE = "loss_per_token.npz"
 
 # Either file marks a directory as a run directory.

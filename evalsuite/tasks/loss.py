@@ -32,7 +32,7 @@ from evalsuite.data.synthetic import synthetic_documents
 from evalsuite.errors import UserError
 from evalsuite.progress import progress_bar
 from evalsuite.provenance import provenance
-from evalsuite.store import atomic_save_npz, atomic_write_json, config_hash
+from evalsuite.store import RESULTS_FILE, atomic_save_npz, atomic_write_json, config_hash
 from evalsuite.tokenizers import Tokenizer
 
 SYNTHETIC = "synthetic"
@@ -145,7 +145,7 @@ def run_loss(adapter: Adapter, config: LossConfig, out_dir: Path | None = None, 
     identity = {k: prov[k] for k in ("model", "checkpoint_sha256", "tokenizer", "dtype")}
     chash = config_hash({"task": "loss", **asdict(config), **identity})
     out_dir = Path(out_dir or Path("results/runs/loss") / f"{adapter.name}-{chash}")
-    results_path, state_path = out_dir / "results.json", out_dir / "state.npz"
+    results_path, state_path = out_dir / RESULTS_FILE, out_dir / "state.npz"
     if results_path.exists():
         import json
 

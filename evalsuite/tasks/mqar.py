@@ -40,7 +40,7 @@ from evalsuite.cards import ARCHITECTURES, ModelCard, builtin_dir, load_card
 from evalsuite.errors import UserError
 from evalsuite.progress import progress_bar
 from evalsuite.provenance import device_name, provenance
-from evalsuite.store import append_jsonl, atomic_write_json, config_hash, read_jsonl
+from evalsuite.store import RECORDS_FILE, RESULTS_FILE, append_jsonl, atomic_write_json, config_hash, read_jsonl
 from evalsuite.train import (
     IGNORE_INDEX,
     TrainConfig,
@@ -52,8 +52,6 @@ from evalsuite.train import (
     train,
 )
 
-RECORDS_FILE = "records.jsonl"
-RESULTS_FILE = "results.json"
 _CHUNK = 1024  # examples generated per vectorised step; fixed, because the data depends on it
 
 # ------------------------------------------------------------------------------------------ generator
@@ -343,34 +341,14 @@ def mqar_data(config: dict) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
 
 def decode_state_size(model: torch.nn.Module, length: int, dtype: torch.dtype) -> dict | None:
-    """Bytes a model keeps per sequence to decode the next token after ``length`` tokens.
+    """Bytes a model keeps per sequence to decode the next token after ``length`` tokens, or None.
 
-    Recurrent models report their fixed state through a ``decode_state_size(length, dtype) -> dict`` method
-    (``kind="recurrent"``). Attention has no fixed state: its decoding state is the KV cache, which grows
-    with ``length`` (``kind="kv-cache"``, as Zoology counts attention): per layer k and v ``[length, D]`` in
-    ``dtype``, the cumulative log-forget ``[length, H]`` in float32 for gated (FoX) layers, and the one
-    projected row each KV-shift keeps. Returns ``{"kind", "elements", "bytes", "dtype"}`` or None.
+    Each architecture reports it through a ``decode_state_size(length, dtype)`` method returning
+    ``{"kind", "elements", "bytes", "dtype"}``: ``kind="recurrent"`` for a fixed state, ``"kv-cache"`` for
+    attention, whose state grows with ``length`` (as Zoology counts attention; see ``ForgettingTransformer``).
     """
     own = getattr(model, "decode_state_size", None)
-    if callable(own):
-        return own(length, dtype)
-    from evalsuite.models.fox import ForgettingTransformer
-
-    if not isinstance(model, ForgettingTransformer):
-        return None
-    cfg = model.cfg
-    item = torch.empty((), dtype=dtype).element_size()
-    kv = 2 * length * cfg.hidden_size
-    shift = cfg.hidden_size * (int(cfg.use_k_shift) + int(cfg.use_v_shift))
-    cum = length * cfg.num_heads if cfg.fgate_type != "none" else 0
-    per_layer_elements = kv + shift + cum
-    per_layer_bytes = (kv + shift) * item + cum * 4
-    return {
-        "kind": "kv-cache",
-        "elements": cfg.num_layers * per_layer_elements,
-        "bytes": cfg.num_layers * per_layer_bytes,
-        "dtype": str(dtype).removeprefix("torch."),
-    }
+    return own(length, dtype) if callable(own) else None
 
 
 # ------------------------------------------------------------------------------------------- one cell

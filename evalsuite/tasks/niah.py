@@ -43,7 +43,7 @@ from evalsuite.metrics.judge import OpenAIJudge
 from evalsuite.metrics.match import match_answer, phrase_position
 from evalsuite.progress import progress_bar
 from evalsuite.provenance import provenance
-from evalsuite.store import append_jsonl, atomic_write_json, config_hash, read_jsonl
+from evalsuite.store import RECORDS_FILE, RESULTS_FILE, append_jsonl, atomic_write_json, config_hash, read_jsonl
 from evalsuite.tasks import multihop
 from evalsuite.tokenizers import Tokenizer
 
@@ -67,8 +67,6 @@ QUIZ = (
 # The offline scorer's key phrases for the San Francisco fact (metrics/match.py has the rule).
 KEY_PHRASES = ("eat a sandwich", "dolores park")
 
-RECORDS = "records.jsonl"
-RESULTS = "results.json"
 MANIFEST = "config.json"
 
 
@@ -381,7 +379,7 @@ def run_niah(
     if not cells:
         raise UserError(f"every length of the grid exceeds model {adapter.name}'s max_length {max_length}")
 
-    records_path = out_dir / RECORDS
+    records_path = out_dir / RECORDS_FILE
     done = _latest(read_jsonl(records_path))
     names = subtasks(resolved)
     pending = [c for c in cells if any(c.key(s) not in done for s in names)]
@@ -431,7 +429,7 @@ def run_niah(
         "records": records,
         "summary": within_beyond(records, train_length),
     }
-    atomic_write_json(out_dir / RESULTS, results)
+    atomic_write_json(out_dir / RESULTS_FILE, results)
     return results
 
 
@@ -446,7 +444,7 @@ def _claim_dir(out_dir: Path, chash: str, config: NiahConfig) -> None:
         if old != chash:
             raise UserError(f"{out_dir} holds a NIAH run with another configuration; choose another --out")
         return
-    if (out_dir / RECORDS).exists():
+    if (out_dir / RECORDS_FILE).exists():
         raise UserError(f"{out_dir} has records but no {MANIFEST}; choose another --out")
     atomic_write_json(manifest, {"task": "niah", "config_hash": chash, "config": asdict(config)})
 
