@@ -59,6 +59,13 @@ class ModelCard:
         except (ValueError, TypeError) as e:
             raise UserError(f"model card {self.name}: {e}") from None
 
+    def build_module(self):
+        """A fresh, uninitialised module of this card's architecture (the one place that maps cards to
+        module classes; new architectures extend it with ``model_config``)."""
+        from evalsuite.models.fox import ForgettingTransformer
+
+        return ForgettingTransformer(self.model_config())
+
     def weights_summary(self) -> str:
         src = self.weights["source"]
         if src == "random":
@@ -136,8 +143,6 @@ def count_params(card: ModelCard, non_embedding: bool = True) -> int:
     """Parameter count from the config alone (built on the meta device, no memory)."""
     import torch
 
-    from evalsuite.models.fox import ForgettingTransformer
-
     with torch.device("meta"):
-        model = ForgettingTransformer(card.model_config())
+        model = card.build_module()
     return model.num_params(non_embedding)

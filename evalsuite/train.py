@@ -41,27 +41,12 @@ def build_model(card: ModelCard, overrides: dict | None = None, seed: int = 0) -
     """A freshly initialised model for ``card`` with config ``overrides`` (e.g. ``hidden_size``, ``num_layers``,
     ``num_heads``, ``use_mlp``, ``vocab_size``) applied on top of the card's own config.
 
-    The config comes from the card's architecture preset (``evalsuite.cards.ARCHITECTURES``), so every
-    registered architecture is buildable; the module class is picked by the config's type.
+    The config comes from the card's architecture preset (``evalsuite.cards.ARCHITECTURES``) and the module
+    from :meth:`ModelCard.build_module`, so every registered architecture is buildable.
     """
-    card = replace(card, config={**card.config, **(overrides or {})})
-    config = card.model_config()
-    builder = MODEL_CLASSES.get(type(config))
-    if builder is None:
-        raise UserError(f"model {card.name}: no trainable module for config type {type(config).__name__}")
-    model = builder(config)
+    model = replace(card, config={**card.config, **(overrides or {})}).build_module()
     model.init_weights(seed)
     return model
-
-
-def _model_classes() -> dict[type, Callable[..., nn.Module]]:
-    from evalsuite.models.fox import ForgettingTransformer, FoxConfig
-
-    return {FoxConfig: ForgettingTransformer}
-
-
-# Config type -> module class. New architectures (GSA, TNL, DRT) add their pair here.
-MODEL_CLASSES: dict[type, Callable[..., nn.Module]] = _model_classes()
 
 
 # ------------------------------------------------------------------------------------------- config

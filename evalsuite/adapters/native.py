@@ -13,7 +13,6 @@ from evalsuite.adapters.base import Adapter, Generation, GenerationConfig, apply
 from evalsuite.cards import ModelCard
 from evalsuite.errors import UserError
 from evalsuite.models.checkpoint import checkpoint_sha256, load_checkpoint
-from evalsuite.models.fox import ForgettingTransformer
 from evalsuite.tokenizers import get_tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -108,7 +107,7 @@ class NativeAdapter(Adapter):
         self.max_length = card.max_length
         ckpt = Path(checkpoint) if checkpoint is not None else resolve_checkpoint(card)
         if ckpt is None:
-            self.model = ForgettingTransformer(card.model_config())
+            self.model = card.build_module()
             self.model.init_weights(card.weights.get("seed", 0))
             self.layout, self.weights_id = "random", f"random-init-seed-{card.weights.get('seed', 0)}"
         else:
