@@ -28,6 +28,7 @@ import torch
 
 from evalsuite.adapters.base import Adapter
 from evalsuite.data.corpus import Document, count_documents, iter_documents
+from evalsuite.data.haystack import safe_cut
 from evalsuite.data.synthetic import synthetic_documents
 from evalsuite.errors import UserError
 from evalsuite.progress import progress_bar
@@ -66,15 +67,16 @@ def documents(config: LossConfig) -> tuple[int, Iterator[Document]]:
 def window_tokens(doc: Document, tokenizer: Tokenizer, length: int) -> np.ndarray | None:
     """The first ``length`` tokens of a document (no BOS), or None if it is shorter.
 
-    Long texts are tokenised from a prefix first: BPE is local, so tokens well before the cut equal
-    those of the full text; we keep a margin of 64 tokens and fall back to the whole text if short.
+    Long texts are tokenised from a prefix first, cut where the haystack loader cuts (before a space that
+    follows a non-space, where GPT-2's pre-tokenizer always splits), keeping a 64-token margin for other
+    tokenizers; the whole text is encoded when the prefix falls short.
     """
     if doc.tokens is not None:
         return doc.tokens[:length] if len(doc.tokens) >= length else None
     text = doc.text
     prefix_chars = 16 * length + 1024
     if len(text) > prefix_chars:
-        ids = tokenizer.encode(text[:prefix_chars], add_bos=False)
+        ids = tokenizer.encode(text[: safe_cut(text, prefix_chars)], add_bos=False)
         if len(ids) >= length + 64:
             return np.asarray(ids[:length], dtype=np.int64)
     ids = tokenizer.encode(text, add_bos=False)
