@@ -55,10 +55,6 @@ class Tokenizer:
         """Return the text for ``ids``."""
         raise NotImplementedError
 
-    def encode_batch(self, texts: Sequence[str], add_bos: bool | None = None) -> list[list[int]]:
-        """Encode several texts; subclasses may override this with something faster."""
-        return [self.encode(text, add_bos) for text in texts]
-
     def _prefix(self, add_bos: bool | None) -> list[int]:
         """The ids to put before the text: ``[bos_id]`` or nothing."""
         use_bos = self.add_bos if add_bos is None else add_bos
@@ -137,11 +133,6 @@ def _gpt2_ids(text: str) -> list[int]:
     return enc.encode_ordinary(text)  # skips the special-token scan: faster on long books
 
 
-def _gpt2_ids_batch(texts: Sequence[str]) -> list[list[int]]:
-    """GPT-2 ids of several texts, using tiktoken's threaded batch encoder."""
-    return gpt2_encoding().encode_batch(list(texts), allowed_special="all")
-
-
 class GPT2Tokenizer(Tokenizer):
     """GPT-2 BPE: 50257 ids, ``<|endoftext|>`` (50256) serves as both BOS and EOS."""
 
@@ -158,11 +149,6 @@ class GPT2Tokenizer(Tokenizer):
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
         """GPT-2 ids of ``text``, with BOS first when requested."""
         return self._prefix(add_bos) + _gpt2_ids(text)
-
-    def encode_batch(self, texts: Sequence[str], add_bos: bool | None = None) -> list[list[int]]:
-        """Like :meth:`encode` for several texts, encoded in parallel threads."""
-        prefix = self._prefix(add_bos)
-        return [prefix + ids for ids in _gpt2_ids_batch(texts)]
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids``; special ids are kept as ``<|endoftext|>``, broken UTF-8 becomes U+FFFD."""
@@ -246,10 +232,6 @@ class JsonGPT2Tokenizer(GPT2Tokenizer):
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
         """GPT-2 ids of the escaped text, with BOS first by default."""
         return super().encode(json_escape(text), add_bos)
-
-    def encode_batch(self, texts: Sequence[str], add_bos: bool | None = None) -> list[list[int]]:
-        """Like :meth:`encode` for several texts, encoded in parallel threads."""
-        return super().encode_batch([json_escape(text) for text in texts], add_bos)
 
     def decode(self, ids: Sequence[int]) -> str:
         """GPT-2 decode, then undo the JSON escape (leniently for cut-off generated fragments)."""
@@ -371,11 +353,6 @@ class HFTokenizer(Tokenizer):
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
         """Ids of ``text`` (no template specials), with BOS first when requested."""
         return self._prefix(add_bos) + self._tok.encode(text, add_special_tokens=False).ids
-
-    def encode_batch(self, texts: Sequence[str], add_bos: bool | None = None) -> list[list[int]]:
-        """Like :meth:`encode` for several texts, using the library's parallel batch encoder."""
-        prefix = self._prefix(add_bos)
-        return [prefix + e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids``; special tokens are kept, like the GPT-2 tokenizers do."""

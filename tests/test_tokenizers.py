@@ -51,12 +51,6 @@ def test_gpt2_endoftext_in_text(gpt2):
     assert gpt2.encode("a<|endoftext|>b") == gpt2.encode("a") + [50256] + gpt2.encode("b")
 
 
-def test_gpt2_batch_matches_single(gpt2):
-    texts = ["Hello world", MIXED_TEXT, ""]
-    assert gpt2.encode_batch(texts) == [gpt2.encode(t) for t in texts]
-    assert gpt2.encode_batch(texts, add_bos=True)[0] == [50256, 15496, 995]
-
-
 def test_gpt2_ranks_agree_with_vocab_bpe():
     # Each merge line of vocab.bpe creates the token whose id is 256 + its line number.
     ranks = _gpt2_mergeable_ranks()
@@ -153,7 +147,6 @@ def test_hf_tokenizer(hf_dir):
     assert ids[0] == 1 and 1 not in ids[1:]
     assert tok.decode(ids[1:]) == "hello the dog"
     assert tok.encode("hello", add_bos=False) == ids[1 : 1 + len(tok.encode("hello", add_bos=False))]
-    assert tok.encode_batch(["hello the dog"]) == [ids]
 
 
 def test_hf_spec_and_file_path(hf_dir):
