@@ -109,7 +109,7 @@ def loss(
     attention: BackendOpt = "auto",
 ):
     """Per-token loss L(i) and perplexity P(l) over one window per document (FoX §4.2)."""
-    from evalsuite.tasks.loss import LossConfig, run_loss
+    from evalsuite.tasks.loss import LossConfig, run_dir_for, run_loss
 
     _seed_everything(seed)
     adapter = _adapter(model, device, dtype, checkpoint, attention)
@@ -123,11 +123,7 @@ def loss(
     typer.echo("  P(l): " + ", ".join(f"{lng}: {by_len[lng]:.3f}" for lng in shown))
     if adapter.layout == "random":
         typer.echo("  note: random-init weights; these numbers test the pipeline, not the architecture")
-    typer.echo(f"  results: {run_dir_of(results, out)}")
-
-
-def run_dir_of(results: dict, out: Path | None) -> Path:
-    return out or Path("results/runs/loss") / f"{results['model']}-{results['config_hash']}"
+    typer.echo(f"  results: {out or run_dir_for(results['model'], results['config_hash'])}")
 
 
 @plot_app.command("loss")

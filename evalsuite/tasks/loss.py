@@ -133,6 +133,11 @@ def summarize(sum_: np.ndarray, count: np.ndarray, model: str, n_docs: int) -> l
     return records
 
 
+def run_dir_for(model: str, chash: str) -> Path:
+    """The default run directory of a loss run."""
+    return Path("results/runs/loss") / f"{model}-{chash}"
+
+
 def run_loss(adapter: Adapter, config: LossConfig, out_dir: Path | None = None, progress: bool = True) -> dict:
     """Run (or resume, or return the finished) per-token loss evaluation; returns ``results.json``'s content."""
     if config.length < 2:
@@ -146,7 +151,7 @@ def run_loss(adapter: Adapter, config: LossConfig, out_dir: Path | None = None, 
     prov = adapter.provenance()
     identity = {k: prov[k] for k in ("model", "checkpoint_sha256", "tokenizer", "dtype")}
     chash = config_hash({"task": "loss", **asdict(config), **identity})
-    out_dir = Path(out_dir or Path("results/runs/loss") / f"{adapter.name}-{chash}")
+    out_dir = Path(out_dir or run_dir_for(adapter.name, chash))
     results_path, state_path = out_dir / RESULTS_FILE, out_dir / "state.npz"
     if results_path.exists():
         import json
