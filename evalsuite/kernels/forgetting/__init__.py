@@ -6,6 +6,9 @@
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+
 import torch
 
 from evalsuite.kernels.forgetting.reference import attention_blocked, attention_dense
@@ -24,15 +27,16 @@ def cumsum_over_time(log_f):
     return log_f.float().transpose(1, 2).contiguous().cumsum(-1).transpose(1, 2)
 
 
+@functools.cache
+def _triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
 def triton_available(t: torch.Tensor) -> bool:
     """The kernel runs on CUDA tensors in bf16/fp16 with head dim 16-128; anything else uses the reference."""
     if not t.is_cuda or t.dtype not in (torch.bfloat16, torch.float16) or t.shape[-1] not in (16, 32, 64, 128):
         return False
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return _triton_installed()  # checked once: this runs in every layer of every decoding step
 
 
 def attention(q, k, v, cum_q=None, cum_k=None, *, key_start=None, scale=None, backend: str = "auto"):
