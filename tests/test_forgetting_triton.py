@@ -140,11 +140,29 @@ def test_gpu_like_block_ratios():
                dkdv_config=(16, 16, 4, 1), dq_config=(16, 16, 4, 1))  # fmt: skip
 
 
-def test_lazy_rescale(monkeypatch):
-    """The forward's lazy-rescaling path (stale row max unless it grows by > 2^8) computes the same function."""
-    monkeypatch.setitem(kernel.FWD_LAZY_RESCALE, 32, True)
+@pytest.mark.parametrize("tma", [True, False])
+def test_tma_and_pointer_loads(monkeypatch, tma):
+    """The forward reads K/V through TMA tensor descriptors or through pointers: the same function either way."""
+    monkeypatch.setitem(kernel.FWD_TMA, 32, tma)
     check_full(2, 130, 2, 32, torch.bfloat16, "strong")
     check_full(1, 100, 2, 32, torch.float16, None)
+
+
+def test_tma_falls_back_on_misaligned_strides(monkeypatch):
+    """Rows that are not 16-byte aligned cannot go through TMA: the launcher takes the pointer path instead."""
+    monkeypatch.setitem(kernel.FWD_TMA, 32, True)
+    B, T, H, D = 1, 40, 3, 32
+    row = H * D + 4  # 200 bytes in bf16: not a multiple of 16
+    g = torch.Generator().manual_seed(5)
+    store = torch.randn(3, B * T * row, generator=g).to(torch.bfloat16)
+    q, k, v = (x.as_strided((B, T, H, D), (T * row, row, D, 1)) for x in store)
+    aligned = [x.contiguous() for x in (q, k, v)]
+    assert not kernel._tma_usable(k, v) and kernel._tma_usable(*aligned[1:])
+    cum = torch.nn.functional.logsigmoid(torch.randn(B, T, H, generator=g)).cumsum(1)
+    out = kernel.forgetting_attention_triton(q, k, v, cum)
+    ref = reference.attention_dense(q.double(), k.double(), v.double(), cum.double(), cum.double())
+    assert rel_err(out, ref) < TOL[torch.bfloat16][0]
+    assert torch.equal(out, kernel.forgetting_attention_triton(*aligned, cum))
 
 
 def test_cumsum_over_time():

@@ -253,7 +253,7 @@ def _kernel_configs() -> dict:
         "fwd_configs": {str(d): list(c) for d, c in kernel.FWD_CONFIGS.items()},
         "bwd_dkdv_configs": {str(d): list(c) for d, c in kernel.BWD_DKDV_CONFIGS.items()},
         "bwd_dq_configs": {str(d): list(c) for d, c in kernel.BWD_DQ_CONFIGS.items()},
-        "fwd_lazy_rescale": {str(d): bool(x) for d, x in kernel.FWD_LAZY_RESCALE.items()},
+        "fwd_tma": {str(d): bool(x) for d, x in kernel.FWD_TMA.items()},
     }
 
 
@@ -425,7 +425,7 @@ def tune_configs(T=16384, head_dims=(64, 128), n_heads=16, tokens_per_call=65536
                  verbose=True) -> list[dict]:  # fmt: skip
     """Time each candidate block config of the forward, dK/dV and dQ kernels (one kernel varied at a time).
 
-    Also times variants of the best configs (``kind == "tune_variant"``): lazy rescaling, time-major c, no gate.
+    Also times variants of the best configs (``kind == "tune_variant"``): pointer loads, time-major c, no gate.
     """
     records = []
     for D in head_dims:
@@ -451,7 +451,7 @@ def best_configs(records):
 def apply_configs(records) -> dict:
     """Install the fastest tuned configs into the kernel module's tables (this process only).
 
-    Lazy rescaling is switched on for a head dim when it beat the best plain forward by more than 1%.
+    TMA loads stay on for a head dim unless pointer loads beat the best forward by more than 1%.
     """
     from evalsuite.kernels.forgetting import triton as kernel
 
@@ -460,9 +460,9 @@ def apply_configs(records) -> dict:
         getattr(kernel, _TUNE_TABLES[name])[D] = cfg
         applied[f"{name}_D{D}"] = list(cfg)
         if name == "fwd":
-            lazy = [r for r in records if r.get("variant") == "lazy_rescale" and r["D"] == D and "ms" in r]
-            kernel.FWD_LAZY_RESCALE[D] = bool(lazy) and lazy[0]["ms"] < 0.99 * ms
-            applied[f"fwd_lazy_rescale_D{D}"] = kernel.FWD_LAZY_RESCALE[D]
+            ptr = [r for r in records if r.get("variant") == "pointer_loads" and r["D"] == D and "ms" in r]
+            kernel.FWD_TMA[D] = kernel.FWD_TMA.get(D, False) and not (ptr and ptr[0]["ms"] < 0.99 * ms)
+            applied[f"fwd_tma_D{D}"] = kernel.FWD_TMA[D]
     return applied
 
 
@@ -509,16 +509,15 @@ def _tune_head_dim(T, D, n_heads, tokens_per_call, dtype, verbose, device="cuda"
 
         timed({"kind": "tune", "kernel": name, "D": D, "T": T, "config": list(cfg)}, fn)
 
-    # variants of the best configs: lazy rescaling in the forward, time-major c, and no gate (the bias's cost)
+    # variants of the best configs: pointer loads in the forward, time-major c, and no gate (the bias's cost)
     best = {name: cfg for name, d, cfg, _ in best_configs(records) if d == D}
     fwd_cfg, dkdv_cfg = best.get("fwd"), best.get("bwd_dkdv")
     if fwd_cfg is None or dkdv_cfg is None:
         return records
     variants = [
-        ("fwd", "lazy_rescale", lambda: kernel._fwd(q, k, v, cum, None, config=fwd_cfg, lazy_rescale=True)),
+        ("fwd", "pointer_loads", lambda: kernel._fwd(q, k, v, cum, None, config=fwd_cfg, tma=False)),
         ("fwd", "c_time_major", lambda: kernel._fwd(q, k, v, cum_tmajor, None, config=fwd_cfg)),
         ("fwd", "no_gate", lambda: kernel._fwd(q, k, v, None, None, config=fwd_cfg)),
-        ("fwd", "no_gate_lazy_rescale", lambda: kernel._fwd(q, k, v, None, None, config=fwd_cfg, lazy_rescale=True)),
         ("bwd", "gate", lambda: kernel._bwd(do, q, k, v, cum, o, lse, None)),
         ("bwd", "no_gate", lambda: kernel._bwd(do, q, k, v, None, o, lse, None)),
     ]

@@ -50,15 +50,20 @@ LOG2E = 1.4426950408889634
 # Block configurations, per head dim: (BLOCK_M, BLOCK_N, num_warps, num_stages).
 # Forward and dQ: one program per BLOCK_M query rows, stepping over keys BLOCK_N at a time.
 # dK/dV: one program per BLOCK_N keys, stepping over queries BLOCK_M at a time.
-# Tuned on an H100 at T=16384, B*T=65536, H=16 (evalsuite/bench/attention.py --tune; the top forward configs were
-# within 1-2% of each other, run to run); D=16/32 use configs checked for correctness on the H100 but not tuned.
+# Tuned on an H100 at T=16384, B*T=65536, H=16 (evalsuite/bench/attention.py --tune, scripts/tune_fwd.py; the top
+# forward configs are within 1-3% of each other and swap places run to run); D=16/32 use configs checked for
+# correctness on the H100 but not tuned.
 # The constraints (BLOCK_M % BLOCK_N == 0 forward/dQ, BLOCK_N % BLOCK_M == 0 dK/dV) are asserted at launch.
-FWD_CONFIGS = {16: (256, 64, 8, 3), 32: (256, 64, 8, 3), 64: (128, 64, 4, 4), 128: (128, 64, 8, 3)}
+FWD_CONFIGS = {16: (256, 64, 8, 3), 32: (256, 64, 8, 3), 64: (128, 64, 4, 4), 128: (128, 64, 8, 4)}
 BWD_DKDV_CONFIGS = {16: (32, 64, 4, 4), 32: (32, 64, 4, 4), 64: (32, 64, 4, 3), 128: (32, 128, 8, 3)}
 BWD_DQ_CONFIGS = {16: (128, 32, 4, 4), 32: (128, 32, 4, 4), 64: (128, 32, 4, 4), 128: (128, 64, 8, 4)}
-# Forward: skip rescaling the accumulator while the row maxima grow by less than 2^8 (see _fwd_inner), per head dim.
-# Off: on the H100 the data-dependent branch made the forward ~10% slower (6.87 vs 6.20 ms, D=64, T=16384).
-FWD_LAZY_RESCALE = {16: False, 32: False, 64: False, 128: False}
+# Forward: fetch K/V tiles through TMA tensor descriptors (compute capability >= 9 and aligned strides; pointer loads
+# otherwise), per head dim. Measured at T=16384 (scripts/tune_fwd.py, results/bench/h100/fwd-variants): 5-8% faster
+# than pointer loads on an H100 (D=64: 5.85-5.98 vs 6.21-6.33 ms) and on an H200; D=16/32 not measured, so off.
+# Also measured there and not kept: the query's cumsum folded into the LSE (one op less per score, within 1.5%),
+# the key cumsums through a 1-D descriptor (D=64 no faster), the next block's q.k issued before this block's softmax
+# (triton waits on it at once, no overlap); earlier, lazy rescaling of the accumulator (~10% slower).
+FWD_TMA = {16: False, 32: False, 64: True, 128: True}
 # Decode: (BLOCK_N, num_warps, num_stages); BLOCK_M follows Tq.
 DECODE_CONFIG = (64, 4, 2)
 # Under the interpreter: small blocks, so tests at T <= 256 still cover several diagonal / off-diagonal blocks.
@@ -107,6 +112,8 @@ def _fwd_inner(
     cq,
     k_ptrs,
     v_ptrs,
+    k_desc,
+    v_desc,
     c_ptrs,
     offs_m,
     lo,
@@ -121,54 +128,54 @@ def _fwd_inner(
     HAS_C: tl.constexpr,
     BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr,
-    LAZY_RESCALE: tl.constexpr,
+    USE_TMA: tl.constexpr,
 ):
     """Online-softmax sweep over keys [lo, hi) for one query block. Pointers start at key ``lo``.
 
     acc: [BLOCK_M, D] f32 unnormalised output; l_i, m_i: [BLOCK_M] row sums / reference maxima of s (natural units,
     softmax taken as exp2(s * mult)). MASK: diagonal block (causal mask, keys may run past T).
-    LAZY_RESCALE: keep a stale reference max (and skip rescaling acc) unless some row's max grew by more than
-    8 in log2 units; the unnormalised weights then stay <= 2^8, harmless in fp32 sums and bf16 matmul inputs.
+    USE_TMA: K/V tiles come from the tensor descriptors ``k_desc``/``v_desc`` (rows past T read as zeros),
+    else from the pointers.
     """
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
-        if MASK:
+        if USE_TMA:
+            k = k_desc.load([start_n, 0])
+            v = v_desc.load([start_n, 0])
+        elif MASK:
             k = tl.load(k_ptrs, mask=cols[:, None] < T, other=0.0)
             v = tl.load(v_ptrs, mask=cols[:, None] < T, other=0.0)
         else:
             k = tl.load(k_ptrs)
             v = tl.load(v_ptrs)
-        s = _mm(q, tl.trans(k), tl.zeros([q.shape[0], BLOCK_N], dtype=tl.float32), UPCAST)
         if HAS_C:
             if MASK:
                 ck = tl.load(c_ptrs, mask=cols < T, other=0.0)
             else:
                 ck = tl.load(c_ptrs)
+        s = _mm(q, tl.trans(k), tl.zeros([q.shape[0], BLOCK_N], dtype=tl.float32), UPCAST)
+        if HAS_C:
             # subtract the two cumsums first (fp32), then add to the scaled scores
             s = s * sm_scale + (cq[:, None] - ck[None, :])
         if MASK:
             s = tl.where(offs_m[:, None] >= cols[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        if LAZY_RESCALE:
-            if tl.max((m_new - m_i) * mult, 0) > 8.0:  # m_i = -inf on the first step: always taken there
-                alpha = tl.exp2((m_i - m_new) * mult)
-                acc = acc * alpha[:, None]
-                l_i = l_i * alpha
-                m_i = m_new
-            p = tl.exp2(s * mult - (m_i * mult)[:, None])
-            l_i += tl.sum(p, 1)
-            acc = _mm(p.to(v.dtype), v, acc, UPCAST)
-        else:
-            alpha = tl.exp2((m_i - m_new) * mult)
-            p = tl.exp2(s * mult - (m_new * mult)[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = _mm(p.to(v.dtype), v, acc * alpha[:, None], UPCAST)
-            m_i = m_new
+        acc, l_i, m_i = _softmax_update(acc, l_i, m_i, s, v, mult, UPCAST)
         k_ptrs += BLOCK_N * stride_kt
         v_ptrs += BLOCK_N * stride_vt
         c_ptrs += BLOCK_N * stride_ct
     return acc, l_i, m_i
+
+
+@triton.jit
+def _softmax_update(acc, l_i, m_i, s, v, mult, UPCAST: tl.constexpr):
+    """One online-softmax step: fold scores s [BLOCK_M, BLOCK_N] and values v [BLOCK_N, D] into (acc, l_i, m_i)."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2((m_i - m_new) * mult)
+    p = tl.exp2(s * mult - (m_new * mult)[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = _mm(p.to(v.dtype), v, acc * alpha[:, None], UPCAST)
+    return acc, l_i, m_new
 
 
 @triton.jit(do_not_specialize=_VECTOR_STRIDES)
@@ -207,9 +214,13 @@ def _fwd_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr,
-    LAZY_RESCALE: tl.constexpr,
+    USE_TMA: tl.constexpr,
 ):
-    """Forward. Grid: (B*H, cdiv(T, BLOCK_M)). Writes O [B, T, H, D] and LSE [B, H, T] (log2 units)."""
+    """Forward. Grid: (B*H, cdiv(T, BLOCK_M)). Writes O [B, T, H, D] and LSE [B, H, T] (log2 units).
+
+    USE_TMA: read K/V through per-(batch, head) tensor descriptors ([T, HEAD_DIM], unit stride on the head dim,
+    16-byte aligned rows: checked by the launcher), so Hopper's TMA unit fetches the tiles.
+    """
     pid_bh = tl.program_id(0)
     # the last query blocks see the most keys: launch them first so the tail of the grid is short work
     pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
@@ -225,6 +236,16 @@ def _fwd_kernel(
     q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
     k_ptrs = K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kt + offs_d[None, :] * stride_kd
     v_ptrs = V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vt + offs_d[None, :] * stride_vd
+    if USE_TMA:
+        k_desc = tl.make_tensor_descriptor(
+            K + b * stride_kb + h * stride_kh, [T, HEAD_DIM], strides=[stride_kt, 1], block_shape=[BLOCK_N, HEAD_DIM]
+        )
+        v_desc = tl.make_tensor_descriptor(
+            V + b * stride_vb + h * stride_vh, [T, HEAD_DIM], strides=[stride_vt, 1], block_shape=[BLOCK_N, HEAD_DIM]
+        )
+    else:
+        k_desc = None
+        v_desc = None
     c_base = C + b * stride_cb + h * stride_ch
     c_ptrs = c_base + offs_n * stride_ct
     if HAS_C:
@@ -237,16 +258,17 @@ def _fwd_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     # keys strictly left of the block: no mask (BLOCK_M % BLOCK_N == 0, so blocks never straddle start_m)
     acc, l_i, m_i = _fwd_inner(
-        acc, l_i, m_i, q, cq, k_ptrs, v_ptrs, c_ptrs, offs_m, 0, start_m, T, sm_scale, mult,
-        stride_kt, stride_vt, stride_ct, False, HAS_C, BLOCK_N, UPCAST, LAZY_RESCALE,
+        acc, l_i, m_i, q, cq, k_ptrs, v_ptrs, k_desc, v_desc, c_ptrs, offs_m, 0, start_m, T, sm_scale, mult,
+        stride_kt, stride_vt, stride_ct, False, HAS_C, BLOCK_N, UPCAST, USE_TMA,
     )  # fmt: skip
     # diagonal blocks: causal mask
     k_ptrs += start_m.to(tl.int64) * stride_kt
     v_ptrs += start_m.to(tl.int64) * stride_vt
     c_ptrs += start_m.to(tl.int64) * stride_ct
     acc, l_i, m_i = _fwd_inner(
-        acc, l_i, m_i, q, cq, k_ptrs, v_ptrs, c_ptrs, offs_m, start_m, tl.minimum(start_m + BLOCK_M, T), T,
-        sm_scale, mult, stride_kt, stride_vt, stride_ct, True, HAS_C, BLOCK_N, UPCAST, LAZY_RESCALE,
+        acc, l_i, m_i, q, cq, k_ptrs, v_ptrs, k_desc, v_desc, c_ptrs, offs_m, start_m,
+        tl.minimum(start_m + BLOCK_M, T), T, sm_scale, mult, stride_kt, stride_vt, stride_ct, True, HAS_C, BLOCK_N,
+        UPCAST, USE_TMA,
     )  # fmt: skip
 
     # every valid row sees at least its own key, so l_i > 0 and m_i is finite there
@@ -795,7 +817,26 @@ def _scales(scale, D, has_c):
     return (sm_scale, LOG2E) if has_c else (sm_scale, sm_scale * LOG2E)
 
 
-def _fwd(q, k, v, cum, scale, config=None, lazy_rescale=None):
+def _tma_scratch(size: int, alignment: int, stream):
+    """Global memory for descriptors built inside kernels (``triton.set_allocator``)."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _tma_usable(*tensors) -> bool:
+    """TMA needs compute capability >= 9, a unit-stride head dim and 16-byte aligned bases and strides."""
+    t0 = tensors[0]
+    if _interpreting():
+        pass  # the interpreter emulates descriptors on any device; no driver queries here
+    elif not t0.is_cuda or torch.cuda.get_device_capability(t0.device)[0] < 9:
+        return False
+    for t in tensors:
+        size = t.element_size()
+        if t.stride(3) != 1 or t.data_ptr() % 16 or any(t.stride(i) * size % 16 for i in range(3)):
+            return False
+    return True
+
+
+def _fwd(q, k, v, cum, scale, config=None, tma=None):
     """Launch the forward. Returns o [B, T, H, D] (q dtype) and lse [B, H, T] fp32 (log2 units)."""
     B, T, H, D = q.shape
     BLOCK_M, BLOCK_N, num_warps, num_stages = config or (INTERPRET_FWD if _interpreting() else FWD_CONFIGS[D])
@@ -804,6 +845,10 @@ def _fwd(q, k, v, cum, scale, config=None, lazy_rescale=None):
     sm_scale, mult = _scales(scale, D, has_c)
     o = _empty((B, T, H, D), q.dtype, q.device)
     lse = _empty((B, H, T), torch.float32, q.device)
+    use_tma = FWD_TMA.get(D, False) if tma is None else tma
+    use_tma = use_tma and _tma_usable(k, v)
+    if use_tma and not _interpreting():
+        triton.set_allocator(_tma_scratch)
     c = cum if has_c else lse  # dummy pointer, never read
     c_strides = cum.stride() if has_c else (0, 0, 0)
     grid = (B * H, triton.cdiv(T, BLOCK_M))
@@ -811,7 +856,7 @@ def _fwd(q, k, v, cum, scale, config=None, lazy_rescale=None):
         q, k, v, c, o, lse, *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(o), *c_strides,
         T, H, sm_scale, mult,
         HAS_C=has_c, HEAD_DIM=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, UPCAST=_upcast(q.dtype),
-        LAZY_RESCALE=FWD_LAZY_RESCALE.get(D, False) if lazy_rescale is None else lazy_rescale,
+        USE_TMA=use_tma,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return o, lse
