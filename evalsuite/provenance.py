@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import os
 import platform
 import subprocess
 from functools import lru_cache
@@ -13,8 +14,13 @@ import evalsuite
 
 @lru_cache(maxsize=1)
 def git_commit() -> str | None:
-    """Commit of the evalsuite source tree (with ``-dirty`` if it has local changes), or None."""
+    """Commit of the evalsuite source tree (with ``-dirty`` if it has local changes), or None.
+
+    A copy without ``.git`` (e.g. a tree shipped to a GPU machine) can name its commit in ``EVALSUITE_GIT_COMMIT``.
+    """
     root = Path(evalsuite.__file__).resolve().parent.parent
+    if not (root / ".git").exists() and os.environ.get("EVALSUITE_GIT_COMMIT"):
+        return os.environ["EVALSUITE_GIT_COMMIT"] + " (declared)"
     try:
         commit = subprocess.run(
             ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True
