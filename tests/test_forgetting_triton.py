@@ -18,6 +18,7 @@ import torch  # noqa: E402
 pytest.importorskip("triton")
 
 from evalsuite.kernels.forgetting import cumsum_over_time, reference  # noqa: E402
+from evalsuite.kernels.forgetting.cumsum import cumsum_over_time_triton  # noqa: E402
 
 kernel = importlib.import_module("evalsuite.kernels.forgetting.triton")
 if type(kernel._fwd_kernel).__name__ != "InterpretedFunction":  # imported earlier without the interpreter
@@ -173,6 +174,25 @@ def test_cumsum_over_time():
     g = torch.randn(2, 37, 3)
     (grad,) = torch.autograd.grad(cum, logf, g)
     torch.testing.assert_close(grad, g.flip(1).cumsum(1).flip(1))
+
+
+@pytest.mark.parametrize("T", [1, 16, 17, 70])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cumsum_triton_matches_torch(T, dtype):
+    """The Triton time scan (blocks of 16 under the interpreter, so T = 70 spans 5 with a carry) against
+    torch.cumsum, forward and backward, on a strided [B, T, H] view in float32 and bfloat16."""
+    g = torch.Generator().manual_seed(T)
+    packed = torch.nn.functional.logsigmoid(torch.randn(2, T, 2, 3, generator=g)).to(dtype)
+    logf = packed[:, :, 1].requires_grad_()  # [2, T, 3], not contiguous
+    cum = cumsum_over_time_triton(logf)
+    assert cum.dtype == torch.float32 and cum.stride(1) == 1  # time-major storage
+    torch.testing.assert_close(cum, logf.detach().double().cumsum(1).float(), rtol=1e-5, atol=1e-5)
+    grad_cum = torch.randn(2, T, 3, generator=g)
+    (grad,) = torch.autograd.grad(cum, logf, grad_cum)
+    assert grad.dtype == dtype
+    expected = grad_cum.double().flip(1).cumsum(1).flip(1)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(grad.double(), expected, rtol=tol, atol=tol)
 
 
 def test_strided_inputs_and_large_cum():

@@ -17,13 +17,17 @@ BACKENDS = ("auto", "triton", "reference", "dense")
 
 
 def cumsum_over_time(log_f):
-    """``cumsum(log_f, dim=1)`` for ``[B, T, H]`` gates, fast on GPU; differentiable. Returns float32 ``[B, T, H]``.
+    """``cumsum(log_f, dim=1)`` for ``[B, T, H]`` gates; differentiable. Returns float32 ``[B, T, H]``.
 
-    ``torch.cumsum(x, dim=1)`` on a ``[B, T, H]`` CUDA tensor scans the T axis step by step for each of the B*H
-    columns: on an H100 it took ~0.36 us per step (5.9 ms at T=16384, as long as the attention forward itself).
-    Scanning a time-contiguous copy along its last axis is parallel. The result is a ``[B, T, H]`` view of
-    ``[B, H, T]`` storage, which the kernels read as efficiently as the plain layout.
+    On CUDA (with triton) a Triton scan (:mod:`evalsuite.kernels.forgetting.cumsum`): ``torch.cumsum`` over a
+    long axis has little parallelism there (~0.36 us per step along dim 1 on an H100: 5.9 ms at T=16384, as
+    long as the attention forward). Elsewhere torch's cumsum of a time-contiguous copy. Either way the result
+    is a ``[B, T, H]`` view of ``[B, H, T]`` storage, which the kernels read as efficiently as the plain layout.
     """
+    if log_f.is_cuda and _triton_installed():
+        from evalsuite.kernels.forgetting.cumsum import cumsum_over_time_triton
+
+        return cumsum_over_time_triton(log_f)
     return log_f.float().transpose(1, 2).contiguous().cumsum(-1).transpose(1, 2)
 
 
