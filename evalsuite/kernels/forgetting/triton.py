@@ -24,6 +24,8 @@ Design notes (FoX paper, Algorithms 1-2):
   the score's low bits.
 * Causal block skipping: a query block visits only the key blocks at or left of its diagonal, and only the
   diagonal blocks pay for masking. Ragged tails (T not a multiple of the block) are masked on load.
+* On Hopper and newer the forward reads K/V tiles through per-(batch, head) TMA tensor descriptors (``FWD_TMA``;
+  rows past T come back as zeros); pointer loads elsewhere, and for strides TMA cannot take.
 * The backward is split in two kernels, so no atomics are needed: one program per key block accumulates
   dK, dV and ``dc_k = -colsum(dS)`` over query blocks and writes dc_k; one program per query block accumulates dQ
   and ``dc_q = rowsum(dS)`` over key blocks and adds dc_q to its rows of dc. A small preprocessing kernel computes
