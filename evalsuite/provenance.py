@@ -16,10 +16,11 @@ import evalsuite
 def git_commit() -> str | None:
     """Commit of the evalsuite source tree (with ``-dirty`` if it has local changes), or None.
 
-    A copy without ``.git`` (e.g. a tree shipped to a GPU machine) can name its commit in ``EVALSUITE_GIT_COMMIT``.
+    A copy shipped elsewhere (e.g. to a GPU machine, where ``.git`` may be missing or stale) can declare its commit
+    in ``EVALSUITE_GIT_COMMIT``, which then wins.
     """
     root = Path(evalsuite.__file__).resolve().parent.parent
-    if not (root / ".git").exists() and os.environ.get("EVALSUITE_GIT_COMMIT"):
+    if os.environ.get("EVALSUITE_GIT_COMMIT"):
         return os.environ["EVALSUITE_GIT_COMMIT"] + " (declared)"
     try:
         commit = subprocess.run(
