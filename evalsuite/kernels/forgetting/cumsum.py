@@ -1,12 +1,13 @@
 """Cumulative sum of log forget gates over time, in Triton; its PyTorch twin is ``torch.cumsum(log_f, dim=1)``.
 
-FoX needs ``c = cumsum(log f)`` over time for every (batch, head) before attention. ``torch.cumsum`` on a CUDA
-tensor scans a long axis with little parallelism: on an H100 it took ~0.36 us per step along dim 1 of
-``[B, T, H]``, and even along a time-contiguous copy it cost a sizeable share of a 16K-token attention forward
-(and more at B = 1, T = 64K). Here one program per (batch, head) walks time in blocks of BLOCK_T: an in-register
-scan per block plus a running carry. The result is written time-major (``[B, H, T]`` storage, returned as a
-``[B, T, H]`` view), which the attention kernels read efficiently. The backward is the same scan run from the
-end of the sequence (``d log f_t = sum_{s >= t} d c_s``).
+FoX needs ``c = cumsum(log f)`` over time for every (batch, head) before attention. ``torch.cumsum`` along
+dim 1 of a ``[B, T, H]`` CUDA tensor is slow (~0.36 us per step on an H100); along a time-contiguous copy it
+is fine but takes two kernels. Here one program per (batch, head) walks time in blocks of BLOCK_T: an
+in-register scan per block plus a running carry, written straight to time-major storage (``[B, H, T]``,
+returned as a ``[B, T, H]`` view, which the attention kernels read efficiently). On an H100: 0.024 ms against
+0.054 ms for the transpose-copy-cumsum at B = 4, T = 16K, H = 16 (0.080 vs 0.097 ms at B = 1, T = 64K), a
+small share of the attention itself. The backward is the same scan run from the end of the sequence
+(``d log f_t = sum_{s >= t} d c_s``).
 
 The same source runs under ``TRITON_INTERPRET=1`` on CPU tensors (tests), with small blocks.
 """
