@@ -52,6 +52,11 @@ def _check_backend(backend: str) -> None:
         raise UserError(f"unknown attention backend {backend!r}; choose from {', '.join(BACKENDS)}")
 
 
+def _note_random_weights(adapter) -> None:
+    if adapter.layout == "random":
+        typer.echo("  note: random-init weights; these numbers test the pipeline, not the architecture")
+
+
 def _adapter(model: str, device: str, dtype: str, checkpoint: Path | None, backend: str):
     from evalsuite.adapters.native import NativeAdapter
     from evalsuite.cards import load_card
@@ -121,8 +126,7 @@ def loss(
     shown = [lng for lng in sorted(by_len) if lng >= 64] or sorted(by_len)
     typer.echo(f"{model}: {docs['used']} windows of {length} tokens ({docs['skipped_too_short']} docs too short)")
     typer.echo("  P(l): " + ", ".join(f"{lng}: {by_len[lng]:.3f}" for lng in shown))
-    if adapter.layout == "random":
-        typer.echo("  note: random-init weights; these numbers test the pipeline, not the architecture")
+    _note_random_weights(adapter)
     typer.echo(f"  results: {out or run_dir_for(results['model'], results['config_hash'])}")
 
 
@@ -330,8 +334,7 @@ def niah(
             cells = f"{s['cells_within']} + {s['cells_beyond']} cells"
             within, beyond = (f"{v:.3f}" if v is not None else "-" for v in (s["within"], s["beyond"]))
             typer.echo(f"  {s['subtask']:>9} {s['metric']:>12}: within {within}, beyond {beyond} ({cells})")
-    if adapter.layout == "random":
-        typer.echo("  note: random-init weights; these numbers test the pipeline, not the architecture")
+    _note_random_weights(adapter)
     typer.echo(f"  results: {run_dir}")
 
 

@@ -1,8 +1,8 @@
 """Forward-kernel variant sweep at one shape per head dim, then the benchmark there with the fastest variant.
 
-Variants: K/V loads through pointers or TMA descriptors (``tma``), and the key cumsums through pointers or a 1-D
-TMA descriptor (``c_tma``), each over a set of block configs; and the ungated kernel.
-SDPA causal at the same shape is timed too.
+Variants: K/V loads through pointers or TMA descriptors (``tma``), with and without the gate, each over a set of
+block configs. SDPA causal at the same shape is timed too. (The earlier sweeps in results/bench/h100/fwd-variants
+also tried variants that lost and are no longer in the kernel.)
 
 Usage (GPU machine): PYTHONPATH=. python3 scripts/tune_fwd.py --out DIR [--T 16384 --head-dims 64 128]
 Writes DIR/tune_fwd.json (every variant's median ms) and DIR/attention_bench.json/.png (T = 4096, T).
@@ -53,12 +53,12 @@ def sweep_head_dim(D: int) -> None:
     sdpa = median_ms(lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=True))
     records.append({"D": D, "variant": "sdpa_causal", "ms": sdpa})
     print(f"D={D} sdpa {sdpa:.3f} ms", flush=True)
-    variants = [(0, 0, 1), (1, 0, 1), (1, 1, 1), (1, 0, 0)]  # (tma, c_tma, gate)
-    for (tma, c_tma, gate), cfg in itertools.product(variants, CONFIGS[D]):
+    variants = [(0, 1), (1, 1), (1, 0)]  # (tma, gate)
+    for (tma, gate), cfg in itertools.product(variants, CONFIGS[D]):
         c = cum if gate else None
-        rec = {"D": D, "variant": f"tma={tma} c_tma={c_tma} gate={gate}", "config": list(cfg)}
+        rec = {"D": D, "variant": f"tma={tma} gate={gate}", "config": list(cfg)}
         try:
-            rec["ms"] = median_ms(lambda: kernel._fwd(q, k, v, c, None, config=cfg, tma=tma, c_tma=c_tma))  # noqa: B023
+            rec["ms"] = median_ms(lambda: kernel._fwd(q, k, v, c, None, config=cfg, tma=bool(tma)))  # noqa: B023
             rec["ratio_to_sdpa"] = rec["ms"] / sdpa
         except Exception as exc:  # noqa: BLE001 - e.g. a config that needs too much shared memory
             rec["error"] = f"{type(exc).__name__}: {exc}"[:300]
@@ -66,7 +66,7 @@ def sweep_head_dim(D: int) -> None:
         print(rec["variant"], cfg, f"{rec['ms']:.3f} ms {rec['ratio_to_sdpa']:.3f}x" if "ms" in rec else rec["error"],
               flush=True)  # fmt: skip
         if gate and "ms" in rec and rec["ms"] < best.get(D, {"ms": 1e9})["ms"]:
-            best[D] = {**rec, "tma": tma, "c_tma": c_tma, "config": cfg}
+            best[D] = {**rec, "tma": bool(tma), "config": cfg}
 
 
 for D in args.head_dims:
@@ -77,7 +77,6 @@ args.out.mkdir(parents=True, exist_ok=True)
 for D, b in best.items():
     print(f"best D={D}: {b['variant']} {b['config']} {b['ms']:.3f} ms ({b['ratio_to_sdpa']:.3f}x sdpa)", flush=True)
     kernel.FWD_CONFIGS[D], kernel.FWD_TMA[D] = tuple(b["config"]), b["tma"]
-    kernel.FWD_C_TMA = b["c_tma"]  # one switch for all head dims: the last D's choice
     for r in check_parity_gpu((17, 1000, 4097), head_dim=D):
         print("parity", {k: v for k, v in r.items() if k.startswith(("T", "rel_err"))}, flush=True)
 if not args.no_bench:

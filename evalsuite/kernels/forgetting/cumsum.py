@@ -14,11 +14,11 @@ The same source runs under ``TRITON_INTERPRET=1`` on CPU tensors (tests), with s
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
+
+from evalsuite.kernels.forgetting.triton import _interpreting
 
 BLOCK_T = 2048
 INTERPRET_BLOCK_T = 16
@@ -46,9 +46,8 @@ def _time_scan_kernel(X, Y, T, H, sxb, sxt, sxh, syb, syt, syh, REVERSE: tl.cons
 
 def _scan(x: torch.Tensor, y: torch.Tensor, reverse: bool) -> None:
     B, T, H = x.shape
-    interpreting = os.environ.get("TRITON_INTERPRET") == "1"
     _time_scan_kernel[(B * H,)](
-        x, y, T, H, *x.stride(), *y.stride(), REVERSE=reverse, BLOCK_T=INTERPRET_BLOCK_T if interpreting else BLOCK_T
+        x, y, T, H, *x.stride(), *y.stride(), REVERSE=reverse, BLOCK_T=INTERPRET_BLOCK_T if _interpreting() else BLOCK_T
     )
 
 

@@ -40,6 +40,7 @@ Design notes (FoX paper, Algorithms 1-2):
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -824,12 +825,22 @@ def _tma_scratch(size: int, alignment: int, stream):
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
+@functools.cache
+def _install_tma_allocator() -> None:
+    """Give triton the scratch allocator that in-kernel descriptors need (once per process)."""
+    triton.set_allocator(_tma_scratch)
+
+
+@functools.cache
+def _has_tma(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
 def _tma_usable(*tensors) -> bool:
-    """TMA needs compute capability >= 9, a unit-stride head dim and 16-byte aligned bases and strides."""
+    """TMA needs compute capability >= 9 (any device under the interpreter, which emulates descriptors without
+    driver queries), a unit-stride head dim and 16-byte aligned bases and strides."""
     t0 = tensors[0]
-    if _interpreting():
-        pass  # the interpreter emulates descriptors on any device; no driver queries here
-    elif not t0.is_cuda or torch.cuda.get_device_capability(t0.device)[0] < 9:
+    if not _interpreting() and not (t0.is_cuda and _has_tma(t0.device.index or 0)):
         return False
     for t in tensors:
         size = t.element_size()
@@ -850,7 +861,7 @@ def _fwd(q, k, v, cum, scale, config=None, tma=None):
     use_tma = FWD_TMA.get(D, False) if tma is None else tma
     use_tma = use_tma and _tma_usable(k, v)
     if use_tma and not _interpreting():
-        triton.set_allocator(_tma_scratch)
+        _install_tma_allocator()
     c = cum if has_c else lse  # dummy pointer, never read
     c_strides = cum.stride() if has_c else (0, 0, 0)
     grid = (B * H, triton.cdiv(T, BLOCK_M))
