@@ -6,36 +6,35 @@ Card keys::
 
     name: fox-pro                  # defaults to the file name
     description: FoX (Pro), 760M, 48B LongCrawl64 tokens
-    architecture: fox-pro          # a key of ARCHITECTURES
+    architecture: fox-pro          # an architecture (or family) of evalsuite.models.registry
     config: {hidden_size: 1536, ...}   # overrides of the architecture's preset
     tokenizer: gpt2-json           # see evalsuite.tokenizers.get_tokenizer
     train_length: 16384            # training context (dashed lines, within/beyond summaries)
     max_length: 65536              # longest context the suite will feed it
-    weights: {source: random | own | fox-official, ...}
+    weights: {source: random | own | <a released layout, e.g. fox-official>, ...}
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
-from importlib import resources
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import yaml
-
 from evalsuite.errors import UserError
+from evalsuite.resources import builtin_dir, read_yaml
 
-# Architecture presets: the paper's four block designs as FoxConfig overrides (fox.md §5).
-_PRO = dict(qk_norm=True, use_output_gate=True, use_output_norm=True, use_k_shift=True, use_v_shift=True)
-_LLAMA = dict(qk_norm=False, use_output_gate=False, use_output_norm=False, use_k_shift=False, use_v_shift=False)
-ARCHITECTURES: dict[str, dict] = {
-    "fox-pro": dict(fgate_type="full", use_rope=False, hidden_ratio=3.5, **_PRO),
-    "fox-llama": dict(fgate_type="full", use_rope=False, hidden_ratio=4, **_LLAMA),
-    "transformer-pro": dict(fgate_type="none", use_rope=True, hidden_ratio=3.5, **_PRO),
-    "transformer-llama": dict(fgate_type="none", use_rope=True, hidden_ratio=4, **_LLAMA),
+# Types of the card's keys (None: optional). Checked when a card is read, so a wrong type is one clear line.
+_CARD_TYPES: dict[str, tuple[type, ...]] = {
+    "name": (str,),
+    "description": (str,),
+    "architecture": (str,),
+    "config": (dict,),
+    "tokenizer": (str,),
+    "train_length": (int, type(None)),
+    "max_length": (int, type(None)),
+    "weights": (dict,),
 }
-WEIGHT_SOURCES = ("random", "own", "fox-official")
-_CARD_KEYS = {"name", "description", "architecture", "config", "tokenizer", "train_length", "max_length", "weights"}
+_REQUIRED = ("architecture", "tokenizer", "weights")
 
 
 @dataclass
@@ -50,21 +49,27 @@ class ModelCard:
     max_length: int | None = None
     path: Path | None = None
 
-    def model_config(self):
-        """The full FoxConfig: architecture preset, then the card's overrides."""
-        from evalsuite.models.fox import FoxConfig
+    @property
+    def family(self):
+        """The card's model family (:class:`evalsuite.models.registry.Family`)."""
+        from evalsuite.models.registry import resolve_architecture
 
+        return resolve_architecture(self.architecture)[0]
+
+    def model_config(self):
+        """The family's config: the architecture preset, then the card's overrides."""
         try:
-            return FoxConfig.from_dict({**ARCHITECTURES[self.architecture], **self.config})
-        except (ValueError, TypeError) as e:
+            return self.family.make_config(self.architecture, self.config)
+        except UserError as e:
             raise UserError(f"model card {self.name}: {e}") from None
 
     def build_module(self):
-        """A fresh, uninitialised module of this card's architecture (the one place that maps cards to
-        module classes; new architectures extend it with ``model_config``)."""
-        from evalsuite.models.fox import ForgettingTransformer
+        """A fresh, uninitialised module of this card's architecture."""
+        return self.family.build(self.model_config())
 
-        return ForgettingTransformer(self.model_config())
+    def with_config(self, overrides: dict) -> ModelCard:
+        """This card with config ``overrides`` on top (e.g. MQAR's widths)."""
+        return replace(self, config={**self.config, **overrides})
 
     def weights_summary(self) -> str:
         src = self.weights["source"]
@@ -75,17 +80,9 @@ class ModelCard:
         return f"{src}: {self.weights.get('repo', self.weights.get('path', ''))}"
 
     def to_dict(self) -> dict:
-        d = {k: getattr(self, k) for k in sorted(_CARD_KEYS)}
+        d = {k: getattr(self, k) for k in sorted(_CARD_TYPES)}
         d["path"] = str(self.path) if self.path else None
         return d
-
-
-def builtin_dir(kind: str) -> Path:
-    """``models`` or ``tasks``: inside the installed package (wheel) or at the repo root (editable)."""
-    packaged = resources.files("evalsuite") / "_data" / kind
-    if packaged.is_dir():
-        return Path(str(packaged))
-    return Path(__file__).resolve().parent.parent / kind
 
 
 def card_dirs() -> list[Path]:
@@ -93,24 +90,39 @@ def card_dirs() -> list[Path]:
     return [builtin_dir("models"), *extra]
 
 
+def weight_sources() -> list[str]:
+    """``random``, ``own``, and every released layout a family registers (e.g. ``fox-official``)."""
+    from evalsuite.models.registry import FAMILIES
+
+    return ["random", "own", *(layout.name for _, f in FAMILIES.items() for layout in f.layouts)]
+
+
 def parse_card(path: Path) -> ModelCard:
-    try:
-        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as e:
-        raise UserError(f"cannot read model card {path}: {e}") from None
-    if not isinstance(raw, dict):
-        raise UserError(f"model card {path} is not a YAML mapping")
-    unknown = set(raw) - _CARD_KEYS
+    """Read and validate one card; every problem is a UserError naming the file and the key."""
+    from evalsuite.models.registry import resolve_architecture
+
+    raw = read_yaml(path, "model card")
+    unknown = set(raw) - set(_CARD_TYPES)
     if unknown:
         raise UserError(f"model card {path}: unknown key(s) {', '.join(sorted(unknown))}")
-    for key in ("architecture", "tokenizer", "weights"):
+    for key in _REQUIRED:
         if key not in raw:
             raise UserError(f"model card {path}: missing '{key}'")
-    if raw["architecture"] not in ARCHITECTURES:
-        raise UserError(f"model card {path}: unknown architecture {raw['architecture']!r}")
-    weights = raw["weights"]
-    if not isinstance(weights, dict) or weights.get("source") not in WEIGHT_SOURCES:
-        raise UserError(f"model card {path}: weights.source must be one of {', '.join(WEIGHT_SOURCES)}")
+    for key, value in raw.items():
+        types = _CARD_TYPES[key]
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            wanted = " or ".join("null" if t is type(None) else t.__name__ for t in types)
+            raise UserError(f"model card {path}: '{key}' must be {wanted}, got {type(value).__name__} {value!r}")
+    for key in ("train_length", "max_length"):
+        if raw.get(key) is not None and raw[key] < 1:
+            raise UserError(f"model card {path}: '{key}' must be positive, got {raw[key]}")
+    try:
+        resolve_architecture(raw["architecture"])
+    except UserError as e:
+        raise UserError(f"model card {path}: {e}") from None
+    sources = weight_sources()
+    if raw["weights"].get("source") not in sources:
+        raise UserError(f"model card {path}: weights.source must be one of {', '.join(sources)}")
     raw.setdefault("name", Path(path).stem)
     return ModelCard(**raw, path=Path(path))
 
@@ -137,6 +149,14 @@ def load_card(name_or_path: str) -> ModelCard:
             return card
     names = ", ".join(c.name for c in list_cards())
     raise UserError(f"unknown model {name_or_path!r}; known models: {names}")
+
+
+def architecture_card(architecture: str) -> ModelCard:
+    """A bare card of an architecture (its preset config, random weights, no tokenizer): MQAR trains these."""
+    from evalsuite.models.registry import resolve_architecture
+
+    resolve_architecture(architecture)
+    return ModelCard(name=architecture, architecture=architecture, tokenizer="none", weights={"source": "random"})
 
 
 def count_params(card: ModelCard, non_embedding: bool = True) -> int:

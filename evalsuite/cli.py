@@ -25,7 +25,9 @@ app.add_typer(bench_app, name="bench")
 _state = {"debug": False}
 
 # Options shared by every command that runs a model.
-ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Model card name or path to a card YAML.")]
+ModelOpt = Annotated[
+    str, typer.Option("--model", "-m", help="KIND:NAME (default kind native: a card name or a card's YAML path).")
+]
 DeviceOpt = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
 DtypeOpt = Annotated[str, typer.Option(help="float32, or bfloat16/float16 autocast over fp32 weights.")]
 SeedOpt = Annotated[int, typer.Option(help="Seed for data shuffles, rolls and sampling.")]
@@ -33,7 +35,9 @@ OutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="Run directory 
 CheckpointOpt = Annotated[
     Path | None, typer.Option(help="Checkpoint directory (ours or an official release), overriding the card.")
 ]
-BackendOpt = Annotated[str, typer.Option(help="Attention backend: auto, triton, reference or dense.")]
+BackendOpt = Annotated[
+    str, typer.Option(help="Attention backend of the model's family (FoX: auto, triton, reference, dense).")
+]
 
 
 def _seed_everything(seed: int) -> None:
@@ -45,24 +49,15 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _check_backend(backend: str) -> None:
-    from evalsuite.kernels.forgetting import BACKENDS
-
-    if backend not in BACKENDS:
-        raise UserError(f"unknown attention backend {backend!r}; choose from {', '.join(BACKENDS)}")
-
-
 def _note_random_weights(adapter) -> None:
-    if adapter.layout == "random":
+    if getattr(adapter, "layout", None) == "random":
         typer.echo("  note: random-init weights; these numbers test the pipeline, not the architecture")
 
 
 def _adapter(model: str, device: str, dtype: str, checkpoint: Path | None, backend: str):
-    from evalsuite.adapters.native import NativeAdapter
-    from evalsuite.cards import load_card
+    from evalsuite.adapters.registry import AdapterOptions, load_adapter
 
-    _check_backend(backend)
-    return NativeAdapter(load_card(model), device=device, dtype=dtype, checkpoint=checkpoint, attention_backend=backend)
+    return load_adapter(model, AdapterOptions(device=device, dtype=dtype, checkpoint=checkpoint, attention=backend))
 
 
 @app.callback()
@@ -105,7 +100,7 @@ def loss(
     ] = None,
     max_docs: Annotated[int | None, typer.Option(help="Stop after this many windows.")] = None,
     roll: Annotated[bool, typer.Option(help="Rotate each window by a seeded random shift (LongCrawl64).")] = False,
-    batch_size: Annotated[int, typer.Option(min=1, help="Windows per forward pass.")] = 1,
+    batch_size: Annotated[int, typer.Option(help="Windows per forward pass.")] = 1,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "float32",
     seed: SeedOpt = 0,
@@ -114,20 +109,20 @@ def loss(
     attention: BackendOpt = "auto",
 ):
     """Per-token loss L(i) and perplexity P(l) over one window per document (FoX §4.2)."""
-    from evalsuite.tasks.loss import LossConfig, run_dir_for, run_loss
+    from evalsuite.tasks.loss import LossConfig, run_loss
 
     _seed_everything(seed)
     adapter = _adapter(model, device, dtype, checkpoint, attention)
-    length = length or min(65536, adapter.max_length or 65536)
+    length = length if length is not None else min(65536, adapter.max_length or 65536)
     config = LossConfig(data=data, length=length, max_docs=max_docs, roll=roll, seed=seed, batch_size=batch_size)
     results = run_loss(adapter, config, out)
-    docs = results["documents"]
+    docs = results["summary"]["documents"]
     by_len = {r["length"]: r["value"] for r in results["records"] if r["metric"] == "perplexity"}
     shown = [lng for lng in sorted(by_len) if lng >= 64] or sorted(by_len)
     typer.echo(f"{model}: {docs['used']} windows of {length} tokens ({docs['skipped_too_short']} docs too short)")
     typer.echo("  P(l): " + ", ".join(f"{lng}: {by_len[lng]:.3f}" for lng in shown))
     _note_random_weights(adapter)
-    typer.echo(f"  results: {out or run_dir_for(results['model'], results['config_hash'])}")
+    typer.echo(f"  results: {results['run_dir']}")
 
 
 @plot_app.command("loss")
@@ -208,7 +203,7 @@ def mqar(
     from evalsuite.report.mqar import best_over_lr, best_table, load_mqar, write_mqar_report
     from evalsuite.tasks.mqar import check_best, default_run_dir, run_mqar, sweep_from_options
 
-    _check_backend(attention)
+    # the attention backend is checked against each model's family by the task, before anything is written
     sweep = sweep_from_options(
         preset,
         models=_csv_list(models, str, "--models"),
@@ -236,9 +231,10 @@ def mqar(
         preset=preset,
         on_record=None if progress else _echo_mqar_cell,
     )
-    cells = results["cells"]
+    summary = results["summary"]
+    cells, errors, threshold = summary["cells"], summary["errors"], summary["sweep"]["check_accuracy"]
     typer.echo(f"mqar {preset}: {cells['finished']}/{cells['total']} cells in {run_dir}")
-    for error in results["errors"]:
+    for error in errors:
         typer.echo(f"  cell failed: {error}", err=True)
     if cells["pending"]:
         typer.echo(f"  {len(cells['pending'])} cells pending; rerun the same command to resume")
@@ -246,10 +242,10 @@ def mqar(
         typer.echo(best_table(best_over_lr(load_mqar([run_dir]))).to_markdown(floatfmt=".3f"))
         for path in write_mqar_report([run_dir], run_dir) if report else []:
             typer.echo(f"wrote {path}")
-    if sweep.check_accuracy is not None:
-        check_best(results, sweep.check_accuracy)
-    if results["errors"]:
-        raise UserError(f"{len(results['errors'])} MQAR cell(s) failed; see the messages above")
+    if threshold is not None:
+        check_best(results, threshold)
+    if errors:
+        raise UserError(f"{len(errors)} MQAR cell(s) failed; see the messages above")
 
 
 def _echo_mqar_cell(r: dict) -> None:
@@ -306,36 +302,59 @@ def niah(
 ):
     """Needle in a haystack over lengths x depths (FoX §4.3): easy, standard, or 2-hop; records and a summary."""
     from evalsuite.metrics.judge import OpenAIJudge
-    from evalsuite.tasks.niah import NiahConfig, run_dir_for, run_niah
 
-    config = NiahConfig(
-        mode=mode,
-        flavour=flavour,
-        preset=preset,
-        lengths=[int(x) for x in _csv_list(lengths, float, "--lengths") or []] or None,
-        depths=_csv_list(depths, float, "--depths"),
-        samples=samples,
-        haystack=haystack,
-        max_new_tokens=max_new_tokens,
-        stop_newline=stop_newline,
-        batch_size=batch_size,
-        seed=seed,
-    )
-    judge_client = OpenAIJudge.from_spec(judge) if judge else None  # a missing key fails before the model loads
+    lengths_list = [int(x) for x in _csv_list(lengths, float, "--lengths") or []] or None
+    if flavour not in ("text", "drt"):
+        raise UserError(f"unknown --flavour {flavour!r}; use text or drt")
+    if flavour == "drt" and mode != "2hop":
+        raise UserError("--flavour applies to --mode 2hop only")
+    if flavour == "drt":
+        from evalsuite.tasks.drt_passkey import DrtConfig, DrtPasskeyTask
+
+        if judge:
+            raise UserError("the DRT 2-hop test is scored teacher-forced; --judge does not apply")
+        if depths:
+            raise UserError("the DRT 2-hop test places its needles at random positions; --depths does not apply")
+        config = DrtConfig(preset, lengths_list, samples, haystack, batch_size, seed)
+        task = DrtPasskeyTask(config)
+    else:
+        from evalsuite.tasks.niah import NiahConfig, NiahTask
+
+        config = NiahConfig(
+            mode=mode,
+            preset=preset,
+            lengths=lengths_list,
+            depths=_csv_list(depths, float, "--depths"),
+            samples=samples,
+            haystack=haystack,
+            max_new_tokens=max_new_tokens,
+            stop_newline=stop_newline,
+            batch_size=batch_size,
+            seed=seed,
+        )
+        # a missing API key fails before the model loads
+        task = NiahTask(config, OpenAIJudge.from_spec(judge) if judge else None)
     _seed_everything(seed)
     adapter = _adapter(model, device, dtype, checkpoint, attention)
-    results = run_niah(adapter, config, out, judge=judge_client)
-    run_dir = out or run_dir_for(adapter.name, config, results["config_hash"])
-    for note in results["skipped"]:
+    results = _run(task, adapter, out)
+    summary = results["summary"]
+    for note in summary["skipped"]:
         typer.echo(f"  note: length {note['length']} skipped ({note['reason']})")
-    typer.echo(f"{model}: NIAH {results['label']}, train length {results['train_length']}")
-    for s in results["summary"]:
+    typer.echo(f"{adapter.name}: NIAH {summary['label']}, train length {results['train_length']}")
+    for s in summary["within_beyond"]:
         if s["metric"] in ("judge", "score", "match", "accuracy", "answer_exact"):
             cells = f"{s['cells_within']} + {s['cells_beyond']} cells"
             within, beyond = (f"{v:.3f}" if v is not None else "-" for v in (s["within"], s["beyond"]))
             typer.echo(f"  {s['subtask']:>9} {s['metric']:>12}: within {within}, beyond {beyond} ({cells})")
     _note_random_weights(adapter)
-    typer.echo(f"  results: {run_dir}")
+    typer.echo(f"  results: {results['run_dir']}")
+
+
+def _run(task, adapter, out: Path | None) -> dict:
+    """Run a task through the runner; the result carries the run directory it was written to."""
+    from evalsuite.tasks.base import run_task
+
+    return run_task(task, adapter, out)
 
 
 @plot_app.command("niah")
@@ -392,34 +411,103 @@ def bench_attention_cmd(
     typer.echo(f"wrote {out}/attention_bench.json and .png")
 
 
+@app.command("run")
+def run_cmd(
+    task: Annotated[str, typer.Argument(help="A registered task (see `evalsuite tasks`).")],
+    model: Annotated[
+        str | None, typer.Option("--model", "-m", help="KIND:NAME; tasks that train their own models take none.")
+    ] = None,
+    options: Annotated[
+        list[str] | None,
+        typer.Option("--set", "-s", help="Task option KEY=VALUE (the value is read as YAML); repeatable."),
+    ] = None,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "float32",
+    out: OutOpt = None,
+    checkpoint: CheckpointOpt = None,
+    attention: BackendOpt = "auto",
+):
+    """Run any registered task, its options given as KEY=VALUE: the generic form of the task commands."""
+    from evalsuite.tasks.base import TASKS
+
+    task_obj = TASKS.get(task).from_options(_key_values(options or []))
+    adapter = _adapter(model, device, dtype, checkpoint, attention) if model else None
+    results = _run(task_obj, adapter, out)
+    records = results["records"]
+    typer.echo(f"{task}: {len(records)} records in {results['run_dir']}")
+    if records:
+        import pandas as pd
+
+        columns = ["model", "subtask", "length", "depth", "metric", "value", "n"]
+        shown = pd.DataFrame(records).reindex(columns=columns).head(40)
+        typer.echo(shown.to_markdown(index=False, floatfmt=".4g"))
+
+
+def _key_values(pairs: list[str]) -> dict:
+    """``["lengths=[512, 1024]", "mode=easy"]`` -> ``{"lengths": [512, 1024], "mode": "easy"}`` (values as YAML)."""
+    import yaml
+
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"--set takes KEY=VALUE, got {pair!r}")
+        try:
+            out[key.strip()] = yaml.safe_load(value) if value.strip() else None
+        except yaml.YAMLError:
+            raise UserError(f"--set {key.strip()}: cannot read {value!r} as a value") from None
+    return out
+
+
+@app.command("tasks")
+def tasks_cmd():
+    """List the registered tasks and what each needs from a model."""
+    from evalsuite.tasks.base import TASKS
+
+    for name, cls in TASKS.items():
+        needs = ", ".join(sorted(cls.needs)) or "no model (trains its own)"
+        doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+        typer.echo(f"{name:14s} needs: {needs:28s} {doc}")
+
+
 def main() -> None:
-    """Console entry point: user errors become one line on stderr and exit status 2."""
+    """Console entry point: one line on stderr for every error; status 2 for bad input, 130 for Ctrl-C."""
+    click = sys.modules[typer.BadParameter.__module__]  # click's exceptions (typer may ship its own click)
     try:
-        app(standalone_mode=False)
+        rc = app(standalone_mode=False)
     except UserError as e:
         if _state["debug"]:
             raise
         typer.echo(f"error: {e}", err=True)
         sys.exit(2)
     except KeyboardInterrupt:
-        typer.echo("interrupted; rerun the same command to resume", err=True)
-        sys.exit(130)
+        _interrupted()
+    except click.NoArgsIsHelpError as e:
+        e.show()  # the help text
+        sys.exit(0)
+    except click.ClickException as e:  # usage errors: bad option values, unknown options
+        typer.echo(f"error: {' '.join(e.format_message().split())}", err=True)
+        sys.exit(2)
+    except click.Exit as e:
+        sys.exit(e.exit_code)
+    except click.Abort:
+        _interrupted()
     except SystemExit:
         raise
-    except Exception as e:  # click usage errors arrive here too
-        import click
-
-        if isinstance(e, click.exceptions.ClickException):
-            e.show()
-            sys.exit(e.exit_code)
-        if isinstance(e, click.exceptions.Exit):
-            sys.exit(e.exit_code)
-        if isinstance(e, click.exceptions.Abort):
-            sys.exit(1)
+    except Exception as e:
         if _state["debug"]:
             raise
         typer.echo(f"error: {type(e).__name__}: {e} (rerun with --debug for the traceback)", err=True)
         sys.exit(1)
+    if rc == 130:  # typer turns Ctrl-C into Exit(130), which standalone_mode=False returns instead of raising
+        _interrupted()
+    if isinstance(rc, int) and rc:
+        sys.exit(rc)
+
+
+def _interrupted() -> None:
+    typer.echo("interrupted: finished items are saved; rerun the same command to resume", err=True)
+    sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -24,8 +24,9 @@ class _Bar:
 
 @contextlib.contextmanager
 def progress_bar(total: int | None, description: str, enabled: bool = True, completed: int = 0):
-    """``with progress_bar(n, "loss") as bar: ... bar.advance()``; prints to stderr."""
-    if not enabled:
+    """``with progress_bar(n, "loss") as bar: ... bar.advance()``; drawn on stderr when it is a terminal."""
+    console = Console(file=sys.stderr)
+    if not enabled or not console.is_terminal:  # a log file would get only the bar's last frame, mid-error
         yield _Bar(None, None)
         return
     columns = [
@@ -37,5 +38,5 @@ def progress_bar(total: int | None, description: str, enabled: bool = True, comp
         TextColumn("eta"),
         TimeRemainingColumn(),
     ]
-    with Progress(*columns, console=Console(file=sys.stderr)) as progress:
+    with Progress(*columns, console=console) as progress:
         yield _Bar(progress, progress.add_task(description, total=total, completed=completed))

@@ -1,8 +1,9 @@
 """Result files: atomic writes, JSONL records, config hashes.
 
 A crash never leaves a half-written result: every whole-file write goes to a temporary file in the
-same directory and is moved over the target with ``os.replace`` (atomic on POSIX). JSONL appends are
-flushed and fsynced per record, and readers drop a torn last line.
+same directory and is moved over the target with ``os.replace`` (atomic on POSIX), and gets the mode a
+plain ``open()`` would give (``0o666 & ~umask``). JSONL appends are flushed and fsynced per record; readers
+drop a torn last line, and the next append cuts it off first (so the new record starts on a line of its own).
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ import hashlib
 import io
 import json
 import os
+import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -29,14 +32,45 @@ def config_hash(config: dict) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
+_UMASK_LOCK = threading.Lock()
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it where the OS allows.
+
+    Not cached: the umask can change while the process runs. Linux reports it in ``/proc/self/status``;
+    elsewhere the only way is to set it and restore it, which briefly changes a process-wide setting (a
+    restrictive 0o077 meanwhile, so a file another thread creates in that window is never too open).
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    with _UMASK_LOCK:
+        mask = os.umask(0o077)
+        os.umask(mask)
+    return mask
+
+
 def atomic_write_bytes(path: Path | str, data: bytes | str) -> Path:
-    """Write ``data`` (text is UTF-8 encoded) so readers see the old file or the new one, never a mix."""
+    """Write ``data`` (text is UTF-8 encoded) so readers see the old file or the new one, never a mix.
+
+    The file gets mode ``0o666 & ~umask``, as ``open(path, "w")`` would create it (``mkstemp`` makes 0600).
+    """
     path = Path(path)
     data = data.encode("utf-8") if isinstance(data, str) else data
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
+            mode = 0o666 & ~current_umask()
+            if hasattr(os, "fchmod"):
+                os.fchmod(f.fileno(), mode)
+            else:  # pragma: no cover - Windows before Python 3.13
+                os.chmod(tmp, mode)
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -58,17 +92,73 @@ def atomic_save_npz(path: Path, **arrays: np.ndarray) -> None:
 
 
 def append_jsonl(path: Path, record: dict) -> None:
-    """Append one record as a line; durable before returning."""
+    """Append one record as a line; durable before returning.
+
+    A file that does not end with a newline (a crash cut the last write) is repaired first, see
+    :func:`_repair_tail`, so the record never lands glued to a fragment.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record, default=str) + "\n")
+    line = (json.dumps(record, default=str) + "\n").encode("utf-8")
+    with open(path, "a+b") as f:  # O_APPEND: every write goes to the end, whatever the read position
+        line = _repair_tail(f, path) + line
+        f.write(line)
         f.flush()
         os.fsync(f.fileno())
 
 
+_TAIL_BLOCK = 1 << 16
+
+
+def _repair_tail(f, path: Path) -> bytes:
+    """Make the open JSONL file ``f`` end at a line boundary; return the bytes to write before a new record.
+
+    Cheap in the usual case (one byte read at the end). When the last line lacks its newline, it is read
+    backwards in blocks only as far as the previous newline: a complete JSON object is kept (the returned
+    ``b"\\n"`` ends it), anything else is a torn record and is truncated away with a warning.
+    """
+    end = f.seek(0, os.SEEK_END)
+    if end == 0:
+        return b""
+    f.seek(end - 1)
+    if f.read(1) == b"\n":
+        return b""
+    start, blocks = end, []  # the last line's bytes, last block first
+    while start > 0:
+        size = min(_TAIL_BLOCK, start)
+        f.seek(start - size)
+        block = f.read(size)
+        cut = block.rfind(b"\n")
+        if cut >= 0:
+            blocks.append(block[cut + 1 :])
+            start = start - size + cut + 1
+            break
+        blocks.append(block)
+        start -= size
+    tail = b"".join(reversed(blocks))
+    try:
+        complete = isinstance(json.loads(tail.decode("utf-8")), dict)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        complete = False
+    if complete:
+        return b"\n"
+    f.truncate(start)
+    # A plain line on stderr rather than warnings.warn: it is exactly one line and always shown, whereas the
+    # warnings machinery adds a source line, hides repeats of a message under the default filter, and under
+    # -W error would turn a repair that already happened into a crash before the record is written. The CLI
+    # reports on stderr anyway (a rich progress bar, if one is live, prints the line above itself).
+    print(
+        f"evalsuite: warning: {path}: dropped a torn last record ({end - start} bytes, no newline: a write was "
+        "cut off); appending after the last complete line",
+        file=sys.stderr,
+        flush=True,
+    )
+    return b""
+
+
 def read_jsonl(path: Path) -> list[dict]:
-    """Records (JSON objects) of a JSONL file; a torn final line (crash mid-write) is ignored.
+    """Records (JSON objects) of a JSONL file; a torn final line (crash mid-write) is ignored, a complete one
+    that only lacks its newline is kept.
 
     A bad line anywhere else means the file is corrupt: UserError naming the line.
     """

@@ -10,8 +10,8 @@ task-specific comes in as arguments:
 * ``loss_fn``: ``(model, inputs, labels) -> scalar loss`` (default: cross-entropy on labelled positions).
 
 A model is any module with ``forward(ids [B, T]) -> hidden [B, T, D]`` and ``logits(hidden [..., D]) ->
-[..., V]`` (the ``ForgettingTransformer`` protocol); :func:`build_model` makes one from a model card with
-overrides, through the card's architecture registry.
+[..., V]`` (the :class:`evalsuite.models.base.CausalLM` protocol); :func:`build_model` makes one from a model card
+with overrides, through the architecture registry.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import contextlib
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
@@ -29,6 +29,7 @@ from torch import nn
 
 from evalsuite.cards import ModelCard
 from evalsuite.errors import UserError
+from evalsuite.models.base import CausalLM
 
 IGNORE_INDEX = -100
 AMP_MODES = ("auto", "bf16", "none")
@@ -37,14 +38,15 @@ AMP_MODES = ("auto", "bf16", "none")
 # --------------------------------------------------------------------------------------------- models
 
 
-def build_model(card: ModelCard, overrides: dict | None = None, seed: int = 0) -> nn.Module:
+def build_model(card: ModelCard, overrides: dict | None = None, seed: int = 0) -> CausalLM:
     """A freshly initialised model for ``card`` with config ``overrides`` (e.g. ``hidden_size``, ``num_layers``,
     ``num_heads``, ``use_mlp``, ``vocab_size``) applied on top of the card's own config.
 
-    The config comes from the card's architecture preset (``evalsuite.cards.ARCHITECTURES``) and the module
-    from :meth:`ModelCard.build_module`, so every registered architecture is buildable.
+    The config comes from the card's architecture preset in its family's registry
+    (:mod:`evalsuite.models.registry`) and the module from :meth:`ModelCard.build_module`, so every registered
+    architecture is buildable; weights come from the family's ``init_weights(seed)``.
     """
-    model = replace(card, config={**card.config, **(overrides or {})}).build_module()
+    model = card.with_config(overrides or {}).build_module()
     model.init_weights(seed)
     return model
 

@@ -20,8 +20,8 @@ import torch
 
 from evalsuite.adapters.base import GenerationConfig
 from evalsuite.adapters.native import NativeAdapter
-from evalsuite.cards import ARCHITECTURES, load_card
-from evalsuite.models.fox import ForgettingTransformer, FoxConfig
+from evalsuite.cards import load_card
+from evalsuite.models.fox import ARCHITECTURES, ForgettingTransformer, FoxConfig
 from evalsuite.provenance import versions
 
 
@@ -45,9 +45,9 @@ def parity(arch: str) -> dict:
         model.set_attention_backend("triton")
         with torch.autocast("cuda", dtype=torch.bfloat16):
             gpu_bf16 = model.logits(model(ids.cuda())).float()
-            cache = model.new_cache(2, 1500)
-            steps = [model.logits(model(ids[:, :1400].cuda(), cache=cache)).float()]
-            steps += [model.logits(model(ids[:, t : t + 1].cuda(), cache=cache)).float() for t in range(1400, 1500)]
+            state = model.new_state(2, 1500)
+            steps = [model.logits(model(ids[:, :1400].cuda(), state=state)).float()]
+            steps += [model.logits(model(ids[:, t : t + 1].cuda(), state=state)).float() for t in range(1400, 1500)]
         cached = torch.cat(steps, 1)
     return {
         "arch": arch,

@@ -17,8 +17,8 @@ import torch
 import triton.testing
 
 from evalsuite.bench.attention import PROVIDERS, bench_attention, check_parity_gpu
-from evalsuite.kernels.forgetting import cumsum_over_time
-from evalsuite.kernels.forgetting import triton as kernel
+from evalsuite.kernels.forgetting import common, cumsum_over_time
+from evalsuite.kernels.forgetting.forward import _fwd
 
 CONFIGS = {
     64: [(128, 64, 4, s) for s in (3, 4, 5)] + [(256, 64, 8, 3), (128, 128, 8, 3)],
@@ -58,7 +58,7 @@ def sweep_head_dim(D: int) -> None:
         c = cum if gate else None
         rec = {"D": D, "variant": f"tma={tma} gate={gate}", "config": list(cfg)}
         try:
-            rec["ms"] = median_ms(lambda: kernel._fwd(q, k, v, c, None, config=cfg, tma=bool(tma)))  # noqa: B023
+            rec["ms"] = median_ms(lambda: _fwd(q, k, v, c, None, config=cfg, tma=bool(tma)))  # noqa: B023
             rec["ratio_to_sdpa"] = rec["ms"] / sdpa
         except Exception as exc:  # noqa: BLE001 - e.g. a config that needs too much shared memory
             rec["error"] = f"{type(exc).__name__}: {exc}"[:300]
@@ -76,7 +76,7 @@ args.out.mkdir(parents=True, exist_ok=True)
 (args.out / "tune_fwd.json").write_text(json.dumps({"T": T, "B": B, "H": H, "records": records}, indent=1))
 for D, b in best.items():
     print(f"best D={D}: {b['variant']} {b['config']} {b['ms']:.3f} ms ({b['ratio_to_sdpa']:.3f}x sdpa)", flush=True)
-    kernel.FWD_CONFIGS[D], kernel.FWD_TMA[D] = tuple(b["config"]), b["tma"]
+    common.FWD_CONFIGS[D], common.FWD_TMA[D] = tuple(b["config"]), b["tma"]  # what the parity run launches
     for r in check_parity_gpu((17, 1000, 4097), head_dim=D):
         print("parity", {k: v for k, v in r.items() if k.startswith(("T", "rel_err"))}, flush=True)
 if not args.no_bench:

@@ -1,11 +1,14 @@
 """The command line as a user meets it: listings, help, one-line errors, the loss→plot→table path."""
 
+import json
 import subprocess
 import sys
 import venv
 from pathlib import Path
 
+import numpy as np
 import pytest
+from conftest import assert_one_line_error
 
 ROOT = Path(__file__).resolve().parent.parent
 PAPER_MODELS = ["fox-pro", "fox-llama", "transformer-pro", "transformer-llama"]
@@ -31,36 +34,116 @@ def test_help_everywhere(cmd):
     assert out.returncode == 0 and "Usage" in out.stdout
 
 
+def write_card(path: Path, **fields) -> Path:
+    body = {"architecture": "fox-pro", "tokenizer": "gpt2-json", "weights": {"source": "random"}, "max_length": 4096}
+    body["config"] = {"hidden_size": 32, "num_layers": 1, "num_heads": 2}
+    body.update(fields)
+    path.write_text(json.dumps(body))  # JSON is YAML
+    return path
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
         (["loss", "--model", "no-such-model"], "unknown model 'no-such-model'"),
         (["loss", "--model", "fox-pro-tiny", "--length", "100000"], "exceed model fox-pro-tiny's max_length"),
+        (["loss", "--model", "fox-pro-tiny", "--length", "0"], "--length must be at least 2, got 0"),
+        (["loss", "--model", "fox-pro-tiny", "--length", "abc"], "'--length'"),
         (["loss", "--model", "fox-pro-tiny", "--data", "/nonexistent"], "does not exist"),
         (["loss", "--model", "fox-pro", "--device", "cpu"], "weights not found locally"),
         (["loss", "--model", "fox-pro-tiny", "--dtype", "int8"], "unknown dtype"),
+        (["loss", "--model", "fox-pro-tiny", "--attention", "flash"], "choose from auto, triton, reference, dense"),
+        (["loss", "--model", "hf-nope:x"], "unknown model 'hf-nope:x'"),
+        (["loss", "--model", "fox-pro-tiny", "--bogus"], "No such option"),
         (["table", "/nonexistent"], "does not exist"),
         (["bench", "attention", "--out", "b"], "needs a CUDA GPU"),
+        (["run", "no-such-task"], "unknown task 'no-such-task'"),
+        (["run", "loss", "--set", "lenght=5"], "unknown option(s) lenght"),
+        (["run", "loss", "--set", "length"], "--set takes KEY=VALUE"),
     ],
 )
-def test_errors_are_one_line(args, message, tmp_path, monkeypatch):
+def test_errors_are_one_line(args, message, tmp_path, monkeypatch, run_cli):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    out = cli(*args, cwd=tmp_path)
-    assert out.returncode == 2
-    assert out.stderr.startswith("error: ") and message in out.stderr
-    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    code, _, err = run_cli(args, tmp_path)
+    assert_one_line_error(code, err, message)
 
 
-def test_debug_shows_traceback(tmp_path):
+def test_bad_files_are_one_line(tmp_path, run_cli):
+    """Every bad input names the file or option: corrupt arrays, states, results, cards, ids."""
+    base = ["loss", "--model", "fox-pro-tiny", "--device", "cpu", "--length", "16"]
+    (tmp_path / "noise.npy").write_bytes(bytes(range(256)) * 4)
+    code, _, err = run_cli([*base, "--data", tmp_path / "noise.npy"], tmp_path)
+    assert_one_line_error(code, err, "noise.npy: cannot read as .npy")
+    np.save(tmp_path / "big.npy", np.full((1, 32), 60000, dtype=np.int64))  # beyond GPT-2's 50257 ids
+    code, _, err = run_cli([*base, "--data", tmp_path / "big.npy"], tmp_path)
+    assert_one_line_error(code, err, "token ids must lie in [0, 50257)")
+    np.save(tmp_path / "ok.npy", np.arange(64, dtype=np.int64)[None])
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "state.npz").write_bytes(b"PK\x03\x04 not really a zip")
+    code, _, err = run_cli([*base, "--data", tmp_path / "ok.npy", "--out", run], tmp_path)
+    assert_one_line_error(code, err, "state.npz is corrupt")
+    (run / "state.npz").unlink()
+    (run / "results.json").write_text('{"task": "loss", ')
+    code, _, err = run_cli([*base, "--data", tmp_path / "ok.npy", "--out", run], tmp_path)
+    assert_one_line_error(code, err, f"{run / 'results.json'} is corrupt")
+    bad_type = write_card(tmp_path / "typed.yaml", train_length="long")
+    code, _, err = run_cli(["loss", "--model", bad_type], tmp_path)
+    assert_one_line_error(code, err, "'train_length' must be int or null, got str 'long'")
+    (tmp_path / "broken.yaml").write_text("architecture: fox-pro\nconfig: {hidden_size: [1,\n tokenizer: x\n")
+    code, _, err = run_cli(["loss", "--model", tmp_path / "broken.yaml"], tmp_path)
+    assert_one_line_error(code, err, "broken.yaml is not valid YAML (line")
+    (tmp_path / "file").write_text("")
+    code, _, err = run_cli([*base, "--data", tmp_path / "ok.npy", "--out", tmp_path / "file" / "x"], tmp_path)
+    assert_one_line_error(code, err, "is not a directory")
+
+
+def test_attention_triton_without_triton(tmp_path, monkeypatch, run_cli):
+    import evalsuite.models.fox.model as fox_model
+
+    monkeypatch.setattr(fox_model, "triton_installed", lambda: False)
+    args = ["loss", "--model", "fox-pro-tiny", "--attention", "triton", "--length", "16"]
+    code, _, err = run_cli(args, tmp_path)
+    assert_one_line_error(code, err, "--attention triton needs the 'triton' package")
+
+
+def test_failed_validation_leaves_no_run_directory(tmp_path, run_cli):
+    (tmp_path / "short.txt").write_text("far too short")
+    args = ["loss", "--model", "fox-pro-tiny", "--length", "64", "--data", tmp_path / "short.txt"]
+    code, _, err = run_cli([*args, "--out", tmp_path / "run"], tmp_path)
+    assert_one_line_error(code, err, "no document has at least 64 tokens")
+    assert not (tmp_path / "run").exists()
+    code, _, err = run_cli(["niah", "--model", "fox-pro-tiny", "--lengths", "99999"], tmp_path)
+    assert_one_line_error(code, err, "every length of the grid exceeds")
+    assert not (tmp_path / "results").exists()
+
+
+def test_ctrl_c_exits_130_with_a_resume_hint(tmp_path, monkeypatch, run_cli):
+    from evalsuite.adapters.native import NativeAdapter
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(NativeAdapter, "token_nll", interrupt)
+    code, _, err = run_cli(["loss", "--model", "fox-pro-tiny", "--length", "16"], tmp_path)
+    assert code == 130 and len(err.strip().splitlines()) == 1 and "rerun the same command to resume" in err
+
+
+def test_exit_status_and_stderr_in_a_real_process(tmp_path):
+    """One subprocess: the console entry point's status and stderr as a shell sees them, and --debug."""
+    out = cli("loss", "--model", "no-such-model", cwd=tmp_path)
+    assert out.returncode == 2 and out.stderr.startswith("error: unknown model") and not out.stdout
+    assert len(out.stderr.strip().splitlines()) == 1
     out = cli("--debug", "loss", "--model", "no-such-model", cwd=tmp_path)
     assert out.returncode != 0 and "Traceback" in out.stderr
 
 
-def test_non_utf8_corpus(tmp_path):
+def test_non_utf8_corpus(tmp_path, run_cli):
     (tmp_path / "bad.txt").write_bytes(b"\xff\xfe broken")
-    out = cli("loss", "--model", "fox-llama-tiny", "--data", str(tmp_path / "bad.txt"), "--length", "8", cwd=tmp_path)
-    assert out.returncode == 2 and "not valid UTF-8" in out.stderr
+    args = ["loss", "--model", "fox-llama-tiny", "--data", tmp_path / "bad.txt", "--length", "8"]
+    code, _, err = run_cli(args, tmp_path)
+    assert_one_line_error(code, err, "not valid UTF-8")
 
 
 def test_loss_plot_table_end_to_end(tmp_path):

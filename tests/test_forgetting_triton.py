@@ -10,19 +10,35 @@ import os
 os.environ["TRITON_INTERPRET"] = "1"  # must precede the kernels' decoration (import) below
 
 import importlib  # noqa: E402
+import importlib.util  # noqa: E402
 import math  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 pytest.importorskip("triton")
 
+from evalsuite.kernels import triton_utils  # noqa: E402
 from evalsuite.kernels.forgetting import cumsum_over_time, reference  # noqa: E402
-from evalsuite.kernels.forgetting.cumsum import cumsum_over_time_triton  # noqa: E402
 
-kernel = importlib.import_module("evalsuite.kernels.forgetting.triton")
-if type(kernel._fwd_kernel).__name__ != "InterpretedFunction":  # imported earlier without the interpreter
-    kernel = importlib.reload(kernel)
+# One kernel per module, in dependency order: a module imported earlier without the interpreter holds compiled
+# kernels (triton.jit reads TRITON_INTERPRET when decorating), so all of them are reloaded, helpers first. (Triton's
+# own jit'd library functions, tl.zeros and such, follow the setting at triton's import, which no reload here fixes.)
+_KERNELS = {
+    "common": "_mm",
+    "backward_dkdv": "_bwd_dkdv_kernel",
+    "backward_dq": "_bwd_dq_kernel",
+    "backward": "_bwd_preprocess_kernel",
+    "forward": "_fwd_kernel",
+    "decode": "_decode_kernel",
+    "cumsum": "_time_scan_kernel",
+}
+_modules = {name: importlib.import_module(f"evalsuite.kernels.forgetting.{name}") for name in _KERNELS}
+if any(type(getattr(m, _KERNELS[name])).__name__ != "InterpretedFunction" for name, m in _modules.items()):
+    _modules = {name: importlib.reload(m) for name, m in _modules.items()}
+common, backward, forward, decode, cumsum = (_modules[n] for n in ("common", "backward", "forward", "decode", "cumsum"))
 
 # bf16 keeps 8 mantissa bits; gradients also go through the bf16-rounded output (Dvec = rowsum(dO * O)),
 # which costs a few more bits when attention is sharp (strong gates). fp16 keeps 11 bits.
@@ -36,7 +52,7 @@ def poison(monkeypatch):
     def nan_empty(shape, dtype, device):
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
 
-    monkeypatch.setattr(kernel, "_empty", nan_empty)
+    monkeypatch.setattr(triton_utils, "empty", nan_empty)
 
 
 def rel_err(out, ref):
@@ -67,20 +83,21 @@ def run_kernel(q, k, v, logf, do, fwd_config=None, dkdv_config=None, dq_config=N
         leaves.append(logf.clone().requires_grad_())
     cum = None if logf is None else leaves[3].cumsum(1)
     if fwd_config is None and dkdv_config is None and dq_config is None:
-        o = kernel.forgetting_attention_triton(*leaves[:3], cum)
+        o = forward.forgetting_attention_triton(*leaves[:3], cum)
     else:
+        fwd, bwd = forward._fwd, backward._bwd
 
         class Fn(torch.autograd.Function):  # the same launches, with explicit block configs
             @staticmethod
             def forward(ctx, q, k, v, cum):
-                o, lse = kernel._fwd(q, k, v, cum, None, config=fwd_config)
+                o, lse = fwd(q, k, v, cum, None, config=fwd_config)
                 ctx.save_for_backward(q, k, v, cum, o, lse)
                 return o
 
             @staticmethod
             def backward(ctx, do):
                 q, k, v, cum, o, lse = ctx.saved_tensors
-                return kernel._bwd(do, q, k, v, cum, o, lse, None, dkdv_config=dkdv_config, dq_config=dq_config)
+                return bwd(do, q, k, v, cum, o, lse, None, dkdv_config=dkdv_config, dq_config=dq_config)
 
         o = Fn.apply(*leaves[:3], cum)
     grads = torch.autograd.grad(o, leaves, do)
@@ -113,19 +130,31 @@ def check_full(B, T, H, D, dtype, gate, seed=0, **configs):
     return errors
 
 
-# (dtype, T, D, gate): ragged lengths, every head dim, every gate kind, both dtypes.
+# Interpreter block sizes (common.INTERPRET_*): forward and dQ 32 queries x 16 keys, dK/dV 16 queries x 32 keys.
+# Sequence lengths below are kept small (the interpreter's cost grows with T^2) but not multiples of 16, and above
+# 32, so each launch has several query and key blocks, unmasked off-diagonal blocks, and a ragged last block;
+# test_shapes_cover_several_and_ragged_blocks guards that. T = 1 and 17 are the degenerate single-block cases;
+# T = 48 is a multiple of 16 but not of 32 (every 16-block full: dK/dV's ragged-tail step is then empty).
+# (dtype, T, D, gate): every head dim, every gate kind, both dtypes.
 FULL_CASES = [
     (torch.bfloat16, 1, 64, "mild"),
     (torch.bfloat16, 17, 32, "strong"),
-    (torch.bfloat16, 100, 64, "mild"),
-    (torch.bfloat16, 100, 64, None),
-    (torch.bfloat16, 255, 64, "strong"),
-    (torch.bfloat16, 64, 128, "mild"),
-    (torch.float16, 100, 32, None),
-    (torch.float16, 96, 128, "strong"),
-    (torch.float16, 255, 32, "mild"),
+    (torch.bfloat16, 70, 64, "mild"),
+    (torch.bfloat16, 50, 64, None),
+    (torch.bfloat16, 90, 64, "strong"),
+    (torch.bfloat16, 48, 128, "mild"),
+    (torch.float16, 70, 32, None),
+    (torch.float16, 60, 128, "strong"),
+    (torch.float16, 100, 32, "mild"),
     (torch.float16, 40, 16, "strong"),
 ]
+
+
+def test_shapes_cover_several_and_ragged_blocks():
+    """The full-sequence test lengths span several interpreter blocks of 32, the last one partial."""
+    assert {*common.INTERPRET_FWD[:2], *common.INTERPRET_DKDV[:2], *common.INTERPRET_DQ[:2]} == {16, 32}
+    for T in [t for _, t, _, _ in FULL_CASES if t > 32] + [40, 50]:  # + the TMA and strided-input tests
+        assert T > 32 and T % 32, T
 
 
 @pytest.mark.parametrize("dtype,T,D,gate", FULL_CASES)
@@ -134,36 +163,40 @@ def test_full_forward_backward(dtype, T, D, gate):
 
 
 def test_gpu_like_block_ratios():
-    """Other block shapes than the interpreter defaults (BLOCK_M = 2 * BLOCK_N etc., as on the GPU)."""
-    check_full(1, 150, 2, 32, torch.float16, "mild", fwd_config=(64, 32, 4, 1),
+    """Other block shapes than the interpreter defaults (BLOCK_M = 2 * BLOCK_N etc., as on the GPU).
+
+    T = 100 with 64/32 blocks: two query blocks, and the first dK/dV key block has all three phases (diagonal,
+    one full query block, a ragged tail); T = 50 with 16 x 16 blocks: square blocks, ragged tail.
+    """
+    check_full(1, 100, 2, 32, torch.float16, "mild", fwd_config=(64, 32, 4, 1),
                dkdv_config=(32, 64, 4, 1), dq_config=(64, 32, 4, 1))  # fmt: skip
-    check_full(1, 70, 1, 32, torch.float16, "strong", fwd_config=(16, 16, 4, 1),
+    check_full(1, 50, 1, 32, torch.float16, "strong", fwd_config=(16, 16, 4, 1),
                dkdv_config=(16, 16, 4, 1), dq_config=(16, 16, 4, 1))  # fmt: skip
 
 
 @pytest.mark.parametrize("tma", [True, False])
 def test_tma_and_pointer_loads(monkeypatch, tma):
     """The forward reads K/V through TMA tensor descriptors or through pointers: the same function either way."""
-    monkeypatch.setitem(kernel.FWD_TMA, 32, tma)
-    check_full(2, 130, 2, 32, torch.bfloat16, "strong")
-    check_full(1, 100, 2, 32, torch.float16, None)
+    monkeypatch.setitem(common.FWD_TMA, 32, tma)
+    check_full(2, 50, 2, 32, torch.bfloat16, "strong")
+    check_full(1, 40, 2, 32, torch.float16, None)
 
 
 def test_tma_falls_back_on_misaligned_strides(monkeypatch):
     """Rows that are not 16-byte aligned cannot go through TMA: the launcher takes the pointer path instead."""
-    monkeypatch.setitem(kernel.FWD_TMA, 32, True)
+    monkeypatch.setitem(common.FWD_TMA, 32, True)
     B, T, H, D = 1, 40, 3, 32
     row = H * D + 4  # 200 bytes in bf16: not a multiple of 16
     g = torch.Generator().manual_seed(5)
     store = torch.randn(3, B * T * row, generator=g).to(torch.bfloat16)
     q, k, v = (x.as_strided((B, T, H, D), (T * row, row, D, 1)) for x in store)
     aligned = [x.contiguous() for x in (q, k, v)]
-    assert not kernel._tma_usable(k, v) and kernel._tma_usable(*aligned[1:])
+    assert not common._tma_usable(k, v) and common._tma_usable(*aligned[1:])
     cum = torch.nn.functional.logsigmoid(torch.randn(B, T, H, generator=g)).cumsum(1)
-    out = kernel.forgetting_attention_triton(q, k, v, cum)
+    out = forward.forgetting_attention_triton(q, k, v, cum)
     ref = reference.attention_dense(q.double(), k.double(), v.double(), cum.double(), cum.double())
     assert rel_err(out, ref) < TOL[torch.bfloat16][0]
-    assert torch.equal(out, kernel.forgetting_attention_triton(*aligned, cum))
+    assert torch.equal(out, forward.forgetting_attention_triton(*aligned, cum))
 
 
 def test_cumsum_over_time():
@@ -184,7 +217,7 @@ def test_cumsum_triton_matches_torch(T, dtype):
     g = torch.Generator().manual_seed(T)
     packed = torch.nn.functional.logsigmoid(torch.randn(2, T, 2, 3, generator=g)).to(dtype)
     logf = packed[:, :, 1].requires_grad_()  # [2, T, 3], not contiguous
-    cum = cumsum_over_time_triton(logf)
+    cum = cumsum.cumsum_over_time_triton(logf)
     assert cum.dtype == torch.float32 and cum.stride(1) == 1  # time-major storage
     torch.testing.assert_close(cum, logf.detach().double().cumsum(1).float(), rtol=1e-5, atol=1e-5)
     grad_cum = torch.randn(2, T, 3, generator=g)
@@ -201,7 +234,7 @@ def test_strided_inputs_and_large_cum():
     A constant shift of c changes nothing mathematically; the kernel must subtract c_i - c_j before adding it
     to the scores to keep the result (the reference runs in float64 on the same fp32 values).
     """
-    B, T, H, D = 2, 80, 3, 32
+    B, T, H, D = 2, 50, 3, 32
     g = torch.Generator().manual_seed(3)
     qkv = torch.randn(B, T, 3, H, D, generator=g).to(torch.bfloat16)
     q, k, v = qkv.unbind(2)
@@ -212,7 +245,7 @@ def test_strided_inputs_and_large_cum():
     do = torch.randn(B, T, H, D, generator=g).to(torch.bfloat16)
 
     qs, ks, vs, cs = (x.clone().requires_grad_() for x in (q, k, v, cum))
-    o = kernel.forgetting_attention_triton(qs, ks, vs, cs)
+    o = forward.forgetting_attention_triton(qs, ks, vs, cs)
     grads = torch.autograd.grad(o, (qs, ks, vs, cs), do)
 
     ref_leaves = [x.double().requires_grad_() for x in (q, k, v, cum)]
@@ -229,7 +262,7 @@ def test_scale_argument():
     B, T, H, D = 1, 40, 2, 64
     q, k, v, logf = make_inputs(B, T, H, D, torch.float16, "mild", seed=5)
     cum = logf.cumsum(1)
-    o = kernel.forgetting_attention_triton(q, k, v, cum, scale=0.3)
+    o = forward.forgetting_attention_triton(q, k, v, cum, scale=0.3)
     o_ref = reference.attention_dense(q.double(), k.double(), v.double(), cum.double(), cum.double(), scale=0.3)
     assert rel_err(o, o_ref) < TOL[torch.float16][0]
 
@@ -237,7 +270,7 @@ def test_scale_argument():
 def test_no_grad_for_cum_none():
     q, k, v, _ = make_inputs(1, 20, 1, 32, torch.float16, None)
     q.requires_grad_()
-    o = kernel.forgetting_attention_triton(q, k, v)
+    o = forward.forgetting_attention_triton(q, k, v)
     (dq,) = torch.autograd.grad(o.float().sum(), [q])  # an expanded (stride-0) output gradient
     assert torch.isfinite(dq).all()
 
@@ -251,7 +284,7 @@ def check_decode(B, Tq, Tk, H, D, dtype, gate, key_start=None, num_splits=None, 
         mean = {"mild": -0.01, "strong": -3.0}[gate]
         cum_k = (mean * (0.5 + torch.rand(B, Tk, H, generator=g))).cumsum(1)
         cum_q = cum_k[:, Tk - Tq :]
-    o = kernel.forgetting_attention_decode_triton(q, k, v, cum_q, cum_k, key_start=key_start, num_splits=num_splits)
+    o = decode.forgetting_attention_decode_triton(q, k, v, cum_q, cum_k, key_start=key_start, num_splits=num_splits)
     o_ref = reference.attention_dense(
         q.double(), k.double(), v.double(),
         None if cum_q is None else cum_q.double(), None if cum_k is None else cum_k.double(), key_start=key_start,
@@ -270,7 +303,7 @@ def check_decode(B, Tq, Tk, H, D, dtype, gate, key_start=None, num_splits=None, 
     "B,Tq,Tk,gate,key_start,num_splits",
     [
         (2, 1, 1, "mild", None, None),
-        (2, 1, 130, "strong", None, None),  # several splits (default picks > 1 under the interpreter)
+        (2, 1, 70, "strong", None, None),  # several splits (default picks 2 under the interpreter)
         (2, 3, 77, None, None, 1),
         (3, 5, 90, "mild", [0, 13, 40], None),
         (2, 16, 100, "strong", [7, 0], 3),
@@ -292,19 +325,44 @@ def test_decode_matches_full_forward():
     """Decoding all positions (Tq == Tk, no padding) gives the full kernel's forward."""
     q, k, v, logf = make_inputs(1, 45, 2, 32, torch.bfloat16, "strong", seed=9)
     cum = logf.cumsum(1)
-    full = kernel.forgetting_attention_triton(q, k, v, cum)
-    dec = kernel.forgetting_attention_decode_triton(q, k, v, cum, cum, num_splits=2)
+    full = forward.forgetting_attention_triton(q, k, v, cum)
+    dec = decode.forgetting_attention_decode_triton(q, k, v, cum, cum, num_splits=2)
     assert rel_err(dec, full.float()) < 1e-2
 
 
 def test_input_validation():
     q = torch.randn(1, 8, 1, 48, dtype=torch.bfloat16)
     with pytest.raises(ValueError):
-        kernel.forgetting_attention_triton(q, q, q)
+        forward.forgetting_attention_triton(q, q, q)
     q = torch.randn(1, 8, 1, 32)
     with pytest.raises(TypeError):
-        kernel.forgetting_attention_triton(q, q, q)
+        forward.forgetting_attention_triton(q, q, q)
     q = torch.randn(1, 8, 1, 32, dtype=torch.bfloat16)
     with pytest.raises(ValueError):
-        kernel.forgetting_attention_triton(q, q, q, torch.zeros(1, 7, 1))
-    assert math.isclose(kernel.LOG2E, 1 / math.log(2))
+        forward.forgetting_attention_triton(q, q, q, torch.zeros(1, 7, 1))
+    assert math.isclose(common.LOG2E, 1 / math.log(2))
+
+
+def test_pick_config_follows_the_interpreter(monkeypatch):
+    """Fixed small blocks under the interpreter; the tuned table, read at call time, on a GPU."""
+    gpu = {64: (128, 64, 4, 4)}
+    assert triton_utils.pick_config(gpu, 64, common.INTERPRET_FWD) == common.INTERPRET_FWD
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert not triton_utils.interpreting()
+    gpu[64] = (256, 64, 8, 3)  # tuned in place, as the benchmark does
+    assert triton_utils.pick_config(gpu, 64, common.INTERPRET_FWD) == (256, 64, 8, 3)
+
+
+def _exec_fresh(path):
+    """Run a module file as a private copy (not in sys.modules), so the real module stays untouched."""
+    spec = importlib.util.spec_from_file_location("_fresh_copy", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_dispatch_modules_import_without_triton(monkeypatch):
+    """triton_utils and the package's dispatcher load on machines without triton (they import it lazily)."""
+    monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` now raises ImportError
+    assert not _exec_fresh(triton_utils.__file__).triton_installed()
+    _exec_fresh(Path(reference.__file__).with_name("__init__.py"))

@@ -140,6 +140,24 @@ def test_retries_on_429_5xx_and_timeouts(server):
     assert sleeps == [0.05, 0.02, 0.04, 0.08]  # Retry-After honoured, then doubling backoff
 
 
+@pytest.mark.parametrize("status", [408, 409])
+def test_retries_on_408_and_409(server, status):
+    """Request Timeout and Conflict are transient (the OpenAI SDK retries them too): the next success counts."""
+    server.script = [(status, "try again", {}, 0), (200, "Right. [[8]]", {}, 0)]
+    judge, sleeps = make_judge(server)
+    result = judge.rate("q", "ref", "pred")
+    assert (result.score, result.reply, result.error, result.attempts) == (8, "Right. [[8]]", None, 2)
+    assert len(server.requests) == 2 and sleeps == [0.01]
+
+
+def test_retries_408_then_409_then_succeeds(server):
+    server.script = [(408, "request timeout", {}, 0), (409, "conflict", {}, 0), (200, "[[4]]", {}, 0)]
+    judge, sleeps = make_judge(server)
+    result = judge.rate("q", "ref", "pred")
+    assert (result.score, result.error, result.attempts) == (4, None, 3)
+    assert len(server.requests) == 3 and sleeps == [0.01, 0.02]
+
+
 def test_gives_up_and_records_missing(server):
     server.script = [(500, "down", {}, 0)] * 3
     judge, sleeps = make_judge(server, max_attempts=3)
@@ -184,7 +202,7 @@ def test_niah_run_with_judge_and_rejudge_on_resume(server, tmp_path, monkeypatch
     assert rows[1]["judge"]["reply"] == "no rating here" and rows[2]["judge"]["error"]
     assert rows[0]["judge_reference"] == STANDARD_NEEDLE and rows[0]["judge_question"] == JUDGE_QUESTION
     judged = {r["depth"]: r for r in res["records"] if r["metric"] == "judge"}
-    assert judged[0]["value"] == 8 and judged[50]["n"] == 0 and res["judge"] == "openai:gpt-4o-2024-08-06"
+    assert judged[0]["value"] == 8 and judged[50]["n"] == 0 and res["summary"]["judge"] == "openai:gpt-4o-2024-08-06"
 
     # Rerun: only the failed call is judged again (no generation: the predictions are reused).
     n_requests = len(server.requests)
@@ -201,4 +219,4 @@ def test_niah_run_with_judge_and_rejudge_on_resume(server, tmp_path, monkeypatch
     monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
     res = run_niah(NativeAdapter(load_card("fox-pro-tiny"), device="cpu"), other, tmp_path / "env", progress=False)
     assert server.requests[-1]["model"] == "judge-model" and server.requests[-1]["auth"] == "Bearer sk-env"
-    assert res["judge"] == "openai:judge-model"
+    assert res["summary"]["judge"] == "openai:judge-model"

@@ -35,7 +35,7 @@ def test_outputs_and_protocol(adapter, tmp_path):
     data = write_docs(tmp_path / "docs", 3)
     (tmp_path / "docs" / "short.txt").write_text("far too short")
     res = run_loss(adapter, LossConfig(data=str(data), length=100), tmp_path / "run", progress=False)
-    assert res["documents"] == {"used": 3, "skipped_too_short": 1}
+    assert res["summary"]["documents"] == {"used": 3, "skipped_too_short": 1}
     z = np.load(tmp_path / "run" / "loss_per_token.npz")
     assert z["loss_per_token"].shape == (100,) and z["loss_per_token"].dtype == np.float64
     assert (z["count"] == 3).all()
@@ -72,7 +72,7 @@ def test_batching_roll_and_rerun(adapter, tmp_path):
     r2 = run_loss(adapter, rolled, tmp_path / "r2", progress=False)
     assert r1["records"] == r2["records"] and r1["records"] != a["records"]
     assert run_loss(adapter, base, tmp_path / "a", progress=False) == a  # a finished run is returned as is
-    with pytest.raises(UserError, match="different finished run"):
+    with pytest.raises(UserError, match="another configuration"):
         run_loss(adapter, rolled, tmp_path / "a", progress=False)
 
 
@@ -82,11 +82,11 @@ def test_max_docs_npy_and_jsonl(adapter, tmp_path):
     res = run_loss(
         adapter, LossConfig(data=str(tmp_path / "tokens.npy"), length=80, max_docs=2), tmp_path / "n", progress=False
     )
-    assert res["documents"]["used"] == 2
+    assert res["summary"]["documents"]["used"] == 2
     lines = [json.dumps({"text": synthetic_text(300, i)}) for i in range(2)]
     (tmp_path / "docs.jsonl").write_text("\n".join(lines) + "\n")
     res = run_loss(adapter, LossConfig(data=str(tmp_path / "docs.jsonl"), length=50), tmp_path / "j", progress=False)
-    assert res["documents"]["used"] == 2
+    assert res["summary"]["documents"]["used"] == 2
 
 
 def test_input_errors(adapter, tmp_path):

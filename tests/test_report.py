@@ -12,7 +12,7 @@ import pytest
 from evalsuite.errors import UserError
 from evalsuite.report import tables
 from evalsuite.report.plots import cumulative_perplexity, model_colors, moving_average, plot_loss
-from evalsuite.report.records import find_runs, gather_records, load_loss_curve, load_run
+from evalsuite.report.records import find_runs, gather_records, load_loss_curve, load_run, run_labels
 from evalsuite.report.tables import pivot_loss, write_table
 
 
@@ -220,6 +220,28 @@ def test_plot_loss_same_model_twice_and_labels(tmp_path: Path) -> None:
         plot_loss([tmp_path], tmp_path / "bad", labels=["only one"])
 
 
+def test_labels_tell_runs_of_one_model_apart(tmp_path: Path) -> None:
+    """Two runs of one model are labelled by what differs in their configs (data, length), not by a hash."""
+    write_loss_run(tmp_path / "a", "fox-pro-tiny", None, length=64, seed=0)
+    write_loss_run(tmp_path / "b", "fox-pro-tiny", None, length=128, seed=0)
+    write_loss_run(tmp_path / "c", "fox-pro-tiny", None, length=128, seed=0)
+    write_loss_run(tmp_path / "d", "transformer-pro-tiny", None, length=64, seed=0)
+    for name, data in (("a", "/x/books"), ("b", "/x/books"), ("c", "/y/essays.jsonl")):
+        path = tmp_path / name / "results.json"
+        results = json.loads(path.read_text())
+        results["config"]["data"] = data
+        path.write_text(json.dumps(results))
+    labels = run_labels(["fox-pro-tiny"] * 3 + ["transformer-pro-tiny"], [tmp_path / n for n in "abcd"])
+    assert labels == [
+        "fox-pro-tiny (data=books, length=64)",
+        "fox-pro-tiny (data=books, length=128)",
+        "fox-pro-tiny (data=essays.jsonl, length=128)",
+        "transformer-pro-tiny",
+    ]
+    table = pivot_loss(gather_records([tmp_path / n for n in "ab"]))
+    assert list(table.index) == ["fox-pro-tiny (length=64)", "fox-pro-tiny (length=128)"]  # only what differs
+
+
 def test_plot_loss_without_loss_runs_is_user_error(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="no loss runs"):
         plot_loss([tmp_path], tmp_path / "nothing")
@@ -262,7 +284,7 @@ def test_pivot_loss(tmp_path: Path) -> None:
     write_loss_run(tmp_path / "tf", "transformer-pro-tiny", 16, length=8, seed=2)
     df = gather_records([tmp_path])
     wide = pivot_loss(df)
-    assert list(wide.index) == ["fox-pro-tiny (fox0)", "fox-pro-tiny (fox1)", "transformer-pro-tiny"]
+    assert list(wide.index) == ["fox-pro-tiny (seed=0)", "fox-pro-tiny (seed=1)", "transformer-pro-tiny"]
     assert list(wide.columns) == [1, 2, 4, 8, 16]
     assert np.isnan(wide.loc["transformer-pro-tiny", 16])
     expected = df[(df["run_dir"].str.endswith("tf")) & (df["metric"] == "perplexity") & (df["length"] == 8)]

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from evalsuite.cards import ModelCard, load_card
+from evalsuite.cards import ModelCard, architecture_card, load_card
 from evalsuite.errors import UserError
 from evalsuite.train import (
     TrainConfig,
@@ -26,7 +26,7 @@ from evalsuite.train import (
 
 
 def tiny_card(arch: str = "transformer-llama") -> ModelCard:
-    return ModelCard(name=arch, architecture=arch, tokenizer="none", weights={"source": "random"})
+    return architecture_card(arch)
 
 
 TINY = dict(vocab_size=32, hidden_size=16, num_layers=1, num_heads=2, use_mlp=False)
@@ -116,7 +116,7 @@ def test_build_model_uses_card_registry_and_overrides():
     assert model.cfg.fgate_type == "full" and not hasattr(model.blocks[0], "mlp")
     same = build_model(load_card("fox-pro-tiny"), {"vocab_size": 64, "hidden_size": 32, "use_mlp": False}, seed=3)
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), same.parameters(), strict=True))
-    with pytest.raises(UserError, match="unknown FoX config keys"):
+    with pytest.raises(UserError, match=r"unknown fox config key\(s\): d_model"):
         build_model(tiny_card(), {"d_model": 32})
 
 

@@ -1,4 +1,9 @@
-"""Adapter for our own architectures (FoX, Transformer; later GSA, TNL, DRT) built from a model card."""
+"""Adapter for our own model families (:mod:`evalsuite.models`), built from a model card.
+
+It talks to the model only through :class:`~evalsuite.models.base.CausalLM`: forward with a decode state,
+chunked logits, ``new_state``, the attention-backend choice. Weights stay fp32; ``dtype`` bf16/fp16 runs the
+forward under autocast, as the FoX evaluations do (fp32 residual stream, bf16 matmuls, fp32 log-forget).
+"""
 
 from __future__ import annotations
 
@@ -7,35 +12,14 @@ import os
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-from evalsuite.adapters.base import Adapter, Generation, GenerationConfig, apply_stop
-from evalsuite.cards import ModelCard
+from evalsuite.adapters.base import Generation, GenerationConfig, ModelInfo, TokenAdapter, apply_stop
+from evalsuite.adapters.registry import ADAPTERS, AdapterOptions
+from evalsuite.cards import ModelCard, load_card
 from evalsuite.errors import UserError
 from evalsuite.models.checkpoint import checkpoint_sha256, load_checkpoint
+from evalsuite.runtime import dtype_name, resolve_device, resolve_dtype
 from evalsuite.tokenizers import get_tokenizer
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# Elements of one logits chunk (B x positions x vocab) when computing the loss: 2**25 fp32 = 128 MiB.
-_LOGIT_BUDGET = 2**25
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except RuntimeError:
-        raise UserError(f"unknown device {device!r}; use auto, cpu, cuda or cuda:N") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda was asked for but no CUDA GPU is available")
-    return dev
-
-
-def resolve_dtype(dtype: str) -> torch.dtype:
-    if dtype not in DTYPES:
-        raise UserError(f"unknown dtype {dtype!r}; use {', '.join(DTYPES)}")
-    return DTYPES[dtype]
 
 
 def _hf_cache_snapshot(repo: str) -> Path | None:
@@ -86,9 +70,8 @@ def resolve_checkpoint(card: ModelCard) -> Path | None:
     )
 
 
-class NativeAdapter(Adapter):
-    """Our PyTorch models. Weights stay fp32; ``dtype`` bf16/fp16 runs the forward under autocast, as the
-    FoX evaluations do (fp32 residual stream, bf16 matmuls, fp32 log-forget)."""
+class NativeAdapter(TokenAdapter):
+    """One of our models, from its card (random init, our checkpoint, or a registered released layout)."""
 
     def __init__(
         self,
@@ -100,23 +83,29 @@ class NativeAdapter(Adapter):
         attention_backend: str = "auto",
     ):
         self.card = card
-        self.name = card.name
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype)
         self.tokenizer = get_tokenizer(card.tokenizer)
-        self.max_length = card.max_length
         ckpt = Path(checkpoint) if checkpoint is not None else resolve_checkpoint(card)
         if ckpt is None:
             self.model = card.build_module()
             self.model.init_weights(card.weights.get("seed", 0))
-            self.layout, self.weights_id = "random", f"random-init-seed-{card.weights.get('seed', 0)}"
+            self.layout, weights_id = "random", f"random-init-seed-{card.weights.get('seed', 0)}"
         else:
             self.model, self.layout = load_checkpoint(ckpt)
-            self.weights_id = checkpoint_sha256(ckpt)
+            weights_id = checkpoint_sha256(ckpt)
         self.checkpoint = ckpt
-        if self.model.cfg.vocab_size < self.tokenizer.vocab_size:
+        self.info = ModelInfo(
+            name=card.name,
+            weights_id=weights_id,
+            tokenizer=self.tokenizer.spec,
+            dtype=dtype_name(self.dtype),
+            train_length=card.train_length,
+            max_length=card.max_length,
+        )
+        if self.model.vocab_size < self.tokenizer.vocab_size:
             raise UserError(
-                f"model {card.name}: vocab size {self.model.cfg.vocab_size} is smaller than tokenizer "
+                f"model {card.name}: vocab size {self.model.vocab_size} is smaller than tokenizer "
                 f"{card.tokenizer}'s {self.tokenizer.vocab_size}"
             )
         self.model.set_attention_backend(attention_backend)
@@ -134,35 +123,19 @@ class NativeAdapter(Adapter):
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.dtype)
 
-    def check_length(self, n: int) -> None:
-        if self.max_length is not None and n > self.max_length:
-            raise UserError(f"{n} tokens exceed model {self.name}'s max_length {self.max_length}")
+    def _check_ids(self, ids: torch.Tensor) -> None:
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.model.vocab_size):
+            raise UserError(
+                f"token ids must lie in [0, {self.model.vocab_size}) for model {self.name}; "
+                f"got {int(ids.min())}..{int(ids.max())}"
+            )
 
-    def _chunked_logits(self, input_ids: torch.Tensor):
-        """Yield ``(start, logits [B, chunk, V])`` over the positions; only one chunk of logits exists at a time."""
-        B, T = input_ids.shape
-        self.check_length(T)
-        hidden = self.model(input_ids.to(self.device))
-        chunk = max(1, _LOGIT_BUDGET // (B * self.model.cfg.vocab_size))
-        for s in range(0, T, chunk):
-            yield s, self.model.logits(hidden[:, s : s + chunk])
-
-    @torch.inference_mode()
-    def token_nll(self, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        targets = targets.to(self.device)
-        out = []
+    def chunked_logits(self, input_ids: torch.Tensor):
+        self.check_length(input_ids.shape[1])
+        self._check_ids(input_ids)
         with self._autocast():
-            for s, logits in self._chunked_logits(input_ids):
-                tgt = targets[:, s : s + logits.shape[1]]
-                nll = F.cross_entropy(logits.float().flatten(0, 1), tgt.flatten(), reduction="none")
-                out.append(nll.view(tgt.shape))
-        return torch.cat(out, dim=1).cpu()
-
-    @torch.inference_mode()
-    def token_argmax(self, input_ids: torch.Tensor) -> torch.Tensor:
-        with self._autocast():
-            out = [logits.argmax(-1) for _, logits in self._chunked_logits(input_ids)]
-        return torch.cat(out, dim=1).cpu()
+            hidden = self.model(input_ids.to(self.device))
+            yield from self.model.chunked_logits(hidden)
 
     def _next_token(self, logits: torch.Tensor, config: GenerationConfig, gen: torch.Generator) -> torch.Tensor:
         """logits ``[B, V]`` -> token ids ``[B]``; sampling runs on the CPU so seeds agree across devices."""
@@ -183,8 +156,9 @@ class NativeAdapter(Adapter):
         B, longest = len(prompts), max(len(p) for p in prompts)
         self.check_length(longest)
         ids = torch.zeros(B, longest, dtype=torch.long)
-        for b, p in enumerate(prompts):  # left padding; padded keys are masked through the cache's start
+        for b, p in enumerate(prompts):  # left padding; padded keys are masked through the state's start
             ids[b, longest - len(p) :] = torch.tensor(p)
+        self._check_ids(ids)
         start = torch.tensor([longest - len(p) for p in prompts], device=self.device)
         start = start if int(start.max()) > 0 else None
         gen = torch.Generator().manual_seed(config.seed)
@@ -192,8 +166,8 @@ class NativeAdapter(Adapter):
         new: list[list[int]] = [[] for _ in range(B)]
         results: list[Generation | None] = [None] * B
         with self._autocast():
-            cache = self.model.new_cache(B, longest + config.max_new_tokens, start)
-            logits = self.model.logits(self.model(ids.to(self.device), cache=cache)[:, -1])
+            state = self.model.new_state(B, longest + config.max_new_tokens, start)
+            logits = self.model.logits(self.model(ids.to(self.device), state=state)[:, -1])
             for step_index in range(config.max_new_tokens):
                 tokens = self._next_token(logits, config, gen).tolist()
                 for b, tok in enumerate(tokens):
@@ -210,18 +184,29 @@ class NativeAdapter(Adapter):
                 if all(r is not None for r in results) or step_index == config.max_new_tokens - 1:
                     break
                 step = torch.tensor(tokens, device=self.device)[:, None]
-                logits = self.model.logits(self.model(step, cache=cache)[:, -1])
+                logits = self.model.logits(self.model(step, state=state)[:, -1])
         return [r or Generation(self.tokenizer.decode(new[b]), new[b], "length") for b, r in enumerate(results)]
 
     def provenance(self) -> dict:
         return {
-            "model": self.name,
+            **super().provenance(),
             "card": self.card.to_dict(),
             "weights_layout": self.layout,
             "checkpoint": str(self.checkpoint) if self.checkpoint else None,
-            "checkpoint_sha256": self.weights_id,
-            "tokenizer": self.tokenizer.spec,
             "device": str(self.device),
-            "dtype": str(self.dtype).removeprefix("torch."),
-            "attention_backend": self.model.blocks[0].attn.backend if len(self.model.blocks) else None,
+            "attention_backend": self.model.attention_backend,
         }
+
+
+def native_adapter(name: str, options: AdapterOptions) -> NativeAdapter:
+    """The ``native`` kind: ``--model fox-pro``, ``native:fox-pro`` or a card's YAML path."""
+    return NativeAdapter(
+        load_card(name),
+        device=options.device,
+        dtype=options.dtype,
+        checkpoint=options.checkpoint,
+        attention_backend=options.attention,
+    )
+
+
+ADAPTERS.register("native", native_adapter)

@@ -102,7 +102,7 @@ def _build_call(provider, B, T, H, D, dtype, mode, device):
 
         else:
             from evalsuite.kernels.forgetting import cumsum_over_time
-            from evalsuite.kernels.forgetting.triton import forgetting_attention_triton
+            from evalsuite.kernels.forgetting.forward import forgetting_attention_triton
 
             if provider == "triton_causal":
                 leaves = [q, k, v]
@@ -246,14 +246,14 @@ def run_attention_bench(
 
 
 def _kernel_configs() -> dict:
-    """The block configurations the kernel module will use (they may have been tuned in this process)."""
-    from evalsuite.kernels.forgetting import triton as kernel
+    """The block configurations the kernels will use (they may have been tuned in this process)."""
+    from evalsuite.kernels.forgetting import common
 
     return {
-        "fwd_configs": {str(d): list(c) for d, c in kernel.FWD_CONFIGS.items()},
-        "bwd_dkdv_configs": {str(d): list(c) for d, c in kernel.BWD_DKDV_CONFIGS.items()},
-        "bwd_dq_configs": {str(d): list(c) for d, c in kernel.BWD_DQ_CONFIGS.items()},
-        "fwd_tma": {str(d): bool(x) for d, x in kernel.FWD_TMA.items()},
+        "fwd_configs": {str(d): list(c) for d, c in common.FWD_CONFIGS.items()},
+        "bwd_dkdv_configs": {str(d): list(c) for d, c in common.BWD_DKDV_CONFIGS.items()},
+        "bwd_dq_configs": {str(d): list(c) for d, c in common.BWD_DQ_CONFIGS.items()},
+        "fwd_tma": {str(d): bool(x) for d, x in common.FWD_TMA.items()},
     }
 
 
@@ -322,8 +322,8 @@ def check_parity_gpu(seq_lens=(1024, 2048, 4096, 8192, 16384), head_dim=64, n_he
     strong decay, so |c| reaches ~1e4 at 16k) and "none". Returns one record per (T, gate) with relative errors
     ``|out - ref| / |ref|`` of o, dq, dk, dv and d(log f), and their max.
     """
+    from evalsuite.kernels.forgetting.forward import forgetting_attention_triton
     from evalsuite.kernels.forgetting.reference import attention_blocked
-    from evalsuite.kernels.forgetting.triton import forgetting_attention_triton
 
     dev = torch.device(device)
     old_tf32 = torch.backends.cuda.matmul.allow_tf32
@@ -374,8 +374,8 @@ def check_parity_gpu(seq_lens=(1024, 2048, 4096, 8192, 16384), head_dim=64, n_he
 def check_decode_parity_gpu(cache_lens=(1000, 5000, 33000), n_queries=(1, 4, 16), head_dims=(64, 128),
                             dtype=torch.bfloat16, verbose=True, device="cuda") -> list[dict]:  # fmt: skip
     """Decode kernel vs ``reference.attention_blocked`` (float32): B = 2, second sequence left-padded by Tk/3."""
+    from evalsuite.kernels.forgetting.decode import forgetting_attention_decode_triton
     from evalsuite.kernels.forgetting.reference import attention_blocked
-    from evalsuite.kernels.forgetting.triton import forgetting_attention_decode_triton
 
     dev = torch.device(device)
     info = env_info()
@@ -449,27 +449,29 @@ def best_configs(records):
 
 
 def apply_configs(records) -> dict:
-    """Install the fastest tuned configs into the kernel module's tables (this process only).
+    """Install the fastest tuned configs into the kernels' tables (:mod:`evalsuite.kernels.forgetting.common`,
+    which the launchers read at every launch; this process only).
 
     TMA loads stay on for a head dim unless pointer loads beat the best forward by more than 1%.
     """
-    from evalsuite.kernels.forgetting import triton as kernel
+    from evalsuite.kernels.forgetting import common
 
     applied = {}
     for name, D, cfg, ms in best_configs(records):
-        getattr(kernel, _TUNE_TABLES[name])[D] = cfg
+        getattr(common, _TUNE_TABLES[name])[D] = cfg
         applied[f"{name}_D{D}"] = list(cfg)
         if name == "fwd":
             ptr = [r for r in records if r.get("variant") == "pointer_loads" and r["D"] == D and "ms" in r]
-            kernel.FWD_TMA[D] = kernel.FWD_TMA.get(D, False) and not (ptr and ptr[0]["ms"] < 0.99 * ms)
-            applied[f"fwd_tma_D{D}"] = kernel.FWD_TMA[D]
+            common.FWD_TMA[D] = common.FWD_TMA.get(D, False) and not (ptr and ptr[0]["ms"] < 0.99 * ms)
+            applied[f"fwd_tma_D{D}"] = common.FWD_TMA[D]
     return applied
 
 
 def _tune_head_dim(T, D, n_heads, tokens_per_call, dtype, verbose, device="cuda") -> list[dict]:
     import triton.testing
 
-    from evalsuite.kernels.forgetting import triton as kernel
+    from evalsuite.kernels.forgetting.backward import _bwd
+    from evalsuite.kernels.forgetting.forward import _fwd
 
     dev = torch.device(device)
     B = max(1, tokens_per_call // T)
@@ -477,7 +479,7 @@ def _tune_head_dim(T, D, n_heads, tokens_per_call, dtype, verbose, device="cuda"
     q, k, v, do = (torch.randn(B, T, n_heads, D, device=dev, dtype=dtype, generator=gen) for _ in range(4))
     cum = _log_forget_gates(B, T, n_heads, dev, gen).cumsum(1)
     cum_tmajor = cum.transpose(1, 2).contiguous().transpose(1, 2)  # same values, time-contiguous storage
-    o, lse = kernel._fwd(q, k, v, cum, None)
+    o, lse = _fwd(q, k, v, cum, None)
     records = []
 
     def timed(rec, fn):
@@ -499,13 +501,13 @@ def _tune_head_dim(T, D, n_heads, tokens_per_call, dtype, verbose, device="cuda"
         if name == "fwd":
 
             def fn(cfg=cfg):
-                kernel._fwd(q, k, v, cum, None, config=cfg)
+                _fwd(q, k, v, cum, None, config=cfg)
 
         else:
             kw = {"dkdv_config" if name == "bwd_dkdv" else "dq_config": cfg}
 
             def fn(kw=kw):
-                kernel._bwd(do, q, k, v, cum, o, lse, None, **kw)
+                _bwd(do, q, k, v, cum, o, lse, None, **kw)
 
         timed({"kind": "tune", "kernel": name, "D": D, "T": T, "config": list(cfg)}, fn)
 
@@ -515,11 +517,11 @@ def _tune_head_dim(T, D, n_heads, tokens_per_call, dtype, verbose, device="cuda"
     if fwd_cfg is None or dkdv_cfg is None:
         return records
     variants = [
-        ("fwd", "pointer_loads", lambda: kernel._fwd(q, k, v, cum, None, config=fwd_cfg, tma=False)),
-        ("fwd", "c_time_major", lambda: kernel._fwd(q, k, v, cum_tmajor, None, config=fwd_cfg)),
-        ("fwd", "no_gate", lambda: kernel._fwd(q, k, v, None, None, config=fwd_cfg)),
-        ("bwd", "gate", lambda: kernel._bwd(do, q, k, v, cum, o, lse, None)),
-        ("bwd", "no_gate", lambda: kernel._bwd(do, q, k, v, None, o, lse, None)),
+        ("fwd", "pointer_loads", lambda: _fwd(q, k, v, cum, None, config=fwd_cfg, tma=False)),
+        ("fwd", "c_time_major", lambda: _fwd(q, k, v, cum_tmajor, None, config=fwd_cfg)),
+        ("fwd", "no_gate", lambda: _fwd(q, k, v, None, None, config=fwd_cfg)),
+        ("bwd", "gate", lambda: _bwd(do, q, k, v, cum, o, lse, None)),
+        ("bwd", "no_gate", lambda: _bwd(do, q, k, v, None, o, lse, None)),
     ]
     for name, variant, fn in variants:
         cfg = fwd_cfg if name == "fwd" else dkdv_cfg

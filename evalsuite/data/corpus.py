@@ -84,13 +84,20 @@ def _jsonl_documents(path: Path) -> Iterator[Document]:
         yield Document(id=str(row.get("id", f"{path.name}:{lineno}")), text=row["text"])
 
 
-def _npy_documents(path: Path) -> Iterator[Document]:
+def _load_npy(path: Path) -> np.ndarray:
+    """A 1-D or 2-D integer array (memory-mapped); anything else is one clear error naming the file."""
     try:
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (ValueError, OSError) as e:
-        raise UserError(f"{path}: cannot read as .npy ({e})") from None
+    except (ValueError, OSError, EOFError) as e:
+        reason = "not a .npy array file" if "pickle" in str(e) else str(e)
+        raise UserError(f"{path}: cannot read as .npy ({reason})") from None
     if not np.issubdtype(arr.dtype, np.integer) or arr.ndim not in (1, 2):
         raise UserError(f"{path}: pre-tokenised data must be a 1-D or 2-D integer array, got {arr.dtype} {arr.shape}")
+    return arr
+
+
+def _npy_documents(path: Path) -> Iterator[Document]:
+    arr = _load_npy(path)
     rows = arr[None] if arr.ndim == 1 else arr
     for i in range(rows.shape[0]):
         yield Document(id=f"{path.name}:{i}", tokens=np.asarray(rows[i], dtype=np.int64))
@@ -116,7 +123,7 @@ def count_documents(path: Path) -> int:
         if suffix in (".jsonl", ".jsonl.xz"):
             n += sum(1 for line in _read_bytes(file).split(b"\n") if line.strip())
         elif suffix == ".npy":
-            arr = np.load(file, mmap_mode="r", allow_pickle=False)
+            arr = _load_npy(file)
             n += 1 if arr.ndim == 1 else arr.shape[0]
         else:
             n += 1

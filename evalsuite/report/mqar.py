@@ -6,6 +6,9 @@
   attention model has no fixed state; its point is its KV cache at the sequence length (hollow markers);
 * the best accuracy per model and d_model (CSV / Markdown / LaTeX), and a long table with the best learning
   rate and state size of every point.
+
+The best-over-learning-rate logic itself lives with the task (:mod:`evalsuite.tasks.mqar_summary`), which writes
+the same numbers into ``results.json``.
 """
 
 from __future__ import annotations
@@ -23,48 +26,11 @@ from evalsuite.report.plots import model_colors, save_figure
 from evalsuite.report.records import find_runs
 from evalsuite.report.tables import write_table
 from evalsuite.store import RECORDS_FILE, read_jsonl
+from evalsuite.tasks.mqar_summary import POINT, best_over_lr, records_frame
+
+__all__ = ["POINT", "best_over_lr", "best_table", "load_mqar", "records_frame", "write_mqar_report"]
 
 SETTING = ["length", "num_kv_pairs"]
-POINT = ["model", "length", "num_kv_pairs", "d_model"]
-_FIELDS = (
-    "model",
-    "architecture",
-    "length",
-    "num_kv_pairs",
-    "d_model",
-    "lr",
-    "value",
-    "n",
-    "state_kind",
-    "state_bytes",
-    "state_dtype",
-    "steps",
-    "stopped_early",
-    "diverged",
-    "train_seconds",
-    "config_hash",
-)
-
-
-def records_frame(records: Iterable[dict], run_dir: Path | str = "") -> pd.DataFrame:
-    """One row per trained cell (``task == "mqar"``, ``metric == "accuracy"``) of ``records``.
-
-    Columns: ``_FIELDS`` plus ``device`` (from provenance) and ``run_dir``; ``value`` is the query accuracy.
-    """
-    rows = []
-    for r in records:
-        if r.get("task") == "mqar" and r.get("metric") == "accuracy" and r.get("value") is not None:
-            row = {k: r.get(k) for k in _FIELDS}
-            row["device"] = (r.get("provenance") or {}).get("device")
-            row["run_dir"] = str(run_dir)
-            rows.append(row)
-    df = pd.DataFrame(rows, columns=[*_FIELDS, "device", "run_dir"])
-    for column in ("length", "num_kv_pairs", "d_model"):
-        df[column] = df[column].astype(int)
-    df["value"] = df["value"].astype(float)
-    df["lr"] = df["lr"].astype(float)
-    df["state_bytes"] = pd.to_numeric(df["state_bytes"], errors="coerce")
-    return df
 
 
 def load_mqar(paths: Iterable[Path | str]) -> pd.DataFrame:
@@ -77,20 +43,6 @@ def load_mqar(paths: Iterable[Path | str]) -> pd.DataFrame:
         raise UserError(f"no MQAR records found under: {', '.join(map(str, paths))}")
     df = pd.concat(frames, ignore_index=True).drop_duplicates("config_hash", keep="last")
     return df.reset_index(drop=True)
-
-
-def best_over_lr(df: pd.DataFrame) -> pd.DataFrame:
-    """The best cell over learning rates for each (model, length, kv pairs, d_model); ties go to the smaller lr.
-
-    Columns: ``POINT``, ``accuracy``, ``n`` (test examples), ``lr`` (the best one), ``lrs`` (how many were
-    tried), ``state_kind``, ``state_bytes``, ``steps`` (of the best cell), ``device``.
-    """
-    ordered = df.sort_values(["value", "lr"], ascending=[False, True], kind="stable")
-    best = ordered.groupby(POINT, sort=True).head(1).set_index(POINT)
-    tried = df.groupby(POINT)["lr"].nunique().rename("lrs")
-    out = best.join(tried).reset_index().rename(columns={"value": "accuracy"})
-    columns = [*POINT, "accuracy", "n", "lr", "lrs", "state_kind", "state_bytes", "steps", "device"]
-    return out[columns].sort_values(POINT, kind="stable").reset_index(drop=True)
 
 
 def best_table(best: pd.DataFrame) -> pd.DataFrame:

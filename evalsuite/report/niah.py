@@ -1,4 +1,4 @@
-"""NIAH summaries and heatmaps (FoX Figure 4 style, ``eval/niah/plot_niah.py``; fox.md §4 "Plot").
+"""NIAH summaries and heatmaps in the style of the FoX paper's Figure 4 (arXiv:2503.02130, §4.3).
 
 Heatmap: needle depth (rows, 0 % at the top) x context length (columns), the mean score of each cell,
 colours from red (#F0496E) through yellow (#EBB839) to green (#0CD79F) over the scorer's range (1-10 for
@@ -16,12 +16,14 @@ from pathlib import Path
 import numpy as np
 
 from evalsuite.errors import UserError
+from evalsuite.metrics.cells import within_beyond
 from evalsuite.report.plots import save_figure
 from evalsuite.report.records import find_runs, load_run
 from evalsuite.store import RESULTS_FILE
 
 COLORS = ("#F0496E", "#EBB839", "#0CD79F")  # FoX's red -> yellow -> green
 SCALES = {"judge": (1, 10), "score": (1, 10)}  # every other metric is a 0-1 rate
+NIAH_TASKS = ("niah", "drt-passkey")  # the needle tests: text NIAH and the DRT token-level passkey
 TITLES = {"easy": "Easy", "standard": "Standard", "2hop": "2-hop", "1hop": "1-hop control", "2hop-drt": "2-hop (DRT)"}
 METRIC_NAMES = {
     "judge": "judge score (1-10)",
@@ -35,70 +37,13 @@ METRIC_NAMES = {
 }
 
 
-def summary_records(rows: Sequence[dict], model: str) -> list[dict]:
-    """Long-format records (model, task, subtask, length, depth, metric, value, n) from per-cell lines.
-
-    ``value`` is the mean over a cell's samples of a metric; missing values (an unparseable judge reply, a
-    failed judge call) are left out and ``n`` counts the rest.
-    """
-    groups: dict[tuple, dict[str, list[float]]] = {}
-    for row in rows:
-        key = (row["subtask"], row["length"], row.get("depth"))
-        metrics = groups.setdefault(key, {})
-        for metric, value in row.get("scores", {}).items():
-            metrics.setdefault(metric, [])
-            if value is not None:
-                metrics[metric].append(float(value))
-    out = []
-    for (subtask, length, depth), metrics in groups.items():
-        for metric, values in metrics.items():
-            out.append(
-                {
-                    "model": model,
-                    "task": "niah",
-                    "subtask": subtask,
-                    "length": length,
-                    "depth": depth,
-                    "metric": metric,
-                    "value": float(np.mean(values)) if values else None,
-                    "n": len(values),
-                }
-            )
-    return out
-
-
-def within_beyond(records: Sequence[dict], train_length: int | None) -> list[dict]:
-    """Mean over cells within and beyond the training length, per (subtask, metric); cells weigh equally."""
-    groups: dict[tuple[str, str], list[tuple[int, float]]] = {}
-    for r in records:
-        if r.get("value") is not None:
-            groups.setdefault((r["subtask"], r["metric"]), []).append((r["length"], r["value"]))
-    out = []
-    for (subtask, metric), cells in groups.items():
-        inside = [v for length, v in cells if train_length is None or length <= train_length]
-        beyond = [v for length, v in cells if train_length is not None and length > train_length]
-        out.append(
-            {
-                "subtask": subtask,
-                "metric": metric,
-                "within": float(np.mean(inside)) if inside else None,
-                "beyond": float(np.mean(beyond)) if beyond else None,
-                "all": float(np.mean([v for _, v in cells])),
-                "cells_within": len(inside),
-                "cells_beyond": len(beyond),
-                "train_length": train_length,
-            }
-        )
-    return out
-
-
 def load_niah_runs(paths: Sequence[Path | str]) -> list[tuple[Path, dict]]:
     """(run dir, results.json) for every finished NIAH run under ``paths``."""
     runs = []
     for run_dir in find_runs(paths):
         if (run_dir / RESULTS_FILE).is_file():
             results = load_run(run_dir)
-            if results.get("task") == "niah":
+            if results.get("task") in NIAH_TASKS:
                 runs.append((run_dir, results))
     if not runs:
         raise UserError(f"no finished NIAH runs (results.json with task 'niah') under: {', '.join(map(str, paths))}")

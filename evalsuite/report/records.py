@@ -204,11 +204,38 @@ def _is_missing(value: Any) -> bool:
 
 
 def run_labels(models: list[str], run_dirs: list[Path | str]) -> list[str]:
-    """Legend/row labels: the model name, plus the run directory's name when a model appears twice."""
-    counts: dict[str, int] = {}
-    for model in models:
-        counts[model] = counts.get(model, 0) + 1
-    return [
-        model if counts[model] == 1 else f"{model} ({Path(run).name})"
-        for model, run in zip(models, run_dirs, strict=True)
-    ]
+    """Legend/row labels: the model name, plus what tells its runs apart when a model appears more than once.
+
+    The config values that differ between a model's runs (``data=books, length=4096``; read from each run's
+    ``results.json``) are named; runs whose configs do not differ there fall back to the run directory's name.
+    """
+    configs = [_run_config(run) for run in run_dirs]
+    labels = []
+    for i, (model, run) in enumerate(zip(models, run_dirs, strict=True)):
+        peers = [j for j, m in enumerate(models) if m == model]
+        if len(peers) == 1:
+            labels.append(model)
+            continue
+        keys = sorted({k for j in peers for k in configs[j]})
+        differ = [k for k in keys if len({_short(configs[j].get(k)) for j in peers}) > 1]
+        parts = [f"{k}={_short(configs[i].get(k))}" for k in differ]
+        labels.append(f"{model} ({', '.join(parts) if parts else Path(run).name})")
+    return labels
+
+
+def _run_config(run_dir: Path | str) -> dict:
+    """The run's config from its results.json (``{}`` when there is none or it cannot be read)."""
+    try:
+        config = load_run(run_dir).get("config")
+    except UserError:
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def _short(value: Any) -> str:
+    """A config value as a label shows it: paths by their last part, lists joined by commas."""
+    if isinstance(value, list):
+        return ",".join(_short(v) for v in value)
+    if isinstance(value, str) and ("/" in value or "\\" in value):
+        return Path(value).name
+    return str(value)

@@ -1,4 +1,4 @@
-"""Per-token loss curves (FoX paper §4.2 and Appendix C; fox.md §7 "Metrics").
+"""Per-token loss curves (FoX paper, arXiv:2503.02130, §4.2 and Appendix C).
 
 One window of ``length`` tokens per document, BOS first: the model reads ``[BOS, x_0 .. x_{L-2}]`` and
 is scored on ``x_0 .. x_{L-1}``, so position ``i`` predicts ``x_i`` from ``i`` tokens of context (the
@@ -19,6 +19,7 @@ Outputs in the run directory:
 from __future__ import annotations
 
 import math
+import zipfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,17 +27,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from evalsuite.adapters.base import Adapter
-from evalsuite.data.corpus import Document, count_documents, iter_documents
+from evalsuite.adapters.base import TOKENS, TokenAdapter
+from evalsuite.data.corpus import Document, corpus_files, count_documents, iter_documents
 from evalsuite.data.haystack import safe_cut
 from evalsuite.data.synthetic import synthetic_documents
 from evalsuite.errors import UserError
 from evalsuite.progress import progress_bar
-from evalsuite.provenance import provenance
-from evalsuite.store import RESULTS_FILE, atomic_save_npz, atomic_write_json, config_hash
+from evalsuite.rundir import RunDir
+from evalsuite.store import atomic_save_npz
+from evalsuite.tasks.base import Task, register_task, run_task
 from evalsuite.tokenizers import Tokenizer
 
 SYNTHETIC = "synthetic"
+LOSS_CURVE_FILE = "loss_per_token.npz"  # the per-position curve (report.records reads it)
+STATE_FILE = "state.npz"  # running sums while a run is in progress
 
 
 @dataclass
@@ -110,14 +114,18 @@ class _State:
 
     @classmethod
     def load(cls, path: Path, length: int, chash: str) -> _State | None:
+        """The saved state of this configuration, or None; an unreadable file is one clear error."""
         if not path.exists():
             return None
-        with np.load(path) as z:
-            if str(z["config_hash"]) != chash or len(z["sum"]) != length:
-                return None
-            st = cls(length)
-            st.sum, st.count = z["sum"].copy(), z["count"].copy()
-            st.next_doc, st.used, st.skipped = (int(v) for v in z["counters"])
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                if str(z["config_hash"]) != chash or len(z["sum"]) != length:
+                    return None
+                st = cls(length)
+                st.sum, st.count = z["sum"].copy(), z["count"].copy()
+                st.next_doc, st.used, st.skipped = (int(v) for v in z["counters"])
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+            raise UserError(f"{path} is corrupt ({type(e).__name__}); delete it to restart this run") from None
         return st
 
 
@@ -133,87 +141,92 @@ def summarize(sum_: np.ndarray, count: np.ndarray, model: str, n_docs: int) -> l
     return records
 
 
-def run_dir_for(model: str, chash: str) -> Path:
-    """The default run directory of a loss run."""
-    return Path("results/runs/loss") / f"{model}-{chash}"
+@register_task
+class LossTask(Task):
+    """Per-token loss over one window per document; keeps its own loop (running sums, resumable state)."""
+
+    name = "loss"
+    needs = frozenset({TOKENS})
+    Config = LossConfig
+    reuse_finished = True
+
+    def hashed_config(self, adapter: TokenAdapter) -> dict:
+        config = self.config
+        if config.length < 2:
+            raise UserError(f"--length must be at least 2, got {config.length}")
+        if config.max_docs is not None and config.max_docs < 1:
+            raise UserError(f"--max-docs must be at least 1, got {config.max_docs}")
+        if config.batch_size < 1:
+            raise UserError(f"--batch-size must be at least 1, got {config.batch_size}")
+        adapter.check_length(config.length)
+        if adapter.tokenizer.bos_id is None:
+            raise UserError(
+                f"tokenizer {adapter.tokenizer.spec} has no BOS token; the loss protocol starts each window with BOS"
+            )
+        if config.data != SYNTHETIC:
+            corpus_files(Path(config.data))  # a bad path fails before the run directory is claimed
+        return asdict(config)
+
+    def execute(self, adapter: TokenAdapter, run: RunDir, progress: bool = True) -> list[dict]:
+        """Accumulate the sums (resuming from ``state.npz``); the rows are the long records of the result."""
+        finished = run.load_results()
+        if finished is not None and (run.path / LOSS_CURVE_FILE).exists():  # written before the shared shape
+            self._documents = finished["documents"]
+            return finished["records"]
+        config, tok = self.config, adapter.tokenizer
+        state_path = run.path / STATE_FILE
+        state = _State.load(state_path, config.length, run.config_hash) or _State(config.length)
+        n_docs, docs = documents(config)
+        target = config.max_docs
+        batch: list[tuple[int, np.ndarray]] = []
+
+        def flush(next_doc: int) -> None:
+            ids = np.stack([w for _, w in batch])
+            inputs = np.concatenate([np.full((len(batch), 1), tok.bos_id), ids[:, :-1]], axis=1)
+            nll = adapter.token_nll(torch.from_numpy(inputs), torch.from_numpy(ids)).double().numpy()
+            for row in nll:  # one document at a time: the float64 sum is independent of batching
+                state.sum += row
+                state.count += 1
+            state.used += len(batch)
+            state.next_doc = next_doc
+            state.save(state_path, run.config_hash)
+            batch.clear()
+
+        total = n_docs if target is None else min(target, n_docs)  # upper bound: short documents are skipped
+        with progress_bar(total, f"loss {adapter.name}", enabled=progress, completed=state.used) as bar:
+            for index, doc in enumerate(docs):
+                if index < state.next_doc:
+                    continue
+                if target is not None and state.used + len(batch) >= target:
+                    break
+                window = window_tokens(doc, tok, config.length)
+                if window is None:
+                    state.skipped += 1
+                    continue
+                if config.roll:
+                    window = roll_window(window, config.seed, index)
+                batch.append((index, window))
+                if len(batch) == config.batch_size:
+                    flush(index + 1)
+                    bar.advance(config.batch_size)
+            if batch:
+                n = len(batch)
+                flush(batch[-1][0] + 1)
+                bar.advance(n)
+        if state.used == 0:
+            state_path.unlink(missing_ok=True)
+            raise UserError(f"no document has at least {config.length} tokens ({state.skipped} too short)")
+        atomic_save_npz(run.path / LOSS_CURVE_FILE, loss_per_token=state.sum / state.count, count=state.count)
+        self._documents = {"used": state.used, "skipped_too_short": state.skipped}
+        return summarize(state.sum, state.count, adapter.name, state.used)
+
+    def aggregate(self, rows: list[dict], adapter: TokenAdapter, run: RunDir) -> tuple[list[dict], dict]:
+        return rows, {"documents": self._documents}
+
+    def finished(self, run: RunDir) -> None:
+        (run.path / STATE_FILE).unlink(missing_ok=True)  # the sums live on in loss_per_token.npz
 
 
-def run_loss(adapter: Adapter, config: LossConfig, out_dir: Path | None = None, progress: bool = True) -> dict:
+def run_loss(adapter: TokenAdapter, config: LossConfig, out_dir: Path | None = None, progress: bool = True) -> dict:
     """Run (or resume, or return the finished) per-token loss evaluation; returns ``results.json``'s content."""
-    if config.length < 2:
-        raise UserError("--length must be at least 2")
-    if config.max_docs is not None and config.max_docs < 1:
-        raise UserError("--max-docs must be at least 1")
-    adapter.check_length(config.length)
-    tok = adapter.tokenizer
-    if tok.bos_id is None:
-        raise UserError(f"tokenizer {tok.spec} has no BOS token; the loss protocol starts each window with BOS")
-    prov = adapter.provenance()
-    identity = {k: prov[k] for k in ("model", "checkpoint_sha256", "tokenizer", "dtype")}
-    chash = config_hash({"task": "loss", **asdict(config), **identity})
-    out_dir = Path(out_dir or run_dir_for(adapter.name, chash))
-    results_path, state_path = out_dir / RESULTS_FILE, out_dir / "state.npz"
-    if results_path.exists():
-        import json
-
-        done = json.loads(results_path.read_text())
-        if done.get("config_hash") == chash:
-            return done
-        raise UserError(f"{out_dir} holds a different finished run; choose another --out")
-
-    n_docs, docs = documents(config)
-    state = _State.load(state_path, config.length, chash) or _State(config.length)
-    target = config.max_docs
-    batch: list[tuple[int, np.ndarray]] = []
-
-    def flush(next_doc: int) -> None:
-        ids = np.stack([w for _, w in batch])
-        inputs = np.concatenate([np.full((len(batch), 1), tok.bos_id), ids[:, :-1]], axis=1)
-        nll = adapter.token_nll(torch.from_numpy(inputs), torch.from_numpy(ids)).double().numpy()
-        for row in nll:  # one document at a time: the float64 sum is independent of batching
-            state.sum += row
-            state.count += 1
-        state.used += len(batch)
-        state.next_doc = next_doc
-        state.save(state_path, chash)
-        batch.clear()
-
-    total = n_docs if target is None else min(target, n_docs)  # upper bound: short documents are skipped
-    with progress_bar(total, f"loss {adapter.name}", enabled=progress, completed=state.used) as bar:
-        for index, doc in enumerate(docs):
-            if index < state.next_doc:
-                continue
-            if target is not None and state.used + len(batch) >= target:
-                break
-            window = window_tokens(doc, tok, config.length)
-            if window is None:
-                state.skipped += 1
-                continue
-            if config.roll:
-                window = roll_window(window, config.seed, index)
-            batch.append((index, window))
-            if len(batch) == config.batch_size:
-                flush(index + 1)
-                bar.advance(config.batch_size)
-        if batch:
-            n = len(batch)
-            flush(batch[-1][0] + 1)
-            bar.advance(n)
-    if state.used == 0:
-        raise UserError(f"no document has at least {config.length} tokens ({state.skipped} too short)")
-
-    loss_per_token = state.sum / state.count
-    atomic_save_npz(out_dir / "loss_per_token.npz", loss_per_token=loss_per_token, count=state.count)
-    results = {
-        "task": "loss",
-        "model": adapter.name,
-        "train_length": getattr(getattr(adapter, "card", None), "train_length", None),
-        "config": asdict(config),
-        "config_hash": chash,
-        "documents": {"used": state.used, "skipped_too_short": state.skipped},
-        "provenance": provenance(**prov, seed=config.seed),
-        "records": summarize(state.sum, state.count, adapter.name, state.used),
-    }
-    atomic_write_json(results_path, results)
-    state_path.unlink(missing_ok=True)
-    return results
+    return run_task(LossTask(config), adapter, out_dir, progress)

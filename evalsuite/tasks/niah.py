@@ -1,4 +1,4 @@
-"""Needle in a haystack (FoX paper §4.3, Appendix B.3 and F.5; fox.md §4), plus the 2-hop tests.
+"""Needle in a haystack (FoX paper, arXiv:2503.02130, §4.3, Appendix B.3 and F.5), plus the text 2-hop test.
 
 **Easy and standard modes** reproduce the FoX test (``eval/niah``, adapted from LongAlign's ``Needle_test``,
 itself from gkamradt's tester) prompt for prompt. For a cell (context length ``L`` tokens, depth ``d`` %):
@@ -14,9 +14,9 @@ Standard mode hides the plain San Francisco needle; easy mode's needle also carr
 model can answer by copying. With the FoX tokenizer (JSON-escaped GPT-2, BOS counted) and the haystack files
 in sorted order, :func:`build_prompt` returns exactly the text FoX's ``prompt.py`` writes for the cell.
 
-**2-hop** (:mod:`evalsuite.tasks.multihop`): ``text`` hides two chained facts and a distractor chain (the
-same insertion rule, generalised to several needles) and asks a question that needs both hops, with a 1-hop
-control over the same context; ``drt`` is the DRT paper's token-level multi-hop passkey, teacher-forced.
+**2-hop** (:mod:`evalsuite.tasks.multihop`) hides two chained facts and a distractor chain (the same insertion
+rule, generalised to several needles) and asks a question that needs both hops, with a 1-hop control over the
+same context. The DRT paper's token-level multi-hop passkey is its own task, :mod:`evalsuite.tasks.drt_passkey`.
 
 Runs write ``records.jsonl`` (one line per cell: length, depth, prompt hash, prediction, scores, the raw judge
 reply) and, when done, ``results.json`` (long-format summary records). Rerunning resumes: finished cells are
@@ -27,28 +27,24 @@ stored predictions without generating again.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-import numpy as np
-import yaml
-
-from evalsuite.adapters.base import Adapter, GenerationConfig
-from evalsuite.cards import builtin_dir
+from evalsuite.adapters.base import GenerationConfig, TextAdapter
 from evalsuite.data.haystack import SYNTHETIC, Haystack, decode_skip_special, haystack_identity, load_haystack
 from evalsuite.errors import UserError
+from evalsuite.metrics.cells import cell_means, within_beyond
 from evalsuite.metrics.judge import OpenAIJudge
 from evalsuite.metrics.match import match_answer, phrase_position
 from evalsuite.progress import progress_bar
-from evalsuite.provenance import provenance
-from evalsuite.store import RECORDS_FILE, RESULTS_FILE, append_jsonl, atomic_write_json, config_hash, read_jsonl
+from evalsuite.resources import task_presets
+from evalsuite.rundir import RunDir
 from evalsuite.tasks import multihop
+from evalsuite.tasks.base import RUNS_ROOT, Item, ItemTask, register_task, run_task
 from evalsuite.tokenizers import Tokenizer
 
 MODES = ("easy", "standard", "2hop")
-FLAVOURS = ("text", "drt")
 BUFFER = 200  # FoX/gkamradt "final_context_length_buffer"
 
 # FoX's strings (config-prompt-{easy,standard}.yaml, prompt.py, config-eval.yaml), verbatim.
@@ -66,9 +62,6 @@ QUIZ = (
 )
 # The offline scorer's key phrases for the San Francisco fact (metrics/match.py has the rule).
 KEY_PHRASES = ("eat a sandwich", "dolores park")
-
-MANIFEST = "config.json"
-
 
 # ---------------------------------------------------------------------------------------------
 # Prompts
@@ -167,8 +160,7 @@ def _check_depth(depth: float) -> None:
 class NiahConfig:
     """One NIAH run. ``None`` fields come from the preset (tasks/niah.yaml)."""
 
-    mode: str = "easy"
-    flavour: str = "text"  # 2hop only: text | drt
+    mode: str = "easy"  # easy | standard | 2hop (text; the DRT passkey is evalsuite.tasks.drt_passkey)
     preset: str | None = None  # cpu | fox; None: cpu on a CPU device, fox otherwise
     lengths: list[int] | None = None
     depths: list[float] | None = None
@@ -182,38 +174,32 @@ class NiahConfig:
 
     @property
     def label(self) -> str:
-        """``easy``, ``standard``, ``2hop`` or ``2hop-drt``: the run's name part and the task's subtask root."""
-        return "2hop-drt" if self.mode == "2hop" and self.flavour == "drt" else self.mode
+        """``easy``, ``standard`` or ``2hop``: the run's name part and the records' subtask root."""
+        return self.mode
 
 
 def load_presets() -> dict:
     """The grid presets of ``tasks/niah.yaml``."""
-    path = builtin_dir("tasks") / "niah.yaml"
-    try:
-        presets = yaml.safe_load(path.read_text(encoding="utf-8"))["presets"]
-    except (OSError, yaml.YAMLError, KeyError, TypeError) as e:
-        raise UserError(f"cannot read NIAH presets from {path}: {e}") from None
-    return presets
+    return task_presets("niah")
+
+
+def preset_for(name: str | None, device_type: str) -> tuple[str, dict]:
+    """(name, preset): the named one, or ``cpu`` on a CPU device and ``fox`` otherwise."""
+    presets = load_presets()
+    name = name or ("cpu" if device_type == "cpu" else "fox")
+    if name not in presets:
+        raise UserError(f"unknown NIAH preset {name!r}; known: {', '.join(presets)}")
+    return name, presets[name]
 
 
 def resolve_config(config: NiahConfig, device_type: str = "cpu") -> NiahConfig:
     """Validate ``config`` and fill its open fields from the preset; the result is what gets hashed."""
     if config.mode not in MODES:
-        raise UserError(f"unknown NIAH mode {config.mode!r}; use one of {', '.join(MODES)}")
-    if config.flavour not in FLAVOURS:
-        raise UserError(f"unknown 2-hop flavour {config.flavour!r}; use one of {', '.join(FLAVOURS)}")
-    if config.mode != "2hop" and config.flavour != "text":
-        raise UserError("--flavour applies to --mode 2hop only")
-    presets = load_presets()
-    name = config.preset or ("cpu" if device_type == "cpu" else "fox")
-    if name not in presets:
-        raise UserError(f"unknown NIAH preset {name!r}; presets: {', '.join(presets)}")
-    preset = presets[name]
-    drt = config.label == "2hop-drt"
-    grid = preset["drt"] if drt else preset
-    lengths = sorted({int(x) for x in (config.lengths or grid["lengths"])})
-    depths = [] if drt else sorted({_as_number(x) for x in (config.depths or grid["depths"])})
-    samples = config.samples if config.samples is not None else int(grid.get("samples", 1))
+        raise UserError(f"unknown NIAH mode {config.mode!r}; use {', '.join(MODES)}")
+    name, preset = preset_for(config.preset, device_type)
+    lengths = sorted({int(x) for x in (config.lengths or preset["lengths"])})
+    depths = sorted({_as_number(x) for x in (config.depths or preset["depths"])})
+    samples = config.samples if config.samples is not None else int(preset.get("samples", 1))
     max_new = config.max_new_tokens if config.max_new_tokens is not None else int(preset["max_new_tokens"])
     if not lengths or min(lengths) < 1:
         raise UserError("NIAH lengths must be positive token counts")
@@ -223,8 +209,6 @@ def resolve_config(config: NiahConfig, device_type: str = "cpu") -> NiahConfig:
         raise UserError("--samples, --max-new-tokens and --batch-size must be at least 1")
     if config.mode != "2hop" and samples != 1:
         raise UserError("--samples applies to --mode 2hop only (easy/standard cells are deterministic)")
-    if drt and config.judge:
-        raise UserError("the DRT 2-hop test is scored teacher-forced; --judge does not apply")
     return replace(
         config, preset=name, lengths=lengths, depths=depths, samples=samples, max_new_tokens=max_new, judge=None
     )
@@ -256,9 +240,26 @@ def grid_cells(config: NiahConfig) -> list[Cell]:
 
 def subtasks(config: NiahConfig) -> tuple[str, ...]:
     """The record subtasks a cell produces."""
-    if config.label == "2hop":
-        return ("2hop", "1hop")
-    return (config.label,)
+    return ("2hop", "1hop") if config.mode == "2hop" else (config.mode,)
+
+
+def cells_by_length(cells: Sequence[Cell], size: int) -> Iterator[list[Cell]]:
+    """Up to ``size`` cells of one length at a time: prompts of one length need (almost) no padding."""
+    by_length: dict[int, list[Cell]] = {}
+    for cell in cells:
+        by_length.setdefault(cell.length, []).append(cell)
+    for group in by_length.values():
+        for i in range(0, len(group), size):
+            yield group[i : i + size]
+
+
+def split_by_max_length(cells: list[Cell], max_length: int | None, model: str) -> tuple[list[Cell], list[dict]]:
+    """(cells the model can take, notes on the lengths skipped beyond its max_length); none left is an error."""
+    skipped = sorted({c.length for c in cells if max_length is not None and c.length > max_length})
+    kept = [c for c in cells if c.length not in skipped]
+    if not kept:
+        raise UserError(f"every length of the grid exceeds model {model}'s max_length {max_length}")
+    return kept, [{"length": L, "reason": f"beyond model {model}'s max_length {max_length}"} for L in skipped]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -287,18 +288,9 @@ def cell_jobs(config: NiahConfig, cell: Cell, haystack: Haystack, tokenizer: Tok
     if config.mode in ("easy", "standard"):
         prompt = build_prompt(tokenizer, config.mode, cell.length, cell.depth, haystack)
         needle = EASY_NEEDLE if config.mode == "easy" else STANDARD_NEEDLE
-        return [
-            Job(
-                cell.key(config.mode),
-                config.mode,
-                cell,
-                prompt,
-                JUDGE_QUESTION,
-                JUDGE_REFERENCE,
-                KEY_PHRASES,
-                extra={"needle": needle},
-            )
-        ]
+        job = Job(cell.key(config.mode), config.mode, cell, prompt, JUDGE_QUESTION, JUDGE_REFERENCE, KEY_PHRASES)
+        job.extra = {"needle": needle}
+        return [job]
     item = multihop.two_hop_item(cell.length, cell.depth, cell.sample, config.seed)
     prompts = two_hop_prompts(haystack, tokenizer, cell.length, item)
     jobs = []
@@ -335,16 +327,123 @@ def score_job(job: Job, prediction: str, judge: OpenAIJudge | None) -> tuple[dic
 
 
 # ---------------------------------------------------------------------------------------------
-# The run
+# The task
 # ---------------------------------------------------------------------------------------------
 
 
 def run_dir_for(adapter_name: str, config: NiahConfig, chash: str) -> Path:
-    return Path("results/runs/niah") / f"{adapter_name}-{config.label}-{chash}"
+    return RUNS_ROOT / "niah" / f"{adapter_name}-{config.label}-{chash}"
+
+
+@register_task
+class NiahTask(ItemTask):
+    """Generate an answer per prompt, score it offline (and with the judge when configured).
+
+    Rerunning resumes: finished cells are skipped, cells whose judge call failed are judged again, and adding a
+    judge to a finished run judges its stored predictions without generating again (the judge is not hashed).
+    """
+
+    name = "niah"
+    Config = NiahConfig
+
+    def __init__(self, config: NiahConfig | None = None, judge: OpenAIJudge | None = None):
+        super().__init__(config)
+        # built here, so a missing API key fails before any model work
+        self.judge = (
+            judge if judge is not None else (OpenAIJudge.from_spec(self.config.judge) if self.config.judge else None)
+        )
+
+    def hashed_config(self, adapter: TextAdapter) -> dict:
+        self.resolved = resolve_config(self.config, adapter.device.type)
+        self.cells, self.skipped = split_by_max_length(grid_cells(self.resolved), adapter.max_length, adapter.name)
+        hashed = {**asdict(self.resolved), "batch_size": None, "preset": None}  # neither changes a record
+        hashed["haystack"] = haystack_identity(self.resolved.haystack, self.resolved.seed)
+        return hashed
+
+    def shown_config(self, hashed: dict) -> dict:
+        return {**asdict(self.resolved), "haystack_id": hashed["haystack"]}
+
+    def legacy_hashed_configs(self, adapter: TextAdapter) -> list[dict]:
+        """Before the DRT passkey became its own task, the NIAH config had ``flavour: text``."""
+        return [{"task": "niah", **self.hashed_config(adapter), "flavour": "text"}]
+
+    def default_dir(self, adapter: TextAdapter, chash: str) -> Path:
+        return run_dir_for(adapter.name, self.resolved, chash)
+
+    def items(self, adapter: TextAdapter) -> list[Item]:
+        names = subtasks(self.resolved)
+        return [Item(tuple(c.key(s) for s in names), c) for c in self.cells]
+
+    def execute(self, adapter: TextAdapter, run: RunDir, progress: bool = True) -> list[dict]:
+        if self.judge is not None:
+            stale = [r for r in run.latest().values() if _needs_judge(r)]
+            with progress_bar(len(stale), f"judge {adapter.name}", enabled=progress and bool(stale)) as bar:
+                for record in stale:
+                    run.append(_rejudge(record, self.judge))
+                    bar.advance()
+        return super().execute(adapter, run, progress)
+
+    def evaluate(self, adapter: TextAdapter, items: Sequence[Item], run: RunDir) -> Iterator[dict]:
+        if not items:
+            return
+        config, tok = self.resolved, adapter.tokenizer
+        # FoX repeats a short haystack to the grid's longest length (the whole grid's, so a resumed run sees
+        # the same text).
+        haystack = load_haystack(config.haystack, tok, max(config.lengths), config.seed)
+        done = run.latest()
+        per_cell = len(subtasks(config))
+        for batch in cells_by_length([it.data for it in items], max(1, config.batch_size // per_cell)):
+            jobs = [j for c in batch for j in cell_jobs(config, c, haystack, tok) if j.key not in done]
+            yield from self._answer(adapter, jobs, run.config_hash)
+
+    def _answer(self, adapter: TextAdapter, jobs: list[Job], chash: str) -> Iterator[dict]:
+        """Generate for a batch of jobs (greedy, cached, batched), then score each answer."""
+        config = self.resolved
+        gen_config = GenerationConfig(
+            max_new_tokens=config.max_new_tokens,
+            temperature=0.0,
+            stop=["\n"] if config.stop_newline else [],
+            seed=config.seed,
+        )
+        generations = adapter.generate_until([j.prompt for j in jobs], gen_config)
+        for job, gen in zip(jobs, generations, strict=True):
+            prediction = gen.text.strip()  # FoX strips the decoded answer
+            scores, verdict = score_job(job, prediction, self.judge)
+            yield {
+                "key": job.key,
+                "task": "niah",
+                "subtask": job.subtask,
+                "length": job.cell.length,
+                "depth": job.cell.depth,
+                "sample": job.cell.sample,
+                "prompt_sha256": prompt_sha256(job.prompt),
+                "prompt_tokens": len(adapter.tokenizer.encode(job.prompt)),
+                "prediction": prediction,
+                "finish_reason": gen.finish_reason,
+                "generated_tokens": len(gen.token_ids),
+                "scores": scores,
+                "judge": verdict,
+                "judge_question": job.judge_question,
+                "judge_reference": job.judge_reference,
+                "key_phrases": list(job.key_phrases),
+                **job.extra,
+                "config_hash": chash,
+            }
+
+    def aggregate(self, rows: list[dict], adapter: TextAdapter, run: RunDir) -> tuple[list[dict], dict]:
+        records = cell_means(rows, adapter.name)
+        summary = {
+            "mode": self.resolved.mode,
+            "label": self.resolved.label,
+            "judge": self.judge.spec if self.judge is not None else _judge_of(rows),
+            "skipped": self.skipped,
+            "within_beyond": within_beyond(records, adapter.train_length),
+        }
+        return records, summary
 
 
 def run_niah(
-    adapter: Adapter,
+    adapter: TextAdapter,
     config: NiahConfig,
     out_dir: Path | None = None,
     *,
@@ -353,109 +452,10 @@ def run_niah(
 ) -> dict:
     """Run, resume or re-judge a NIAH evaluation; returns ``results.json``'s content.
 
-    ``config.judge`` (``openai:MODEL``) builds the judge here, before anything is generated (a missing
-    key fails first); or pass a ready ``judge``. The run directory's hash leaves the judge out, so judging
-    a finished run later reuses its predictions.
+    ``config.judge`` (``openai:MODEL``) builds the judge before anything is generated (a missing key fails
+    first); or pass a ready ``judge``.
     """
-    device_type = getattr(getattr(adapter, "device", None), "type", "cpu")
-    resolved = resolve_config(config, device_type)
-    if judge is None and config.judge:
-        judge = OpenAIJudge.from_spec(config.judge)
-    if resolved.label == "2hop-drt" and judge is not None:
-        raise UserError("the DRT 2-hop test is scored teacher-forced; --judge does not apply")
-    tok = adapter.tokenizer
-    prov = adapter.provenance()
-    identity = {k: prov.get(k) for k in ("model", "checkpoint_sha256", "tokenizer", "dtype")}
-    hashed = {**asdict(resolved), "batch_size": None, "preset": None}  # neither changes a record
-    hashed["haystack"] = haystack_identity(resolved.haystack, resolved.seed)
-    chash = config_hash({"task": "niah", **hashed, **identity})
-    out_dir = Path(out_dir or run_dir_for(adapter.name, resolved, chash))
-    _claim_dir(out_dir, chash, resolved)
-
-    max_length = getattr(adapter, "max_length", None)
-    cells = grid_cells(resolved)
-    skipped = sorted({c.length for c in cells if max_length is not None and c.length > max_length})
-    cells = [c for c in cells if c.length not in skipped]
-    if not cells:
-        raise UserError(f"every length of the grid exceeds model {adapter.name}'s max_length {max_length}")
-
-    records_path = out_dir / RECORDS_FILE
-    done = _latest(read_jsonl(records_path))
-    names = subtasks(resolved)
-    pending = [c for c in cells if any(c.key(s) not in done for s in names)]
-    rejudge = [] if judge is None else [r for r in done.values() if _needs_judge(r)]
-
-    if pending:
-        # FoX repeats a short haystack to the grid's longest length (the whole grid's, so a resumed run sees
-        # the same text); the DRT test takes one window per sample.
-        n_tokens = max(resolved.lengths) * (resolved.samples if resolved.label == "2hop-drt" else 1)
-        haystack = load_haystack(resolved.haystack, tok, n_tokens, resolved.seed)
-    with progress_bar(len(pending) + len(rejudge), f"niah {resolved.label} {adapter.name}", enabled=progress) as bar:
-        for record in rejudge:
-            append_jsonl(records_path, _rejudge(record, judge))
-            bar.advance()
-        if resolved.label == "2hop-drt":
-            for batch in _batches(pending, resolved.batch_size):
-                for record in _drt_records(adapter, resolved, batch, haystack, chash):
-                    append_jsonl(records_path, record)
-                bar.advance(len(batch))
-        else:
-            per_cell = len(names)
-            for batch in _batches(pending, max(1, resolved.batch_size // per_cell)):
-                jobs = [j for c in batch for j in cell_jobs(resolved, c, haystack, tok) if j.key not in done]
-                for record in _generate_records(adapter, resolved, jobs, judge, chash):
-                    append_jsonl(records_path, record)
-                bar.advance(len(batch))
-
-    final = _latest(read_jsonl(records_path))
-    keys = [c.key(s) for c in cells for s in names]
-    rows = [final[k] for k in keys if k in final]
-    from evalsuite.report.niah import summary_records, within_beyond
-
-    train_length = getattr(getattr(adapter, "card", None), "train_length", None)
-    records = summary_records(rows, adapter.name)
-    results = {
-        "task": "niah",
-        "model": adapter.name,
-        "mode": resolved.mode,
-        "label": resolved.label,
-        "train_length": train_length,
-        "max_length": max_length,
-        "config": asdict(resolved),
-        "config_hash": chash,
-        "judge": judge.spec if judge is not None else _judge_of(rows),
-        "skipped": [{"length": L, "reason": f"beyond model {adapter.name}'s max_length {max_length}"} for L in skipped],
-        "provenance": provenance(**prov, seed=resolved.seed),
-        "records": records,
-        "summary": within_beyond(records, train_length),
-    }
-    atomic_write_json(out_dir / RESULTS_FILE, results)
-    return results
-
-
-def _claim_dir(out_dir: Path, chash: str, config: NiahConfig) -> None:
-    """Write the manifest on first use; a directory holding another configuration's records is an error."""
-    manifest = out_dir / MANIFEST
-    if manifest.exists():
-        try:
-            old = json.loads(manifest.read_text(encoding="utf-8")).get("config_hash")
-        except (OSError, json.JSONDecodeError):
-            old = None
-        if old != chash:
-            raise UserError(f"{out_dir} holds a NIAH run with another configuration; choose another --out")
-        return
-    if (out_dir / RECORDS_FILE).exists():
-        raise UserError(f"{out_dir} has records but no {MANIFEST}; choose another --out")
-    atomic_write_json(manifest, {"task": "niah", "config_hash": chash, "config": asdict(config)})
-
-
-def _latest(rows: list[dict]) -> dict[str, dict]:
-    """Records by key; a later line for the same key (a re-judged answer) replaces the earlier one."""
-    out: dict[str, dict] = {}
-    for row in rows:
-        if "key" in row:
-            out[row["key"]] = row
-    return out
+    return run_task(NiahTask(config, judge), adapter, out_dir, progress)
 
 
 def _needs_judge(record: dict) -> bool:
@@ -474,82 +474,3 @@ def _rejudge(record: dict, judge: OpenAIJudge) -> dict:
     result = judge.rate(record["judge_question"], record["judge_reference"], record["prediction"])
     scores = {**record["scores"], "judge": result.score}
     return {**record, "scores": scores, "judge": result.to_dict()}
-
-
-def _batches(cells: list[Cell], size: int) -> Iterator[list[Cell]]:
-    """Up to ``size`` cells of one length at a time: prompts of one length need (almost) no padding."""
-    by_length: dict[int, list[Cell]] = {}
-    for cell in cells:
-        by_length.setdefault(cell.length, []).append(cell)
-    for group in by_length.values():
-        for i in range(0, len(group), size):
-            yield group[i : i + size]
-
-
-def _generate_records(
-    adapter: Adapter, config: NiahConfig, jobs: list[Job], judge: OpenAIJudge | None, chash: str
-) -> Iterator[dict]:
-    """Generate for a batch of jobs (greedy, cached, batched), then score each answer."""
-    if not jobs:
-        return
-    tok = adapter.tokenizer
-    prompts = [tok.encode(j.prompt) for j in jobs]
-    gen_config = GenerationConfig(
-        max_new_tokens=config.max_new_tokens,
-        temperature=0.0,
-        stop=["\n"] if config.stop_newline else [],
-        seed=config.seed,
-    )
-    for job, ids, gen in zip(jobs, prompts, adapter.generate(prompts, gen_config), strict=True):
-        prediction = gen.text.strip()  # FoX strips the decoded answer
-        scores, verdict = score_job(job, prediction, judge)
-        yield {
-            "key": job.key,
-            "task": "niah",
-            "subtask": job.subtask,
-            "length": job.cell.length,
-            "depth": job.cell.depth,
-            "sample": job.cell.sample,
-            "prompt_sha256": prompt_sha256(job.prompt),
-            "prompt_tokens": len(ids),
-            "prediction": prediction,
-            "finish_reason": gen.finish_reason,
-            "generated_tokens": len(gen.token_ids),
-            "scores": scores,
-            "judge": verdict,
-            "judge_question": job.judge_question,
-            "judge_reference": job.judge_reference,
-            "key_phrases": list(job.key_phrases),
-            **job.extra,
-            "config_hash": chash,
-        }
-
-
-def _drt_records(adapter: Adapter, config: NiahConfig, cells: list[Cell], haystack: Haystack, chash: str):
-    """Teacher-forced DRT samples for a batch of same-length cells: one forward pass."""
-    tok, length = adapter.tokenizer, cells[0].length
-    samples = []
-    for cell in cells:
-        rng = np.random.default_rng([config.seed, length, cell.sample])
-        # Non-overlapping haystack windows, one per sample (wrapping around a short haystack), BOS kept first.
-        window = haystack.ids[: haystack.n_prefix] + haystack.tokens(cell.sample * length, length - haystack.n_prefix)
-        samples.append(multihop.drt_sample(window, tok, rng, keep_prefix=haystack.n_prefix))
-    for cell, sample, scores in zip(cells, samples, multihop.drt_scores(adapter, samples), strict=True):
-        yield {
-            "key": cell.key("2hop-drt"),
-            "task": "niah",
-            "subtask": "2hop-drt",
-            "length": length,
-            "depth": None,
-            "sample": cell.sample,
-            "prompt_sha256": hashlib.sha256(json.dumps(sample.input_ids).encode()).hexdigest(),
-            "prompt_tokens": len(sample.input_ids),
-            "prediction": scores.pop("predicted_ids"),
-            "answer": scores.pop("answer_ids"),
-            "scores": scores,
-            "judge": None,
-            "needle_starts": sample.needle_starts,
-            "query_start": sample.query_start,
-            "answer_start": sample.answer_start,
-            "config_hash": chash,
-        }

@@ -2,16 +2,23 @@
 
 ``attention(q, k, v, cum_q, cum_k)``: q ``[B, Tq, H, D]`` are the last Tq positions of k/v ``[B, Tk, H, D]``;
 ``cum_*`` are cumulative log forget gates (float32, ``[B, T, H]``) or None for plain causal attention.
+
+Modules (this package imports only ``reference`` and ``triton_utils``, which need no triton; the rest need it and
+are imported on first use):
+* ``reference.py`` -- the PyTorch twin (blocked and dense), used on CPU and as the tests' ground truth.
+* ``common.py`` -- block-config tables, shared jit helpers and input checks of the Triton kernels.
+* ``forward.py`` -- full causal forward + autograd: :func:`forgetting_attention_triton`.
+* ``backward.py`` (with ``backward_dkdv.py``, ``backward_dq.py``) -- the backward kernels and their launcher.
+* ``decode.py`` -- split-K decoding over a cache: :func:`forgetting_attention_decode_triton`.
+* ``cumsum.py`` -- the time scan of log f on CUDA.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib.util
-
 import torch
 
 from evalsuite.kernels.forgetting.reference import attention_blocked, attention_dense
+from evalsuite.kernels.triton_utils import triton_installed
 
 BACKENDS = ("auto", "triton", "reference", "dense")
 
@@ -19,28 +26,23 @@ BACKENDS = ("auto", "triton", "reference", "dense")
 def cumsum_over_time(log_f):
     """``cumsum(log_f, dim=1)`` for ``[B, T, H]`` gates; differentiable. Returns float32 ``[B, T, H]``.
 
-    On CUDA (with triton) a Triton scan (:mod:`evalsuite.kernels.forgetting.cumsum`; ``torch.cumsum`` along
-    dim 1 took ~0.36 us per step on an H100: 5.9 ms at T=16384, as long as the attention forward). Elsewhere
-    torch's cumsum of a time-contiguous copy. Either way the result
-    is a ``[B, T, H]`` view of ``[B, H, T]`` storage, which the kernels read as efficiently as the plain layout.
+    On CUDA (with triton) a Triton scan (:mod:`evalsuite.kernels.forgetting.cumsum`: ``torch.cumsum`` along
+    dim 1 of a ``[B, T, H]`` CUDA tensor is slow, results/bench/h100/README.md). Elsewhere torch's cumsum of a
+    time-contiguous copy. Either way the result is a ``[B, T, H]`` view of ``[B, H, T]`` storage, which the
+    kernels read as efficiently as the plain layout.
     """
-    if log_f.is_cuda and _triton_installed():
+    if log_f.is_cuda and triton_installed():
         from evalsuite.kernels.forgetting.cumsum import cumsum_over_time_triton
 
         return cumsum_over_time_triton(log_f)
     return log_f.float().transpose(1, 2).contiguous().cumsum(-1).transpose(1, 2)
 
 
-@functools.cache
-def _triton_installed() -> bool:
-    return importlib.util.find_spec("triton") is not None
-
-
 def triton_available(t: torch.Tensor) -> bool:
     """The kernel runs on CUDA tensors in bf16/fp16 with head dim 16-128; anything else uses the reference."""
     if not t.is_cuda or t.dtype not in (torch.bfloat16, torch.float16) or t.shape[-1] not in (16, 32, 64, 128):
         return False
-    return _triton_installed()  # checked once: this runs in every layer of every decoding step
+    return triton_installed()  # checked once: this runs in every layer of every decoding step
 
 
 def attention(q, k, v, cum_q=None, cum_k=None, *, key_start=None, scale=None, backend: str = "auto"):
@@ -53,8 +55,10 @@ def attention(q, k, v, cum_q=None, cum_k=None, *, key_start=None, scale=None, ba
         return attention_dense(q, k, v, cum_q, cum_k, scale=scale, key_start=key_start)
     if backend == "reference":
         return attention_blocked(q, k, v, cum_q, cum_k, scale=scale, key_start=key_start)
-    from evalsuite.kernels.forgetting import triton as kernel
-
     if q.shape[1] == k.shape[1] and key_start is None:
-        return kernel.forgetting_attention_triton(q, k, v, cum_q, scale=scale)
-    return kernel.forgetting_attention_decode_triton(q, k, v, cum_q, cum_k, scale=scale, key_start=key_start)
+        from evalsuite.kernels.forgetting.forward import forgetting_attention_triton
+
+        return forgetting_attention_triton(q, k, v, cum_q, scale=scale)
+    from evalsuite.kernels.forgetting.decode import forgetting_attention_decode_triton
+
+    return forgetting_attention_decode_triton(q, k, v, cum_q, cum_k, scale=scale, key_start=key_start)

@@ -1,13 +1,11 @@
 """Cumulative sum of log forget gates over time, in Triton; its PyTorch twin is ``torch.cumsum(log_f, dim=1)``.
 
 FoX needs ``c = cumsum(log f)`` over time for every (batch, head) before attention. ``torch.cumsum`` along
-dim 1 of a ``[B, T, H]`` CUDA tensor is slow (~0.36 us per step on an H100); along a time-contiguous copy it
-is fine but takes two kernels. Here one program per (batch, head) walks time in blocks of BLOCK_T: an
-in-register scan per block plus a running carry, written straight to time-major storage (``[B, H, T]``,
-returned as a ``[B, T, H]`` view, which the attention kernels read efficiently). On an H100: 0.024 ms against
-0.054 ms for the transpose-copy-cumsum at B = 4, T = 16K, H = 16 (0.080 vs 0.097 ms at B = 1, T = 64K), a
-small share of the attention itself. The backward is the same scan run from the end of the sequence
-(``d log f_t = sum_{s >= t} d c_s``).
+dim 1 of a ``[B, T, H]`` CUDA tensor is slow; along a time-contiguous copy it is fine but takes two kernels. Here
+one program per (batch, head) walks time in blocks of BLOCK_T: an in-register scan per block plus a running carry,
+written straight to time-major storage (``[B, H, T]``, returned as a ``[B, T, H]`` view, which the attention
+kernels read efficiently). Timings: results/bench/h100/README.md. The backward is the same scan run from the end
+of the sequence (``d log f_t = sum_{s >= t} d c_s``).
 
 The same source runs under ``TRITON_INTERPRET=1`` on CPU tensors (tests), with small blocks.
 """
@@ -18,7 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from evalsuite.kernels.forgetting.triton import _interpreting
+from evalsuite.kernels import triton_utils
+from evalsuite.kernels.triton_utils import interpreting
 
 BLOCK_T = 2048
 INTERPRET_BLOCK_T = 16
@@ -47,7 +46,7 @@ def _time_scan_kernel(X, Y, T, H, sxb, sxt, sxh, syb, syt, syh, REVERSE: tl.cons
 def _scan(x: torch.Tensor, y: torch.Tensor, reverse: bool) -> None:
     B, T, H = x.shape
     _time_scan_kernel[(B * H,)](
-        x, y, T, H, *x.stride(), *y.stride(), REVERSE=reverse, BLOCK_T=INTERPRET_BLOCK_T if _interpreting() else BLOCK_T
+        x, y, T, H, *x.stride(), *y.stride(), REVERSE=reverse, BLOCK_T=INTERPRET_BLOCK_T if interpreting() else BLOCK_T
     )
 
 
@@ -55,14 +54,14 @@ class _CumsumOverTime(torch.autograd.Function):
     @staticmethod
     def forward(ctx, log_f):
         B, T, H = log_f.shape
-        cum = torch.empty(B, H, T, dtype=torch.float32, device=log_f.device).transpose(1, 2)
+        cum = triton_utils.empty((B, H, T), torch.float32, log_f.device).transpose(1, 2)
         _scan(log_f, cum, reverse=False)
         ctx.dtype = log_f.dtype
         return cum
 
     @staticmethod
     def backward(ctx, grad_cum):
-        grad = torch.empty(grad_cum.shape, dtype=torch.float32, device=grad_cum.device)
+        grad = triton_utils.empty(grad_cum.shape, torch.float32, grad_cum.device)
         _scan(grad_cum, grad, reverse=True)
         return grad.to(ctx.dtype)
 

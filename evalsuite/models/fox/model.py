@@ -1,4 +1,4 @@
-"""Forgetting Transformer and the Transformer baselines (FoX paper, §2-3 and Appendix A/D).
+"""Forgetting Transformer and the Transformer baselines (FoX paper, arXiv:2503.02130, §2-3 and Appendix A/D).
 
 One readable module covers the four architectures of the paper, as the official code does
 (Transformer (Pro) *is* the FoX model without a forget gate and with RoPE):
@@ -30,7 +30,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from evalsuite.kernels.forgetting import attention, cumsum_over_time
+from evalsuite.errors import UserError
+from evalsuite.kernels.forgetting import BACKENDS, attention, cumsum_over_time
+from evalsuite.kernels.triton_utils import triton_installed
+from evalsuite.models.base import CausalLM, DecodeState
+from evalsuite.models.layers import HeadRMSNorm, RMSNorm, ShiftProjection, SwiGLU, rope
 
 FGATE_TYPES = ("full", "bias_only", "fixed", "none")
 PAD_BIAS = 1e30  # added to the cumulative log-forget of padding keys; exp(-1e30) == 0 in fp32
@@ -93,51 +97,6 @@ class FoxConfig:
         return asdict(self)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """RMSNorm over the last dim, computed in float32, returned in x's dtype."""
-    xf = x.float()
-    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    if weight is not None:
-        y = y * weight.float()
-    return y.to(x.dtype)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x):
-        return rms_norm(x, self.weight, self.eps)
-
-
-class HeadRMSNorm(nn.Module):
-    """RMSNorm applied to each head separately on ``[..., H, hd]``; scale shared ([hd]) or per head ([H*hd])."""
-
-    def __init__(self, num_heads: int, head_dim: int, eps: float, shared: bool):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(head_dim if shared else num_heads * head_dim))
-        self.num_heads, self.head_dim, self.eps = num_heads, head_dim, eps
-
-    def forward(self, x):  # x: [..., H, hd]
-        return rms_norm(x, self.weight.view(-1, self.head_dim), self.eps)
-
-
-def rope(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
-    """Rotary embedding, GPT-NeoX "rotate half" pairing, full head dim.
-
-    x: ``[B, T, H, hd]``; positions: ``[B, T]`` (float32 absolute positions).
-    """
-    hd = x.shape[-1]
-    inv_freq = base ** (-torch.arange(0, hd, 2, device=x.device, dtype=torch.float32) / hd)
-    angles = positions.float()[..., None] * inv_freq  # [B, T, hd/2]
-    cos = torch.cat([angles.cos(), angles.cos()], -1)[:, :, None, :].to(x.dtype)
-    sin = torch.cat([angles.sin(), angles.sin()], -1)[:, :, None, :].to(x.dtype)
-    x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
-    return x * cos + torch.cat([-x2, x1], -1) * sin
-
-
 def decay_time_bias(num_heads: int, t_min: float, t_max: float) -> torch.Tensor:
     """Appendix D init: per-head bias b with sigmoid(b)^T = 1/e, T log-spaced over [t_min, t_max].
 
@@ -145,31 +104,6 @@ def decay_time_bias(num_heads: int, t_min: float, t_max: float) -> torch.Tensor:
     """
     T = torch.exp(torch.linspace(math.log(t_min), math.log(t_max), num_heads, dtype=torch.float64))
     return (-torch.log(torch.expm1(1.0 / T))).float()
-
-
-class ShiftProjection(nn.Module):
-    """KV-shift (paper eq. 14): ``out_t = a_t * W x_{t-1} + (1 - a_t) * W x_t``, ``a_t = sigmoid(w_h . x_t)``.
-
-    One mixing coefficient per head and token; the previous row of the first token is zero (or the
-    cached row during decoding). Returns ``[B, T, H, hd]`` and the last projected row ``[B, H, hd]``.
-    """
-
-    def __init__(self, d: int, num_heads: int):
-        super().__init__()
-        self.linear = nn.Linear(d, d, bias=False)
-        self.shift = nn.Linear(d, num_heads, bias=False)
-        self.num_heads = num_heads
-
-    def forward(self, x, prev: torch.Tensor | None, pad: torch.Tensor | None):
-        B, T, _ = x.shape
-        out = self.linear(x).view(B, T, self.num_heads, -1)
-        if pad is not None:  # padding rows must not leak into the first real token
-            out = out.masked_fill(pad[:, :, None, None], 0.0)
-        alpha = torch.sigmoid(self.shift(x).float())[..., None]  # [B, T, H, 1]
-        first = torch.zeros_like(out[:, :1]) if prev is None else prev[:, None].to(out.dtype)
-        previous = torch.cat([first, out[:, :-1]], dim=1)
-        mixed = alpha * previous.float() + (1 - alpha) * out.float()
-        return mixed.to(out.dtype), out[:, -1]
 
 
 @dataclass
@@ -187,8 +121,10 @@ class LayerCache:
     v_prev: torch.Tensor | None = None
 
 
-class ModelCache:
-    """All layers' caches plus the shared length and left-padding starts."""
+class KVCache(DecodeState):
+    """All layers' caches plus the shared length and left-padding starts (``kind="kv-cache"``)."""
+
+    kind = "kv-cache"
 
     def __init__(self, config: FoxConfig, batch: int, capacity: int, device, dtype, start=None):
         H, hd = config.num_heads, config.head_dim
@@ -211,6 +147,18 @@ class ModelCache:
         if self.start is not None:
             pos = (pos - self.start[:, None]).clamp(min=0)
         return pos
+
+    def nbytes(self) -> int:
+        """Filled rows of k, v and the cumulative log-forget, plus the KV-shift rows, over all layers."""
+        total = 0
+        for layer in self.layers:
+            for t in (layer.k, layer.v, layer.cum):
+                if t is not None:
+                    total += t[:, : self.length].numel() * t.element_size()
+            for t in (layer.k_prev, layer.v_prev):
+                if t is not None:
+                    total += t.numel() * t.element_size()
+        return total
 
 
 class ForgettingAttention(nn.Module):
@@ -235,7 +183,6 @@ class ForgettingAttention(nn.Module):
             self.ogate_proj = nn.Linear(D, D, bias=False)
         if cfg.use_output_norm:
             self.out_norm = HeadRMSNorm(H, hd, cfg.norm_eps, shared=False)
-        self.backend = "auto"
 
     def _project(self, proj, x, prev, pad):
         if isinstance(proj, ShiftProjection):
@@ -252,7 +199,7 @@ class ForgettingAttention(nn.Module):
         B, T, _ = x.shape
         return F.logsigmoid(self.fgate_bias.float()).expand(B, T, -1)
 
-    def forward(self, x, positions, pad=None, cache: LayerCache | None = None, cache_len: int = 0):
+    def forward(self, x, positions, pad=None, cache: LayerCache | None = None, cache_len: int = 0, backend="auto"):
         """x: ``[B, T, D]`` normed input; positions: ``[B, T]``; pad: ``[B, T]`` bool or None."""
         cfg = self.cfg
         B, T, _ = x.shape
@@ -289,7 +236,7 @@ class ForgettingAttention(nn.Module):
             cum_all = None if cum is None else cache.cum[:, :end]
         else:
             k_all, v_all, cum_all = k, v, cum
-        o = attention(q, k_all, v_all, cum, cum_all, backend=self.backend)
+        o = attention(q, k_all, v_all, cum, cum_all, backend=backend)
 
         if cfg.use_output_norm:
             o = self.out_norm(o)
@@ -297,17 +244,6 @@ class ForgettingAttention(nn.Module):
         if cfg.use_output_gate:
             o = o * torch.sigmoid(self.ogate_proj(x))
         return self.o_proj(o)
-
-
-class SwiGLU(nn.Module):
-    def __init__(self, d: int, hidden: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(d, hidden, bias=False)
-        self.up_proj = nn.Linear(d, hidden, bias=False)
-        self.down_proj = nn.Linear(hidden, d, bias=False)
-
-    def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class Block(nn.Module):
@@ -319,25 +255,36 @@ class Block(nn.Module):
             self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
             self.mlp = SwiGLU(cfg.hidden_size, cfg.mlp_size)
 
-    def forward(self, h, positions, pad, cache, cache_len):
-        h = h + self.attn(self.attn_norm(h), positions, pad, cache, cache_len)
+    def forward(self, h, positions, pad, cache, cache_len, backend):
+        h = h + self.attn(self.attn_norm(h), positions, pad, cache, cache_len, backend)
         return h + self.mlp(self.mlp_norm(h)) if hasattr(self, "mlp") else h
 
 
-class ForgettingTransformer(nn.Module):
-    """Decoder-only LM. ``forward`` returns final hidden states; ``logits`` applies the LM head.
+class ForgettingTransformer(CausalLM):
+    """Decoder-only LM. ``forward`` returns final hidden states; ``logits`` applies the (untied) LM head.
 
     Keeping the head separate lets callers compute the loss in chunks, so a 64K x 50K logit matrix is
     never built.
     """
 
+    backends = BACKENDS  # "auto" (Triton on CUDA, blocked reference on CPU), "triton", "reference", "dense"
+    reference_backend = "dense"  # the textbook full-matrix softmax (kernels/forgetting/reference.py)
+
     def __init__(self, cfg: FoxConfig):
         super().__init__()
-        self.cfg = cfg
+        self.cfg = self.config = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.cfg.vocab_size
+
+    @property
+    def input_embedding(self) -> nn.Embedding:
+        return self.embed
 
     @torch.no_grad()
     def init_weights(self, seed: int = 0) -> None:
@@ -357,21 +304,25 @@ class ForgettingTransformer(nn.Module):
                 block.attn.fgate_bias.copy_(bias)
 
     def set_attention_backend(self, backend: str) -> None:
-        """ "auto" (Triton on CUDA, blocked reference on CPU), "triton", "reference" or "dense"."""
-        for block in self.blocks:
-            block.attn.backend = backend
+        super().set_attention_backend(backend)
+        if backend == "triton" and not triton_installed():
+            raise UserError("--attention triton needs the 'triton' package: pip install triton")
 
-    def new_cache(self, batch: int, capacity: int, start: torch.Tensor | None = None) -> ModelCache:
+    def available_backends(self, device: torch.device) -> tuple[str, ...]:
+        on_gpu = device.type == "cuda" and triton_installed()
+        return tuple(b for b in self.backends if b != "triton" or on_gpu)
+
+    def new_state(self, batch: int, capacity: int, start: torch.Tensor | None = None) -> KVCache:
         p = self.lm_head.weight
-        dtype = torch.get_autocast_dtype(p.device.type) if torch.is_autocast_enabled(p.device.type) else p.dtype
-        return ModelCache(self.cfg, batch, capacity, p.device, dtype, start)
+        return KVCache(self.cfg, batch, capacity, p.device, self.state_dtype(), start)
 
-    def forward(self, input_ids: torch.Tensor, cache: ModelCache | None = None, start: torch.Tensor | None = None):
+    def forward(self, input_ids: torch.Tensor, state: KVCache | None = None, start: torch.Tensor | None = None):
         """input_ids: ``[B, T]`` -> hidden ``[B, T, D]`` after the final norm.
 
-        With a cache, the tokens continue the cached sequence and are appended to it. ``start`` (``[B]``)
-        marks left padding for an uncached call; a cache carries its own.
+        With a state (KV cache), the tokens continue the cached sequence and are appended to it. ``start``
+        (``[B]``) marks left padding for an uncached call; a cache carries its own.
         """
+        cache = state
         B, T = input_ids.shape
         cache_len = 0 if cache is None else cache.length
         if cache is not None:
@@ -390,7 +341,7 @@ class ForgettingTransformer(nn.Module):
         h = self.embed(input_ids)
         for i, block in enumerate(self.blocks):
             layer_cache = None if cache is None else cache.layers[i]
-            h = block(h, positions, pad, layer_cache, cache_len)
+            h = block(h, positions, pad, layer_cache, cache_len, self.attention_backend)
         if cache is not None:
             cache.length += T
         return self.norm(h)
@@ -399,7 +350,7 @@ class ForgettingTransformer(nn.Module):
         return self.lm_head(hidden)
 
     def decode_state_size(self, length: int, dtype: torch.dtype) -> dict:
-        """What a :class:`ModelCache` holds per sequence after ``length`` tokens (attention has no fixed state:
+        """What a :class:`KVCache` holds per sequence after ``length`` tokens (attention has no fixed state:
         ``kind="kv-cache"``): per layer k and v ``[length, D]`` in ``dtype``, the float32 cumulative log-forget
         ``[length, H]`` of gated layers, and the one projected row each KV-shift keeps."""
         cfg = self.cfg
@@ -413,8 +364,3 @@ class ForgettingTransformer(nn.Module):
             "bytes": cfg.num_layers * ((kv + shift) * item + cum * 4),
             "dtype": str(dtype).removeprefix("torch."),
         }
-
-    def num_params(self, non_embedding: bool = True) -> int:
-        """Parameter count; the paper's "params" exclude the input embedding (the untied head counts)."""
-        n = sum(p.numel() for p in self.parameters())
-        return n - self.embed.weight.numel() if non_embedding else n

@@ -1,0 +1,45 @@
+"""The adapter registry: how ``--model KIND:NAME`` becomes an adapter.
+
+``native`` (the default kind, so ``--model fox-pro`` means ``native:fox-pro``) builds our models from cards; the
+HF-transformers and OpenAI-compatible adapters plug in here as further kinds. A factory takes the name after the
+colon and the shared :class:`AdapterOptions`, and returns a :class:`~evalsuite.adapters.base.TextAdapter`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from evalsuite.adapters.base import TextAdapter
+from evalsuite.registry import Registry
+
+DEFAULT_KIND = "native"
+
+
+@dataclass
+class AdapterOptions:
+    """The model options every command shares; an adapter uses those that apply to it."""
+
+    device: str = "auto"
+    dtype: str = "float32"
+    checkpoint: Path | None = None
+    attention: str = "auto"
+
+
+AdapterFactory = Callable[[str, AdapterOptions], TextAdapter]
+ADAPTERS: Registry[AdapterFactory] = Registry("model kind", builtins=("evalsuite.adapters.native",))
+
+
+def split_spec(spec: str) -> tuple[str, str]:
+    """``"hf:gpt2"`` -> ``("hf", "gpt2")``; no known kind prefix -> the native kind (card names and card paths)."""
+    kind, sep, name = spec.partition(":")
+    if sep and kind in ADAPTERS:
+        return kind, name
+    return DEFAULT_KIND, spec
+
+
+def load_adapter(spec: str, options: AdapterOptions | None = None) -> TextAdapter:
+    """The adapter for a ``--model`` value."""
+    kind, name = split_spec(spec)
+    return ADAPTERS.get(kind)(name, options or AdapterOptions())

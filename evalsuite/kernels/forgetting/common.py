@@ -1,0 +1,138 @@
+"""What the Forgetting Attention kernels share: block-config tables, jit helpers, input checks.
+
+Every kernel computes (part of) the function of :mod:`evalsuite.kernels.forgetting.reference`:
+
+    o_i = sum_{j<=i} exp(s_ij) v_j / sum_{j<=i} exp(s_ij),   s_ij = scale * q_i.k_j + c_i - c_j
+
+with ``c = cumsum(log f)`` (float32, computed by the caller) or no bias at all (``cum=None``, plain causal
+attention for the Transformer baselines; the same kernel source with a constexpr flag ``HAS_C``).
+
+Layouts: q, k, v, o ``[B, T, H, D]`` (any strides; the head dim should be contiguous for fast loads);
+cum ``[B, T, H]`` float32. Internal buffers (LSE, Dvec, dc_k) are ``[B, H, T]`` float32.
+
+Design notes shared by all kernels (FoX paper, Algorithms 1-2):
+* Softmax runs in base 2: ``exp(x) = exp2(x * log2 e)``, with ``log2 e`` folded into one multiply (:func:`_scales`).
+* The bias ``c_i - c_j`` is formed by subtracting the two float32 values *first* (exact when they are close,
+  which they are near the diagonal where attention mass sits), and only then added to the scaled scores:
+  at long T, ``|c|`` reaches 1e4..1e5, and adding ``c_i`` to a score before subtracting ``c_j`` would lose
+  the score's low bits.
+* The same source runs under ``TRITON_INTERPRET=1`` on CPU tensors (tests). There, fixed small block sizes
+  are used (``INTERPRET_*``) and no device is queried. The interpreter's ``tl.dot`` mishandles bfloat16 (it
+  multiplies the raw uint16 storage), so under the interpreter bf16 dot operands are upcast to float32 first
+  (``UPCAST``, :func:`_mm`); the products of bf16 values are exact in float32, so the result is the same function.
+
+The config tables live here and only here: the launchers read them at every launch, and the benchmark's tuning
+(:mod:`evalsuite.bench.attention`, ``scripts/tune_fwd.py``) writes into these same dicts.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from evalsuite.kernels.triton_utils import has_tma, interpreting
+
+LOG2E = 1.4426950408889634
+
+# Block configurations, per head dim: (BLOCK_M, BLOCK_N, num_warps, num_stages).
+# Forward and dQ: one program per BLOCK_M query rows, stepping over keys BLOCK_N at a time.
+# dK/dV: one program per BLOCK_N keys, stepping over queries BLOCK_M at a time.
+# Tuned at T=16384, B*T=65536, H=16 (evalsuite/bench/attention.py --tune, scripts/tune_fwd.py; the top forward configs
+# swap places run to run); D=16/32 use configs checked for correctness but not tuned. Measurements:
+# results/bench/h100/README.md and its fwd-sweep/, fwd-variants/.
+# The constraints (BLOCK_M % BLOCK_N == 0 forward/dQ, BLOCK_N % BLOCK_M == 0 dK/dV) are asserted at launch.
+FWD_CONFIGS = {16: (256, 64, 8, 3), 32: (256, 64, 8, 3), 64: (128, 64, 4, 4), 128: (128, 64, 8, 4)}
+BWD_DKDV_CONFIGS = {16: (32, 64, 4, 4), 32: (32, 64, 4, 4), 64: (32, 64, 4, 3), 128: (32, 128, 8, 3)}
+BWD_DQ_CONFIGS = {16: (128, 32, 4, 4), 32: (128, 32, 4, 4), 64: (128, 32, 4, 4), 128: (128, 64, 8, 4)}
+# Forward: fetch K/V tiles through TMA tensor descriptors (compute capability >= 9 and aligned strides; pointer loads
+# otherwise), per head dim; D=16/32 not measured, so off. The variants measured against it and not kept (the query's
+# cumsum folded into the LSE, key cumsums through a 1-D descriptor, q.k issued a block early, lazy rescaling) are in
+# results/bench/h100/fwd-variants/README.md.
+FWD_TMA = {16: False, 32: False, 64: True, 128: True}
+# Decode: (BLOCK_N, num_warps, num_stages); BLOCK_M follows Tq.
+DECODE_CONFIG = (64, 4, 2)
+# Under the interpreter: small blocks, so tests at T <= 256 still cover several diagonal / off-diagonal blocks.
+INTERPRET_FWD = (32, 16, 4, 1)
+INTERPRET_DKDV = (16, 32, 4, 1)
+INTERPRET_DQ = (32, 16, 4, 1)
+INTERPRET_DECODE = (16, 4, 1)
+
+HEAD_DIMS = (16, 32, 64, 128)
+
+# The strides of c are left unspecialised, so one compiled kernel serves c in [B, T, H] storage (the natural
+# result of a cumsum) and in time-major storage (see cumsum_over_time); measured as fast as specialised strides.
+VECTOR_STRIDES = ("stride_cb", "stride_ct", "stride_ch")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Jit helpers
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _mm(a, b, acc, UPCAST: tl.constexpr):
+    """``acc + a @ b`` with float32 accumulation (operands upcast first under the interpreter, see module doc)."""
+    if UPCAST:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _softmax_update(acc, l_i, m_i, s, v, mult, UPCAST: tl.constexpr):
+    """One online-softmax step: fold scores s [BLOCK_M, BLOCK_N] and values v [BLOCK_N, D] into (acc, l_i, m_i)."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2((m_i - m_new) * mult)
+    p = tl.exp2(s * mult - (m_new * mult)[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = _mm(p.to(v.dtype), v, acc * alpha[:, None], UPCAST)
+    return acc, l_i, m_new
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Host helpers
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _check_inputs(q, k, v):
+    """q, k, v: 4-d ``[B, T, H, D]``, one dtype (bf16/fp16), one device, D in :data:`HEAD_DIMS`."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"expected q, k, v as [B, T, H, D]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if q.dtype not in (torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"q, k, v must share dtype bfloat16 or float16; got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.shape[-1] not in HEAD_DIMS:
+        raise ValueError(f"head dim {q.shape[-1]} not supported; use one of {HEAD_DIMS}")
+    if not (q.device == k.device == v.device):
+        raise ValueError("q, k, v must be on one device")
+
+
+def _strides4(t):
+    return t.stride(0), t.stride(1), t.stride(2), t.stride(3)
+
+
+def _upcast(dtype) -> bool:
+    """The ``UPCAST`` flag: bf16 dot operands go through float32 under the interpreter only (module doc)."""
+    return interpreting() and dtype == torch.bfloat16
+
+
+def _scales(scale, D, has_c):
+    """(sm_scale, mult): scores are ``qk * sm_scale + bias`` when there is a bias (then exp2 needs ``log2 e``),
+    and raw ``qk`` without one (then ``mult`` carries the scale too, saving one multiply per score)."""
+    sm_scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    return (sm_scale, LOG2E) if has_c else (sm_scale, sm_scale * LOG2E)
+
+
+def _tma_usable(*tensors) -> bool:
+    """TMA needs compute capability >= 9 (any device under the interpreter, which emulates descriptors without
+    driver queries), a unit-stride head dim and 16-byte aligned bases and strides."""
+    t0 = tensors[0]
+    if not interpreting() and not (t0.is_cuda and has_tma(t0.device.index or 0)):
+        return False
+    for t in tensors:
+        size = t.element_size()
+        if t.stride(3) != 1 or t.data_ptr() % 16 or any(t.stride(i) * size % 16 for i in range(3)):
+            return False
+    return True

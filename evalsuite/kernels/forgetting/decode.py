@@ -1,0 +1,217 @@
+"""Forgetting Attention for cached decoding: a forward-only kernel with split-K and a host-side merge.
+
+Public entry point: :func:`forgetting_attention_decode_triton` -- for ``Tq <= Tk`` queries that are the last
+``Tq`` positions of the keys (cached decoding, or prefill with ``Tq == Tk``), with optional left padding
+``key_start``. Shapes, the function and the shared numerics: :mod:`evalsuite.kernels.forgetting.common`.
+
+Design notes:
+* With few queries (one token per step) there are too few (batch, head, query block) programs to fill the GPU,
+  so the keys are split over several programs (split-K, :func:`_num_splits`). Each split writes its own
+  normalised partial output and log-sum-exp (base 2); the host merges them, weighting each split by its share
+  of the softmax mass.
+* A query row may see no key at all (all its keys are left padding, or a split holds none of its keys): such
+  rows keep ``m = -inf`` with zero mass, write 0 and ``lse = -inf``, and weigh nothing in the merge. Whole
+  blocks of left padding are skipped.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from evalsuite.kernels import triton_utils
+from evalsuite.kernels.forgetting import common
+from evalsuite.kernels.forgetting.common import INTERPRET_DECODE, _check_inputs, _mm, _scales, _strides4, _upcast
+from evalsuite.kernels.triton_utils import interpreting
+
+
+@triton.jit
+def _decode_kernel(
+    Q,
+    K,
+    V,
+    CQ,
+    CK,
+    KS,
+    O_PART,
+    LSE_PART,
+    stride_qb,
+    stride_qt,
+    stride_qh,
+    stride_qd,
+    stride_kb,
+    stride_kt,
+    stride_kh,
+    stride_kd,
+    stride_vb,
+    stride_vt,
+    stride_vh,
+    stride_vd,
+    stride_cqb,
+    stride_cqt,
+    stride_cqh,
+    stride_ckb,
+    stride_ckt,
+    stride_ckh,
+    Tq,
+    Tk,
+    H,
+    keys_per_split,
+    sm_scale,
+    mult,
+    HAS_C: tl.constexpr,
+    HAS_KS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """Partial attention of query rows against one split of the keys.
+
+    Query row i sits at absolute position ``Tk - Tq + i``; key j is visible when ``key_start[b] <= j <= pos``.
+    Grid: (B*H, cdiv(Tq, BLOCK_M), n_splits). Split s covers keys [s*keys_per_split, (s+1)*keys_per_split).
+    Writes O_PART [S, B, H, Tq, D] (normalised within the split, 0 where nothing is visible) and
+    LSE_PART [S, B, H, Tq] (log2 units, -inf where nothing is visible); the host merges the splits.
+    """
+    pid_bh = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_s = tl.program_id(2)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < Tq
+    pos = Tk - Tq + offs_m
+
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None].to(tl.int64) * stride_qt
+                + offs_d[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)  # fmt: skip
+    if HAS_C:
+        cq = tl.load(CQ + b * stride_cqb + h * stride_cqh + offs_m.to(tl.int64) * stride_cqt, mask=row_ok, other=0.0)
+    if HAS_KS:
+        ks = tl.load(KS + b).to(tl.int32)
+    else:
+        ks = tl.full([], 0, dtype=tl.int32)
+
+    lo = pid_s * keys_per_split
+    # last key any row of this block may see, +1
+    hi = tl.minimum(tl.minimum(lo + keys_per_split, Tk), Tk - Tq + tl.minimum(pid_m * BLOCK_M + BLOCK_M, Tq))
+    lo = tl.maximum(lo, (ks // BLOCK_N) * BLOCK_N)  # skip whole blocks of left padding, stay block aligned
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    k_base = K + b * stride_kb + h * stride_kh
+    v_base = V + b * stride_vb + h * stride_vh
+    ck_base = CK + b * stride_ckb + h * stride_ckh
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        col_ok = cols < hi
+        cols64 = cols.to(tl.int64)
+        k = tl.load(k_base + cols64[:, None] * stride_kt + offs_d[None, :] * stride_kd, mask=col_ok[:, None], other=0.0)
+        v = tl.load(v_base + cols64[:, None] * stride_vt + offs_d[None, :] * stride_vd, mask=col_ok[:, None], other=0.0)
+        s = _mm(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST)
+        if HAS_C:
+            ck = tl.load(ck_base + cols64 * stride_ckt, mask=col_ok, other=0.0)
+            s = s * sm_scale + (cq[:, None] - ck[None, :])
+        visible = (cols[None, :] <= pos[:, None]) & col_ok[None, :] & (cols[None, :] >= ks)
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # rows that have seen no visible key yet keep m = -inf; use 0 as the shift so no inf - inf appears
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2((m_i - m_use) * mult)
+        p = tl.exp2(s * mult - (m_use * mult)[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = _mm(p.to(v.dtype), v, acc * alpha[:, None], UPCAST)
+        m_i = m_new
+
+    empty = l_i == 0.0
+    o = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, float("-inf"), m_i * mult + tl.log2(tl.where(empty, 1.0, l_i)))
+    # O_PART / LSE_PART are contiguous [S, B*H, Tq, (D)]
+    row = (pid_s * tl.num_programs(0) + pid_bh).to(tl.int64) * Tq + offs_m
+    tl.store(O_PART + row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=row_ok[:, None])
+    tl.store(LSE_PART + row, lse, mask=row_ok)
+
+
+def _num_splits(bh_blocks: int, Tk: int, block_n: int, device) -> int:
+    """How many key splits to fill the GPU when there are few (batch, head, query block) programs."""
+    if interpreting() or device.type != "cuda":
+        n_sm = 4  # no device queries under the interpreter; a small number still exercises the split path
+        min_keys = 2 * block_n
+    else:
+        n_sm = torch.cuda.get_device_properties(device).multi_processor_count
+        min_keys = 4 * block_n  # keep each split long enough to amortise its partial write
+    want = triton.cdiv(2 * n_sm, bh_blocks)
+    return max(1, min(want, triton.cdiv(Tk, min_keys)))
+
+
+def forgetting_attention_decode_triton(q, k, v, cum_q=None, cum_k=None, *, scale=None, key_start=None,
+                                       num_splits=None):  # fmt: skip
+    """Forgetting Attention for queries that are the last ``Tq`` positions of ``Tk`` keys (forward only).
+
+    Args:
+        q: ``[B, Tq, H, D]``; k, v: ``[B, Tk, H, D]`` (bf16/fp16, any strides), ``Tq <= Tk``.
+        cum_q, cum_k: ``[B, Tq, H]`` / ``[B, Tk, H]`` cumulative log forget gates, or both None.
+        scale: logit scale, default ``1/sqrt(D)``.
+        key_start: ``[B]`` integer, first valid key per sequence (left padding), or None.
+        num_splits: key splits (split-K); default picks enough programs to fill the GPU when Tq is small.
+    Returns:
+        ``[B, Tq, H, D]`` in q's dtype; rows that see no key are 0 (as in the reference).
+    """
+    _check_inputs(q, k, v)
+    B, Tq, H, D = q.shape
+    Tk = k.shape[1]
+    if k.shape != v.shape or k.shape[0] != B or k.shape[2] != H or k.shape[3] != D or Tk < Tq:
+        raise ValueError(f"k/v shape {tuple(k.shape)} does not fit q shape {tuple(q.shape)}")
+    if (cum_q is None) != (cum_k is None):
+        raise ValueError("give both cum_q and cum_k, or neither")
+    has_c = cum_q is not None
+    if has_c:
+        if cum_q.shape != (B, Tq, H) or cum_k.shape != (B, Tk, H):
+            raise ValueError(
+                f"cum_q/cum_k must be [B, Tq, H]/[B, Tk, H]; got {tuple(cum_q.shape)}/{tuple(cum_k.shape)}"
+            )
+        cum_q, cum_k = cum_q.float(), cum_k.float()
+    has_ks = key_start is not None
+    if has_ks:
+        if key_start.shape != (B,):
+            raise ValueError(f"key_start must be [B]; got {tuple(key_start.shape)}")
+        key_start = key_start.to(device=q.device, dtype=torch.int32).contiguous()
+    if Tq == 0:
+        return q.new_empty(q.shape)
+
+    interp = interpreting()
+    BLOCK_N, num_warps, num_stages = INTERPRET_DECODE if interp else common.DECODE_CONFIG
+    BLOCK_M = 16 if Tq <= 16 else (32 if (interp or Tq <= 32) else 64)
+    n_m = triton.cdiv(Tq, BLOCK_M)
+    if num_splits is None:
+        num_splits = _num_splits(B * H * n_m, Tk, BLOCK_N, q.device)
+    keys_per_split = triton.cdiv(triton.cdiv(Tk, num_splits), BLOCK_N) * BLOCK_N
+    num_splits = triton.cdiv(Tk, keys_per_split)
+
+    sm_scale, mult = _scales(scale, D, has_c)
+    o_part = triton_utils.empty((num_splits, B, H, Tq, D), torch.float32, q.device)
+    lse_part = triton_utils.empty((num_splits, B, H, Tq), torch.float32, q.device)
+    cq = cum_q if has_c else lse_part
+    ck = cum_k if has_c else lse_part
+    cq_strides = cum_q.stride() if has_c else (0, 0, 0)
+    ck_strides = cum_k.stride() if has_c else (0, 0, 0)
+    ks = key_start if has_ks else lse_part
+    _decode_kernel[(B * H, n_m, num_splits)](
+        q, k, v, cq, ck, ks, o_part, lse_part, *_strides4(q), *_strides4(k), *_strides4(v), *cq_strides, *ck_strides,
+        Tq, Tk, H, keys_per_split, sm_scale, mult,
+        HAS_C=has_c, HAS_KS=has_ks, HEAD_DIM=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, UPCAST=_upcast(q.dtype),
+        num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+
+    if num_splits == 1:
+        out = o_part[0]
+    else:
+        # merge: weight each split's normalised output by its share of the total softmax mass (base 2)
+        m = lse_part.amax(dim=0)
+        m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+        w = torch.exp2(lse_part - m)  # [S, B, H, Tq]; 0 for empty splits
+        out = (w[..., None] * o_part).sum(0) / w.sum(0).clamp_min(1e-30)[..., None]
+    return out.permute(0, 2, 1, 3).to(q.dtype)  # [B, H, Tq, D] -> [B, Tq, H, D]

@@ -1,0 +1,276 @@
+"""Forgetting Attention forward over a full causal sequence, with autograd (FlashAttention-2 style).
+
+Public entry point: :func:`forgetting_attention_triton` -- full causal forward with autograd (dq, dk, dv, dcum);
+the backward kernels are in :mod:`evalsuite.kernels.forgetting.backward`. Shapes, the function and the numerics
+shared with the other kernels: :mod:`evalsuite.kernels.forgetting.common`.
+
+Design notes:
+* One program per (batch, head, BLOCK_M query rows), sweeping keys BLOCK_N at a time with an online softmax;
+  it writes O and the row log-sum-exp (LSE, base 2) that the backward reuses.
+* Causal block skipping: a query block visits only the key blocks at or left of its diagonal, and only the
+  diagonal blocks pay for masking. Ragged tails (T not a multiple of the block) are masked on load.
+* On Hopper and newer the forward reads K/V tiles through per-(batch, head) TMA tensor descriptors (``FWD_TMA``;
+  rows past T come back as zeros); pointer loads elsewhere, and for strides TMA cannot take.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from evalsuite.kernels import triton_utils
+from evalsuite.kernels.forgetting import common
+from evalsuite.kernels.forgetting.backward import _bwd
+from evalsuite.kernels.forgetting.common import (
+    INTERPRET_FWD,
+    VECTOR_STRIDES,
+    _check_inputs,
+    _mm,
+    _scales,
+    _softmax_update,
+    _strides4,
+    _tma_usable,
+    _upcast,
+)
+from evalsuite.kernels.triton_utils import install_tma_allocator, interpreting, pick_config
+
+
+@triton.jit
+def _fwd_inner(
+    acc,
+    l_i,
+    m_i,
+    q,
+    cq,
+    k_ptrs,
+    v_ptrs,
+    k_desc,
+    v_desc,
+    c_ptrs,
+    offs_m,
+    lo,
+    hi,
+    T,
+    sm_scale,
+    mult,
+    stride_kt,
+    stride_vt,
+    stride_ct,
+    MASK: tl.constexpr,
+    HAS_C: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr,
+    USE_TMA: tl.constexpr,
+):
+    """Online-softmax sweep over keys [lo, hi) for one query block. Pointers start at key ``lo``.
+
+    acc: [BLOCK_M, D] f32 unnormalised output; l_i, m_i: [BLOCK_M] row sums / reference maxima of s (natural units,
+    softmax taken as exp2(s * mult)). MASK: diagonal block (causal mask, keys may run past T).
+    USE_TMA: K/V tiles come from the tensor descriptors ``k_desc``/``v_desc`` (rows past T read as zeros),
+    else from the pointers.
+    """
+    offs_n = tl.arange(0, BLOCK_N)
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        if USE_TMA:
+            k = k_desc.load([start_n, 0])
+            v = v_desc.load([start_n, 0])
+        elif MASK:
+            k = tl.load(k_ptrs, mask=cols[:, None] < T, other=0.0)
+            v = tl.load(v_ptrs, mask=cols[:, None] < T, other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+        if HAS_C:
+            if MASK:
+                ck = tl.load(c_ptrs, mask=cols < T, other=0.0)
+            else:
+                ck = tl.load(c_ptrs)
+        s = _mm(q, tl.trans(k), tl.zeros([q.shape[0], BLOCK_N], dtype=tl.float32), UPCAST)
+        if HAS_C:
+            # subtract the two cumsums first (fp32), then add to the scaled scores
+            s = s * sm_scale + (cq[:, None] - ck[None, :])
+        if MASK:
+            s = tl.where(offs_m[:, None] >= cols[None, :], s, float("-inf"))
+        acc, l_i, m_i = _softmax_update(acc, l_i, m_i, s, v, mult, UPCAST)
+        k_ptrs += BLOCK_N * stride_kt
+        v_ptrs += BLOCK_N * stride_vt
+        c_ptrs += BLOCK_N * stride_ct
+    return acc, l_i, m_i
+
+
+@triton.jit(do_not_specialize=VECTOR_STRIDES)
+def _fwd_kernel(
+    Q,
+    K,
+    V,
+    C,
+    Out,
+    LSE,
+    stride_qb,
+    stride_qt,
+    stride_qh,
+    stride_qd,
+    stride_kb,
+    stride_kt,
+    stride_kh,
+    stride_kd,
+    stride_vb,
+    stride_vt,
+    stride_vh,
+    stride_vd,
+    stride_ob,
+    stride_ot,
+    stride_oh,
+    stride_od,
+    stride_cb,
+    stride_ct,
+    stride_ch,
+    T,
+    H,
+    sm_scale,
+    mult,
+    HAS_C: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr,
+    USE_TMA: tl.constexpr,
+):
+    """Forward. Grid: (B*H, cdiv(T, BLOCK_M)). Writes O [B, T, H, D] and LSE [B, H, T] (log2 units).
+
+    USE_TMA: read K/V through per-(batch, head) tensor descriptors ([T, HEAD_DIM], unit stride on the head dim,
+    16-byte aligned rows: checked by the launcher), so Hopper's TMA unit fetches the tiles.
+    """
+    pid_bh = tl.program_id(0)
+    # the last query blocks see the most keys: launch them first so the tail of the grid is short work
+    pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < T
+
+    q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None].to(tl.int64) * stride_qt + offs_d[None, :] * stride_qd
+    q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
+    k_ptrs = K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kt + offs_d[None, :] * stride_kd
+    v_ptrs = V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vt + offs_d[None, :] * stride_vd
+    if USE_TMA:
+        k_desc = tl.make_tensor_descriptor(
+            K + b * stride_kb + h * stride_kh, [T, HEAD_DIM], strides=[stride_kt, 1], block_shape=[BLOCK_N, HEAD_DIM]
+        )
+        v_desc = tl.make_tensor_descriptor(
+            V + b * stride_vb + h * stride_vh, [T, HEAD_DIM], strides=[stride_vt, 1], block_shape=[BLOCK_N, HEAD_DIM]
+        )
+    else:
+        k_desc = None
+        v_desc = None
+    c_base = C + b * stride_cb + h * stride_ch
+    c_ptrs = c_base + offs_n * stride_ct
+    if HAS_C:
+        cq = tl.load(c_base + offs_m.to(tl.int64) * stride_ct, mask=row_ok, other=0.0)
+    else:
+        cq = tl.zeros([BLOCK_M], dtype=tl.float32)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    # keys strictly left of the block: no mask (BLOCK_M % BLOCK_N == 0, so blocks never straddle start_m)
+    acc, l_i, m_i = _fwd_inner(
+        acc, l_i, m_i, q, cq, k_ptrs, v_ptrs, k_desc, v_desc, c_ptrs, offs_m, 0, start_m, T, sm_scale, mult,
+        stride_kt, stride_vt, stride_ct, False, HAS_C, BLOCK_N, UPCAST, USE_TMA,
+    )  # fmt: skip
+    # diagonal blocks: causal mask
+    k_ptrs += start_m.to(tl.int64) * stride_kt
+    v_ptrs += start_m.to(tl.int64) * stride_vt
+    c_ptrs += start_m.to(tl.int64) * stride_ct
+    acc, l_i, m_i = _fwd_inner(
+        acc, l_i, m_i, q, cq, k_ptrs, v_ptrs, k_desc, v_desc, c_ptrs, offs_m, start_m,
+        tl.minimum(start_m + BLOCK_M, T), T, sm_scale, mult, stride_kt, stride_vt, stride_ct, True, HAS_C, BLOCK_N,
+        UPCAST, USE_TMA,
+    )  # fmt: skip
+
+    # every valid row sees at least its own key, so l_i > 0 and m_i is finite there
+    o = acc / l_i[:, None]
+    o_ptrs = (
+        Out + b * stride_ob + h * stride_oh + offs_m[:, None].to(tl.int64) * stride_ot + offs_d[None, :] * stride_od
+    )
+    tl.store(o_ptrs, o.to(Out.dtype.element_ty), mask=row_ok[:, None])
+    lse = m_i * mult + tl.log2(l_i)
+    tl.store(LSE + pid_bh.to(tl.int64) * T + offs_m, lse, mask=row_ok)
+
+
+def _fwd(q, k, v, cum, scale, config=None, tma=None):
+    """Launch the forward. Returns o [B, T, H, D] (q dtype) and lse [B, H, T] fp32 (log2 units).
+
+    q, k, v ``[B, T, H, D]``, cum ``[B, T, H]`` fp32 or None (inputs checked by the caller). ``config`` overrides
+    the block config ``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` and ``tma`` the ``FWD_TMA`` entry (tuning,
+    tests); TMA is still used only where :func:`_tma_usable` allows it.
+    """
+    B, T, H, D = q.shape
+    BLOCK_M, BLOCK_N, num_warps, num_stages = config or pick_config(common.FWD_CONFIGS, D, INTERPRET_FWD)
+    assert BLOCK_M % BLOCK_N == 0, "forward needs BLOCK_M % BLOCK_N == 0"
+    has_c = cum is not None
+    sm_scale, mult = _scales(scale, D, has_c)
+    o = triton_utils.empty((B, T, H, D), q.dtype, q.device)
+    lse = triton_utils.empty((B, H, T), torch.float32, q.device)
+    use_tma = common.FWD_TMA.get(D, False) if tma is None else tma
+    use_tma = use_tma and _tma_usable(k, v)
+    if use_tma and not interpreting():
+        install_tma_allocator()
+    c = cum if has_c else lse  # dummy pointer, never read
+    c_strides = cum.stride() if has_c else (0, 0, 0)
+    grid = (B * H, triton.cdiv(T, BLOCK_M))
+    _fwd_kernel[grid](
+        q, k, v, c, o, lse, *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(o), *c_strides,
+        T, H, sm_scale, mult,
+        HAS_C=has_c, HEAD_DIM=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, UPCAST=_upcast(q.dtype),
+        USE_TMA=use_tma,
+        num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    return o, lse
+
+
+class ForgettingAttentionFunction(torch.autograd.Function):
+    """Autograd wrapper: the forward kernel above and :func:`~evalsuite.kernels.forgetting.backward._bwd`;
+    saves q, k, v, cum, o and the fp32 LSE ``[B, H, T]``."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cum, scale):
+        o, lse = _fwd(q, k, v, cum, scale)
+        ctx.save_for_backward(q, k, v, cum, o, lse)
+        ctx.scale = scale
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, cum, o, lse = ctx.saved_tensors
+        dq, dk, dv, dcum = _bwd(do, q, k, v, cum, o, lse, ctx.scale)
+        return dq, dk, dv, dcum, None
+
+
+def forgetting_attention_triton(q, k, v, cum=None, *, scale=None):
+    """Causal Forgetting Attention (full sequence), differentiable.
+
+    Args:
+        q, k, v: ``[B, T, H, D]`` bfloat16 or float16, any strides; D in (16, 32, 64, 128).
+        cum: ``[B, T, H]`` float32 cumulative log forget gates (``cumsum(log f, dim=1)``; on GPU prefer
+            :func:`cumsum_over_time`, torch's dim=1 cumsum is slow at long T), or None for plain causal
+            attention. Gradients flow to ``cum`` (``dcum_i = sum_j dS_ij - sum_j dS_ji``); autograd through the
+            caller's cumsum turns them into ``d log f``.
+        scale: logit scale, default ``1/sqrt(D)``.
+    Returns:
+        o: ``[B, T, H, D]`` in q's dtype (contiguous).
+    """
+    _check_inputs(q, k, v)
+    if k.shape != q.shape or v.shape != q.shape:
+        raise ValueError(f"full forward needs q, k, v of one shape; got {tuple(q.shape)}, {tuple(k.shape)}")
+    B, T, H, _ = q.shape
+    if cum is not None:
+        if cum.shape != (B, T, H):
+            raise ValueError(f"cum must be [B, T, H] = {(B, T, H)}; got {tuple(cum.shape)}")
+        cum = cum.float()
+    return ForgettingAttentionFunction.apply(q, k, v, cum, scale)

@@ -1,0 +1,122 @@
+"""What every model family implements, so tasks and adapters never look inside a model.
+
+* :class:`CausalLM`: a decoder-only LM split into ``forward`` (ids -> final hidden states, with an optional
+  decode state) and ``logits`` (the LM head), so callers compute logits in chunks and a ``T x V`` matrix never
+  exists at long context; plus decode-state creation, weight init, attention-backend choice and parameter counts.
+* :class:`DecodeState`: what a model keeps between decoding steps. It says what kind of state it is (a KV cache
+  that grows with the context, a fixed recurrent state, or a chunk memory) and how many bytes it holds.
+
+Tensor layout: ids ``[B, T]`` long; hidden ``[B, T, D]``; logits ``[B, T, V]``. Left padding: ``start`` ``[B]``
+long marks the first real token of each row; tokens before it are padding and must not change the others.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from evalsuite.errors import UserError
+
+STATE_KINDS = ("kv-cache", "recurrent", "chunk-memory")
+# Elements of one logits chunk (B x positions x vocab): 2**25 fp32 = 128 MiB.
+LOGIT_BUDGET = 2**25
+
+
+class DecodeState(ABC):
+    """Per-batch decoding state. ``length`` counts the positions consumed so far (padding included)."""
+
+    kind: ClassVar[str]  # one of STATE_KINDS
+    length: int
+
+    @abstractmethod
+    def nbytes(self) -> int:
+        """Bytes of state the batch needs at its current length (a preallocated cache counts its filled part)."""
+
+
+class CausalLM(nn.Module, ABC):
+    """Base class of every model family. Subclasses set ``backends`` (the attention implementations they offer,
+    ``"auto"`` first) and implement the abstract methods; ``config`` is the family's config dataclass."""
+
+    backends: ClassVar[tuple[str, ...]] = ("auto",)
+    reference_backend: ClassVar[str] = "auto"  # the plain, obviously-correct implementation the others must match
+    config: object
+
+    def __init__(self):
+        super().__init__()
+        self._backend = "auto"
+
+    # -- the forward pass -------------------------------------------------------------------------------------
+
+    @abstractmethod
+    def forward(
+        self, input_ids: torch.Tensor, state: DecodeState | None = None, start: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """ids ``[B, T]`` -> final hidden states ``[B, T, D]``. With a ``state`` the tokens continue the state's
+        sequence and are appended to it (its own left padding applies); ``start`` marks left padding otherwise."""
+
+    @abstractmethod
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head: ``[..., D] -> [..., V]``."""
+
+    def chunked_logits(self, hidden: torch.Tensor, budget: int = LOGIT_BUDGET) -> Iterator[tuple[int, torch.Tensor]]:
+        """Yield ``(start, logits [B, chunk, V])`` over the positions of ``hidden [B, T, D]``, one chunk at a time."""
+        B, T, _ = hidden.shape
+        chunk = max(1, budget // (B * self.vocab_size))
+        for s in range(0, T, chunk):
+            yield s, self.logits(hidden[:, s : s + chunk])
+
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def input_embedding(self) -> nn.Embedding: ...
+
+    # -- decoding ---------------------------------------------------------------------------------------------
+
+    @abstractmethod
+    def new_state(self, batch: int, capacity: int, start: torch.Tensor | None = None) -> DecodeState:
+        """An empty decode state for ``batch`` sequences of up to ``capacity`` positions (``start``: left padding)."""
+
+    @abstractmethod
+    def decode_state_size(self, length: int, dtype: torch.dtype) -> dict:
+        """What the state holds per sequence after ``length`` tokens, without allocating it:
+        ``{"kind", "elements", "bytes", "dtype"}`` (MQAR's state-size axis; :meth:`DecodeState.nbytes` agrees)."""
+
+    def state_dtype(self) -> torch.dtype:
+        """The dtype activations (and so cached keys/values) have: the autocast dtype when autocast is on."""
+        p = self.input_embedding.weight
+        return torch.get_autocast_dtype(p.device.type) if torch.is_autocast_enabled(p.device.type) else p.dtype
+
+    # -- weights, backends, sizes -----------------------------------------------------------------------------
+
+    @abstractmethod
+    def init_weights(self, seed: int = 0) -> None:
+        """Deterministic initialisation from ``seed`` (no global RNG touched)."""
+
+    def set_attention_backend(self, backend: str) -> None:
+        """Pick one of ``backends``; an unknown name is a UserError listing the family's choices."""
+        if backend not in self.backends:
+            raise UserError(
+                f"attention backend {backend!r} is not offered by {type(self).__name__}; "
+                f"choose from {', '.join(self.backends)}"
+            )
+        self._backend = backend
+
+    @property
+    def attention_backend(self) -> str:
+        return self._backend
+
+    def available_backends(self, device: torch.device) -> tuple[str, ...]:
+        """The backends that run on ``device`` (e.g. Triton kernels need CUDA)."""
+        return self.backends
+
+    def num_params(self, non_embedding: bool = True) -> int:
+        """Parameter count; papers' "params" usually exclude the input embedding (an untied head counts)."""
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.input_embedding.weight.numel() if non_embedding else n

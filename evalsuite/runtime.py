@@ -1,0 +1,35 @@
+"""Device and dtype resolution: the ``--device`` / ``--dtype`` options, shared by adapters and training."""
+
+from __future__ import annotations
+
+import torch
+
+from evalsuite.errors import UserError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda`` or ``cuda:N``; CUDA must exist if asked for."""
+    if isinstance(device, torch.device):
+        return device
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise UserError(f"unknown device {device!r}; use auto, cpu, cuda or cuda:N") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda was asked for but no CUDA GPU is available")
+    return dev
+
+
+def resolve_dtype(dtype: str) -> torch.dtype:
+    """``float32``, ``bfloat16`` or ``float16``."""
+    if dtype not in DTYPES:
+        raise UserError(f"unknown dtype {dtype!r}; use {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

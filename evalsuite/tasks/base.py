@@ -1,0 +1,208 @@
+r"""What a task is, and the one runner every task goes through.
+
+A task (inspect_ai's "dataset + solver + scorer"; lm-eval's task) supplies:
+
+* ``hashed_config(adapter)``: the resolved configuration that defines its records (hashed with the model's
+  identity into the run's config hash and the default run-directory name);
+* ``items(adapter)`` and ``evaluate(adapter, items, run)`` (an :class:`ItemTask`): the units of work, each listing
+  the record keys it produces, and the requests to the model and scores, yielding one record per key;
+* ``aggregate(rows, adapter)``: long-format records (model, task, subtask, length, depth, metric, value, n) and a
+  task-specific summary.
+
+:func:`run_task` owns the rest: it checks the adapter offers what the task ``needs``, claims the run directory
+(:class:`~evalsuite.rundir.RunDir`), skips finished keys, appends each record as it arrives with a progress bar,
+and writes ``results.json`` in one shape for every task::
+
+    {"task", "model", "config", "config_hash", "train_length", "max_length", "provenance", "records", "summary",
+     "run_dir"}
+
+Most tasks are :class:`ItemTask`\ s (items -> records, the loop above); a task with its own inner loop (the loss
+task's running sums, MQAR's training sweep) implements ``execute`` itself.
+Tasks register with :func:`register_task` so ``evalsuite run NAME`` finds them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, fields, is_dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from evalsuite.adapters.base import GENERATE, TextAdapter
+from evalsuite.errors import UserError
+from evalsuite.progress import progress_bar
+from evalsuite.provenance import provenance
+from evalsuite.registry import Registry
+from evalsuite.rundir import RunDir
+from evalsuite.store import config_hash
+
+RUNS_ROOT = Path("results/runs")
+
+
+@dataclass(frozen=True)
+class Item:
+    """One unit of work; ``keys`` are the record keys it produces (a NIAH 2-hop cell: the 2-hop and 1-hop answers)."""
+
+    keys: tuple[str, ...]
+    data: object = None
+
+
+class Task(ABC):
+    """Base class of every task. Subclasses set ``name``, ``needs`` and ``Config`` (a dataclass)."""
+
+    name: ClassVar[str]
+    needs: ClassVar[frozenset[str]] = frozenset({GENERATE})  # adapter capabilities (evalsuite.adapters.base)
+    Config: ClassVar[type]
+    reuse_finished: ClassVar[bool] = False  # True: a finished run's results.json is returned as it is
+
+    def __init__(self, config=None):
+        self.config = config if config is not None else self.Config()
+
+    @classmethod
+    def from_options(cls, options: dict) -> Task:
+        """A task from ``key=value`` options (``evalsuite run TASK --set key=value``); unknown keys are errors."""
+        known = {f.name for f in fields(cls.Config)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise UserError(f"task {cls.name}: unknown option(s) {', '.join(unknown)}; known: {', '.join(known)}")
+        try:
+            return cls(cls.Config(**options))
+        except (TypeError, ValueError) as e:
+            raise UserError(f"task {cls.name}: {e}") from None
+
+    # -- what subclasses provide -------------------------------------------------------------------------------
+
+    def hashed_config(self, adapter: TextAdapter | None) -> dict:
+        """The resolved config that defines the records (validated against the adapter; UserError if bad)."""
+        return asdict(self.config) if is_dataclass(self.config) else dict(self.config)
+
+    def shown_config(self, hashed: dict) -> dict:
+        """The config as ``results.json`` shows it (default: the hashed one)."""
+        return hashed
+
+    def legacy_hashed_configs(self, adapter: TextAdapter | None) -> list[dict]:
+        """Configs in earlier schemas that produced the same records (their run directories migrate)."""
+        return []
+
+    def default_dir(self, adapter: TextAdapter | None, chash: str) -> Path:
+        model = adapter.name if adapter is not None else "run"
+        return RUNS_ROOT / self.name / f"{model}-{chash}"
+
+    @abstractmethod
+    def aggregate(self, rows: list[dict], adapter: TextAdapter | None, run: RunDir) -> tuple[list[dict], dict]:
+        """(long-format records, task summary) from the run's latest records."""
+
+    def provenance_extra(self) -> dict:
+        return {"seed": getattr(self.config, "seed", None)}
+
+    def finished(self, run: RunDir) -> None:  # noqa: B027 - an optional hook, not an abstract method
+        """Called once ``results.json`` is written (e.g. to remove a task's in-progress state)."""
+
+    @abstractmethod
+    def execute(self, adapter: TextAdapter | None, run: RunDir, progress: bool = True) -> list[dict]:
+        """Do the work not yet in ``run`` (appending records as they finish); return the rows to aggregate."""
+
+
+class ItemTask(Task):
+    """A task made of independent items, each producing keyed records: the runner's default loop."""
+
+    @abstractmethod
+    def items(self, adapter: TextAdapter | None) -> list[Item]:
+        """Every item of the configuration, in run order."""
+
+    @abstractmethod
+    def evaluate(self, adapter: TextAdapter | None, items: Sequence[Item], run: RunDir) -> Iterator[dict]:
+        """Records (each with a ``key``) for the pending ``items``."""
+
+    def execute(self, adapter: TextAdapter | None, run: RunDir, progress: bool = True) -> list[dict]:
+        """Evaluate every item not finished in ``run``, appending records as they come; returns the rows the
+        aggregate sees (the latest record per key of this run's items, in item order)."""
+        items = self.items(adapter)
+        done = run.latest()
+        pending = [it for it in items if any(k not in done for k in it.keys)]
+        missing = {k: i for i, it in enumerate(pending) for k in it.keys if k not in done}
+        left = [sum(k in missing for k in it.keys) for it in pending]
+        label = f"{self.name} {adapter.name}" if adapter is not None else self.name
+        with progress_bar(len(pending), label, enabled=progress) as bar:
+            for record in self.evaluate(adapter, pending, run):
+                run.append(record)
+                index = missing.pop(record["key"], None)
+                if index is not None:
+                    left[index] -= 1
+                    if left[index] == 0:
+                        bar.advance()
+        final = run.latest()
+        return [final[k] for it in items for k in it.keys if k in final]
+
+
+TASKS: Registry[type[Task]] = Registry(
+    "task",
+    builtins=("evalsuite.tasks.loss", "evalsuite.tasks.niah", "evalsuite.tasks.drt_passkey", "evalsuite.tasks.mqar"),
+)
+
+
+def register_task(cls: type[Task]) -> type[Task]:
+    """Class decorator: make ``cls`` runnable by name (``evalsuite run NAME``)."""
+    TASKS.register(cls.name, cls, replace=True)
+    return cls
+
+
+def check_capabilities(task: Task, adapter: TextAdapter | None) -> None:
+    """UserError, up front, when the model cannot serve the task."""
+    if not task.needs:
+        return
+    if adapter is None:
+        raise UserError(f"task {task.name} needs a model (--model)")
+    lacking = sorted(task.needs - adapter.capabilities)
+    if lacking:
+        offered = ", ".join(sorted(adapter.capabilities)) or "nothing"
+        raise UserError(
+            f"task {task.name} needs {', '.join(lacking)} access, which model {adapter.name} does not give "
+            f"(it offers: {offered})"
+        )
+
+
+def run_task(task: Task, adapter: TextAdapter | None, out_dir: Path | str | None = None, progress: bool = True) -> dict:
+    """Run, resume or re-aggregate ``task`` on ``adapter``; returns (and writes) ``results.json``'s content."""
+    check_capabilities(task, adapter)
+    identity = adapter.identity() if adapter is not None else {}
+    config = task.hashed_config(adapter)  # validates; nothing is written before this passes
+    chash = config_hash({"task": task.name, **config, **identity})
+    legacy = tuple(config_hash({**old, **identity}) for old in task.legacy_hashed_configs(adapter))
+    out_dir = Path(out_dir) if out_dir is not None else _existing_legacy_dir(task, adapter, chash, legacy)
+    run = RunDir.claim(out_dir, task.name, chash, config, legacy)
+    finished = run.load_results() if task.reuse_finished else None
+    if finished is not None and "summary" in finished:  # (older result files are re-aggregated)
+        return finished
+    try:
+        rows = task.execute(adapter, run, progress)
+        records, summary = task.aggregate(rows, adapter, run)
+    except BaseException:
+        run.abandon()
+        raise
+    prov = adapter.provenance() if adapter is not None else {}
+    results = {
+        "task": task.name,
+        "model": adapter.name if adapter is not None else None,
+        "config": task.shown_config(config),
+        "config_hash": chash,
+        "train_length": adapter.train_length if adapter is not None else None,
+        "max_length": adapter.max_length if adapter is not None else None,
+        "provenance": provenance(**prov, **task.provenance_extra()),
+        "records": records,
+        "summary": summary,
+        "run_dir": str(run.path),
+    }
+    run.save_results(results)
+    task.finished(run)
+    return results
+
+
+def _existing_legacy_dir(task: Task, adapter: TextAdapter | None, chash: str, legacy: tuple[str, ...]) -> Path:
+    """The default directory; a run under an older schema's default name continues there instead."""
+    for old in legacy:
+        path = task.default_dir(adapter, old)
+        if path.is_dir():
+            return path
+    return task.default_dir(adapter, chash)

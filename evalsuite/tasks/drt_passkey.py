@@ -1,0 +1,271 @@
+"""The DRT paper's token-level multi-hop passkey (Grouped Cross Attention, arXiv:2410.01651, §4.3), teacher-forced.
+
+Six values of 5 random token ids; needles ``|DEF<v_a>-><v_b>|`` for the chain v0->v1->v2 and the distractor
+chain v3->v4->v5, shuffled and inserted at sorted random positions of an L-token haystack window (L a multiple
+of 64); the query ``|The path from<v0>is<v1>,<v2>`` is placed so that "is" starts the last 64-token chunk.
+Scoring is teacher-forced: one forward pass, argmax at each answer position (:func:`drt_scores`). ``accuracy``
+is DRT's rule (the greedy token at the last answer position), ``answer_token_acc`` the share of the 11 answer
+tokens predicted right, ``answer_exact`` all of them.
+
+Our deviations: seeded generators instead of DRT's global ones, and a BOS-first tokenizer keeps BOS at
+position 0 (needles go after it). Records keep the NIAH shape (task ``niah``, subtask ``2hop-drt``) so the NIAH
+heatmaps and tables show them; the run directory is ``results/runs/niah/<model>-2hop-drt-<hash>``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from evalsuite.adapters.base import TOKENS, TokenAdapter
+from evalsuite.data.haystack import SYNTHETIC, Haystack, haystack_identity, load_haystack
+from evalsuite.errors import UserError
+from evalsuite.metrics.cells import cell_means, within_beyond
+from evalsuite.rundir import RunDir
+from evalsuite.tasks.base import RUNS_ROOT, Item, ItemTask, register_task, run_task
+from evalsuite.tasks.niah import Cell, cells_by_length, preset_for, split_by_max_length
+from evalsuite.tokenizers import Tokenizer
+
+SUBTASK = "2hop-drt"
+
+DRT_CHUNK = 64  # DRT's chunk size: the query's "is" starts the last chunk
+
+
+@dataclass
+class DrtSample:
+    """One teacher-forced DRT multi-hop sample.
+
+    Attributes:
+        input_ids: the sequence up to and including the last answer token (``L - chunk + answer_len + 1``
+            ids); the DRT window's masked tail after it carries no targets and is left out.
+        answer_start: index of the first answer token (the token after "is").
+        answer_len: ``hops * value_tokens + hops - 1`` (11 for the paper's 2 hops of 5 tokens).
+        needle_starts: index of each needle, chain needles first (v0->v1, v1->v2, ...), then distractors.
+        query_start: index of ``|The path from``.
+        values: the random values, ``(hops + 1) * (noise + 1)`` lists of token ids.
+    """
+
+    input_ids: list[int]
+    answer_start: int
+    answer_len: int
+    needle_starts: list[int]
+    query_start: int
+    values: list[list[int]]
+
+
+def _random_values(rng: np.random.Generator, n: int, size: int, tokenizer: Tokenizer) -> list[list[int]]:
+    """``n`` values of ``size`` ids uniform in [0, min(50256, vocab)) with special ids redrawn (DRT: [0, 50256))."""
+    high = min(50256, tokenizer.vocab_size)
+    special = {i for i in (tokenizer.bos_id, tokenizer.eos_id) if i is not None}
+    out = []
+    for _ in range(n):
+        ids = rng.integers(0, high, size=size)
+        while bad := [j for j, v in enumerate(ids) if int(v) in special]:
+            ids[bad] = rng.integers(0, high, size=len(bad))
+        out.append([int(v) for v in ids])
+    return out
+
+
+def drt_sample(
+    window: Sequence[int],
+    tokenizer: Tokenizer,
+    rng: np.random.Generator,
+    *,
+    hops: int = 2,
+    noise: int = 1,
+    value_tokens: int = 5,
+    chunk: int = DRT_CHUNK,
+    keep_prefix: int = 0,
+) -> DrtSample:
+    """Build one DRT multi-hop sample from an ``L``-token haystack window (``L`` a multiple of ``chunk``).
+
+    ``keep_prefix`` leading ids (BOS) stay in front: needles go after them (DRT's windows have no BOS).
+    """
+    L = len(window)
+    if L % chunk:
+        raise UserError(f"DRT multi-hop length {L} must be a multiple of the chunk size {chunk}")
+    enc = lambda s: tokenizer.encode(s, add_bos=False)  # noqa: E731 - a local shorthand
+    values = _random_values(rng, (hops + 1) * (noise + 1), value_tokens, tokenizer)
+    needles, owner = [], []
+    for group in range(noise + 1):
+        for hop in range(hops):
+            a, b = values[group * (hops + 1) + hop], values[group * (hops + 1) + hop + 1]
+            needles.append(enc("|DEF") + a + enc("->") + b + enc("|"))
+            owner.append(len(owner))
+    order = rng.permutation(len(needles))  # shuffled needles, placed at sorted positions
+    answer = [t for v in values[1 : hops + 1] for t in (*enc(","), *v)][len(enc(",")) :]
+    query = enc("|The path from") + values[0] + enc("is") + answer
+    answer_len = hops * value_tokens + (hops - 1) * len(enc(","))
+    if chunk <= len(query):
+        raise UserError(f"DRT query of {len(query)} tokens does not fit in a chunk of {chunk}")
+    reserve = chunk - 1 - answer_len + len(query)  # the query ends up in front of the last chunk
+    room = L - sum(map(len, needles)) - reserve
+    if room - keep_prefix < len(needles):
+        raise UserError(f"DRT multi-hop length {L} is too short for its needles and query")
+    positions = np.sort(rng.choice(room - keep_prefix, size=len(needles), replace=False) + keep_prefix)
+
+    seq: list[int] = []
+    starts = [0] * len(needles)
+    prev = 0
+    for pos, k in zip(positions.tolist(), order.tolist(), strict=True):
+        seq += list(window[prev:pos])
+        starts[owner[k]] = len(seq)
+        seq += needles[k]
+        prev = pos
+    seq += list(window[prev:])
+    query_start = L - reserve
+    seq = (seq[:query_start] + query + seq[query_start:])[:L]
+    answer_start = query_start + len(query) - answer_len
+    final = answer_start + answer_len - 1  # = L - chunk + answer_len when "is" is one token
+    return DrtSample(seq[: final + 1], answer_start, answer_len, starts, query_start, values)
+
+
+def drt_scores(adapter: TokenAdapter, samples: Sequence[DrtSample]) -> list[dict]:
+    """Teacher-forced scores of same-length samples, one forward pass for the batch.
+
+    Per sample: ``accuracy`` (DRT's rule: the greedy token at the last answer position is right),
+    ``answer_token_acc`` (fraction of the answer's tokens predicted right), ``answer_exact`` (all of them),
+    and the predicted answer ids.
+    """
+    T = len(samples[0].input_ids)
+    if any(len(s.input_ids) != T for s in samples):
+        raise ValueError("drt_scores needs samples of one length")
+    ids = torch.tensor([s.input_ids for s in samples], dtype=torch.long)
+    pred = adapter.token_argmax(ids[:, :-1])  # pred[:, t] predicts ids[:, t + 1]
+    out = []
+    for b, s in enumerate(samples):
+        lo, hi = s.answer_start, s.answer_start + s.answer_len
+        guess = pred[b, lo - 1 : hi - 1].tolist()
+        truth = s.input_ids[lo:hi]
+        hits = [int(g == t) for g, t in zip(guess, truth, strict=True)]
+        out.append(
+            {
+                "accuracy": hits[-1],
+                "answer_token_acc": sum(hits) / len(hits),
+                "answer_exact": int(all(hits)),
+                "predicted_ids": guess,
+                "answer_ids": truth,
+            }
+        )
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The task
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class DrtConfig:
+    """One DRT passkey run. ``None`` fields come from the preset's ``drt`` section (tasks/niah.yaml)."""
+
+    preset: str | None = None  # cpu | fox; None: cpu on a CPU device, fox otherwise
+    lengths: list[int] | None = None  # multiples of 64
+    samples: int | None = None  # per length
+    haystack: str = SYNTHETIC
+    batch_size: int = 4
+    seed: int = 0
+
+
+@register_task
+class DrtPasskeyTask(ItemTask):
+    """Teacher-forced DRT multi-hop passkey over lengths x samples (needs token-level access)."""
+
+    name = "drt-passkey"
+    needs = frozenset({TOKENS})
+    Config = DrtConfig
+
+    def hashed_config(self, adapter: TokenAdapter) -> dict:
+        config = self.config
+        self.preset_name, preset = preset_for(config.preset, adapter.device.type)
+        grid = preset["drt"]
+        self.lengths = sorted({int(x) for x in (config.lengths or grid["lengths"])})
+        self.samples = config.samples if config.samples is not None else int(grid.get("samples", 1))
+        self._preset_max_new = int(preset["max_new_tokens"])
+        if not self.lengths or min(self.lengths) < 1:
+            raise UserError("DRT passkey lengths must be positive token counts")
+        if self.samples < 1 or config.batch_size < 1:
+            raise UserError("--samples and --batch-size must be at least 1")
+        cells = [Cell(L, None, s) for L in self.lengths for s in range(self.samples)]
+        self.cells, self.skipped = split_by_max_length(cells, adapter.max_length, adapter.name)
+        return {
+            "lengths": self.lengths,
+            "samples": self.samples,
+            "haystack": haystack_identity(config.haystack, config.seed),
+            "seed": config.seed,
+        }
+
+    def legacy_hashed_configs(self, adapter: TokenAdapter) -> list[dict]:
+        """The config as the NIAH task hashed it when this test was its ``--flavour drt``."""
+        new = self.hashed_config(adapter)
+        old = dict(mode="2hop", flavour="drt", preset=None, lengths=self.lengths, depths=[], samples=self.samples)
+        old.update(haystack=new["haystack"], max_new_tokens=self._preset_max_new, stop_newline=False)
+        return [{"task": "niah", **old, "batch_size": None, "judge": None, "seed": self.config.seed}]
+
+    def default_dir(self, adapter: TokenAdapter, chash: str) -> Path:
+        return RUNS_ROOT / "niah" / f"{adapter.name}-{SUBTASK}-{chash}"
+
+    def items(self, adapter: TokenAdapter) -> list[Item]:
+        return [Item((c.key(SUBTASK),), c) for c in self.cells]
+
+    def evaluate(self, adapter: TokenAdapter, items: Sequence[Item], run: RunDir) -> Iterator[dict]:
+        if not items:
+            return
+        # one haystack window per sample
+        haystack = load_haystack(
+            self.config.haystack, adapter.tokenizer, max(self.lengths) * self.samples, self.config.seed
+        )
+        for batch in cells_by_length([it.data for it in items], self.config.batch_size):
+            yield from self._records(adapter, batch, haystack, run.config_hash)
+
+    def _records(self, adapter: TokenAdapter, cells: list[Cell], haystack: Haystack, chash: str) -> Iterator[dict]:
+        """Teacher-forced samples for a batch of same-length cells: one forward pass."""
+        tok, length = adapter.tokenizer, cells[0].length
+        samples = []
+        for cell in cells:
+            rng = np.random.default_rng([self.config.seed, length, cell.sample])
+            # Non-overlapping haystack windows, one per sample (wrapping around a short haystack), BOS kept first.
+            window = haystack.ids[: haystack.n_prefix] + haystack.tokens(
+                cell.sample * length, length - haystack.n_prefix
+            )
+            samples.append(drt_sample(window, tok, rng, keep_prefix=haystack.n_prefix))
+        for cell, sample, scores in zip(cells, samples, drt_scores(adapter, samples), strict=True):
+            yield {
+                "key": cell.key(SUBTASK),
+                "task": "niah",
+                "subtask": SUBTASK,
+                "length": length,
+                "depth": None,
+                "sample": cell.sample,
+                "prompt_sha256": hashlib.sha256(json.dumps(sample.input_ids).encode()).hexdigest(),
+                "prompt_tokens": len(sample.input_ids),
+                "prediction": scores.pop("predicted_ids"),
+                "answer": scores.pop("answer_ids"),
+                "scores": scores,
+                "judge": None,
+                "needle_starts": sample.needle_starts,
+                "query_start": sample.query_start,
+                "answer_start": sample.answer_start,
+                "config_hash": chash,
+            }
+
+    def aggregate(self, rows: list[dict], adapter: TokenAdapter, run: RunDir) -> tuple[list[dict], dict]:
+        records = cell_means(rows, adapter.name)
+        summary = {
+            "label": SUBTASK,
+            "preset": self.preset_name,
+            "skipped": self.skipped,
+            "within_beyond": within_beyond(records, adapter.train_length),
+        }
+        return records, summary
+
+
+def run_drt_passkey(adapter: TokenAdapter, config: DrtConfig, out_dir=None, progress: bool = True) -> dict:
+    """Run or resume the DRT passkey; returns ``results.json``'s content."""
+    return run_task(DrtPasskeyTask(config), adapter, out_dir, progress)

@@ -1,0 +1,137 @@
+"""One MQAR cell: train a fresh model on one setting's data and return its record.
+
+A cell is (model, d_model, seq_len, kv pairs, lr) of :mod:`evalsuite.tasks.mqar.sweep`. Its record is a long-format
+row (``model, task, subtask, length, metric="accuracy", value, n``) plus the MQAR fields the report plots (width,
+learning rate, state size) and the training history; ``key`` and ``config_hash`` are the hash of the cell's config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from evalsuite.data.mqar import mqar_data
+from evalsuite.provenance import device_name, provenance
+from evalsuite.store import config_hash
+from evalsuite.tasks.mqar.sweep import Cell, MQARSweep, cell_config, data_config, resolve_model
+from evalsuite.train import autocast_dtype, build_model, fixed_batches, masked_accuracy, shuffled_batches, train
+
+PROGRESS_EVERY = 10  # optimizer steps per progress report from a cell (a worker's reports cross a process queue)
+
+
+def decode_state_size(model: torch.nn.Module, length: int, dtype: torch.dtype) -> dict | None:
+    """Bytes a model keeps per sequence to decode the next token after ``length`` tokens, or None.
+
+    Every :class:`evalsuite.models.base.CausalLM` reports it (``decode_state_size(length, dtype)`` returning
+    ``{"kind", "elements", "bytes", "dtype"}``): ``kind="recurrent"`` for a fixed state, ``"kv-cache"`` for attention,
+    whose state grows with ``length`` (as Zoology counts attention, arXiv:2312.04927). Other modules give None.
+    """
+    own = getattr(model, "decode_state_size", None)
+    return own(length, dtype) if callable(own) else None
+
+
+def run_cell(
+    sweep: MQARSweep,
+    cell: Cell,
+    device: torch.device,
+    data: dict[str, tuple[torch.Tensor, torch.Tensor]],
+    attention: str = "auto",
+    on_step: Callable[[int], None] | None = None,
+) -> dict:
+    """Train one fresh model on one cell's data (``{"train"|"test": (inputs, labels)}``, each ``[N, seq_len]``
+    long on ``device``); return its record."""
+    card = resolve_model(cell.model)
+    config = cell_config(sweep, cell, card)
+    chash = config_hash(config)
+    overrides = config["model"]["overrides"]
+    model = build_model(card, overrides, seed=sweep.seed).to(device)
+    model.set_attention_backend(attention)
+    tcfg = sweep.train_config(cell.lr)
+    amp_dtype = autocast_dtype(tcfg.amp, device)
+    train_x, train_y = data["train"]
+    test_x, test_y = data["test"]
+    order_rng = np.random.default_rng([sweep.seed, cell.seq_len, cell.num_kv_pairs, 2])
+    batches = shuffled_batches(train_x, train_y, sweep.batch_for(cell.seq_len), order_rng)
+    test_batches = fixed_batches(test_x, test_y, sweep.eval_batch_size)
+
+    def evaluate(m):
+        return masked_accuracy(m, test_batches(), amp_dtype)
+
+    result = train(model, batches, tcfg, evaluate=evaluate, on_step=on_step)
+    state = decode_state_size(model, cell.seq_len, amp_dtype or torch.float32)
+    final = result.final_eval or {}
+    return {
+        "model": cell.model,
+        "task": "mqar",
+        "subtask": f"kv{cell.num_kv_pairs}/d{cell.d_model}/lr{cell.lr:g}",
+        "length": cell.seq_len,
+        "metric": "accuracy",
+        "value": final.get("accuracy"),
+        "n": final.get("n"),
+        "architecture": card.architecture,
+        "d_model": cell.d_model,
+        "num_kv_pairs": cell.num_kv_pairs,
+        "lr": cell.lr,
+        "num_layers": overrides["num_layers"],
+        "num_heads": overrides["num_heads"],
+        "use_mlp": overrides["use_mlp"],
+        "params": sum(p.numel() for p in model.parameters()),
+        "state_kind": state and state["kind"],
+        "state_elements": state and state["elements"],
+        "state_bytes": state and state["bytes"],
+        "state_dtype": state and state["dtype"],
+        "test_loss": final.get("loss"),
+        "best_accuracy": (result.best_eval or {}).get("accuracy"),
+        "steps": result.steps,
+        "stopped_early": result.stopped_early,
+        "diverged": result.diverged,
+        "train_seconds": round(result.seconds, 2),
+        "history": result.history,
+        "key": chash,
+        "config_hash": chash,
+        "config": config,
+        "provenance": provenance(
+            device=device_name(device),
+            dtype="bfloat16 autocast" if amp_dtype is not None else "float32",
+            attention=attention,
+            seed=sweep.seed,
+        ),
+    }
+
+
+class DataCache:
+    """Generated data per data config, on the device, kept for the process (cells share their data)."""
+
+    def __init__(self, device: torch.device):
+        self.device, self._data = device, {}
+
+    def get(self, config: dict) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        key = config_hash(config)
+        if key not in self._data:
+            self._data.clear()  # one setting at a time: cells run setting by setting
+            arrays = mqar_data(config)
+            self._data[key] = {
+                split: (torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device))
+                for split, (x, y) in arrays.items()
+            }
+        return self._data[key]
+
+
+def cell_handler(sweep_dict: dict, device: str, attention: str) -> Callable[[Cell, Callable[[int], None]], dict]:
+    """A :func:`evalsuite.pool.run_pool` handler (built once per process): ``handler(cell, report) -> record``,
+    reporting progress every ``PROGRESS_EVERY`` steps. Takes plain values so it pickles into a worker."""
+    sweep = MQARSweep.from_dict(sweep_dict)
+    dev = torch.device(device)
+    cache = DataCache(dev)
+
+    def handle(cell: Cell, report: Callable[[int], None]) -> dict:
+        def on_step(step: int) -> None:
+            if step % PROGRESS_EVERY == 0:
+                report(PROGRESS_EVERY)
+
+        data = cache.get(data_config(sweep, cell.seq_len, cell.num_kv_pairs))
+        return run_cell(sweep, cell, dev, data, attention, on_step=on_step)
+
+    return handle

@@ -1,0 +1,243 @@
+"""The MQAR sweep: its settings (a dataclass read from ``tasks/mqar.yaml`` presets), its cells, and the config that
+keys each cell's record.
+
+A cell's config hash (:func:`cell_config`) is what a rerun compares against ``records.jsonl``, so its content must
+not change: run directories written before (e.g. ``results/mqar/gsa-paper``) resume on it, training nothing.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from evalsuite.cards import ModelCard, architecture_card, load_card
+from evalsuite.data.mqar import check_setting
+from evalsuite.errors import UserError
+from evalsuite.models.registry import architecture_names
+from evalsuite.resources import task_presets
+from evalsuite.store import config_hash
+from evalsuite.tasks.base import RUNS_ROOT
+from evalsuite.train import TrainConfig
+
+RUNS_DIR = RUNS_ROOT / "mqar"
+
+
+@dataclass
+class MQARSweep:
+    """One sweep: the grid, the model overrides, the data, and the training budget of every cell.
+
+    ``models``: card names, architecture names (:func:`evalsuite.models.registry.architecture_names`; these win over
+    cards of the same name and are built from the preset alone), or ``"all"`` for every registered architecture at
+    run time (so rerunning after a new architecture lands adds its rows). ``pairing``: ``"zip"`` pairs ``seq_lens``
+    with ``num_kv_pairs`` elementwise; ``"product"`` crosses them (invalid pairs skipped). ``num_heads`` or
+    ``head_dim`` sets the head count (``head_dim`` wins: heads = d_model / head_dim); ``model_overrides[name]`` adds
+    config keys for one model. ``batch_size`` may map seq_len -> batch.
+    """
+
+    models: list[str] = field(default_factory=lambda: ["all"])
+    d_models: list[int] = field(default_factory=lambda: [64, 128, 256, 512])
+    seq_lens: list[int] = field(default_factory=lambda: [512])
+    num_kv_pairs: list[int] = field(default_factory=lambda: [64])
+    pairing: str = "zip"
+    lrs: list[float] = field(default_factory=lambda: [1e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2])
+    num_layers: int = 4
+    num_heads: int | None = None
+    head_dim: int | None = 64
+    use_mlp: bool = False
+    model_overrides: dict = field(default_factory=dict)
+    vocab_size: int = 8192
+    power_a: float = 0.01
+    random_non_queries: bool = False
+    num_passes: int = 1
+    num_train: int = 100_000
+    num_test: int = 3_000
+    batch_size: int | dict = 128
+    eval_batch_size: int = 256
+    max_steps: int = 1000
+    warmup_steps: int = 50
+    weight_decay: float = 0.1
+    grad_clip: float | None = 1.0
+    eval_every: int = 100
+    early_stop: float | None = 0.99
+    amp: str = "auto"
+    seed: int = 123
+    check_accuracy: float | None = None  # fail the command unless each model's best cell exceeds this
+    cpu_threads: int | None = None  # torch threads on a CPU device (1 suits tiny models on shared machines)
+    description: str = ""
+
+    def __post_init__(self):
+        for name in ("models", "d_models", "seq_lens", "num_kv_pairs", "lrs"):
+            value = getattr(self, name)
+            if not isinstance(value, list | tuple) or not value:
+                raise UserError(f"MQAR sweep: {name} must be a non-empty list")
+            setattr(self, name, list(value))
+        if self.pairing not in ("zip", "product"):
+            raise UserError(f"MQAR sweep: pairing must be 'zip' or 'product', got {self.pairing!r}")
+        if self.pairing == "zip" and len(self.seq_lens) != len(self.num_kv_pairs):
+            raise UserError("MQAR sweep: pairing 'zip' needs as many seq_lens as num_kv_pairs")
+        if isinstance(self.batch_size, dict):
+            self.batch_size = {int(k): int(v) for k, v in self.batch_size.items()}
+        self.train_config(1e-3)  # validate the training settings early
+
+    @classmethod
+    def from_dict(cls, d: dict) -> MQARSweep:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise UserError(f"unknown MQAR sweep key(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        return cls(**d)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def settings(self) -> list[tuple[int, int]]:
+        """(seq_len, num_kv_pairs) pairs of the grid."""
+        if self.pairing == "zip":
+            pairs = list(zip(self.seq_lens, self.num_kv_pairs, strict=True))
+            for t, kv in pairs:
+                check_setting(t, kv, self.vocab_size, self.num_passes)
+            return pairs
+        pairs = []
+        for t, kv in itertools.product(self.seq_lens, self.num_kv_pairs):
+            try:
+                check_setting(t, kv, self.vocab_size, self.num_passes)
+            except UserError:
+                continue
+            pairs.append((t, kv))
+        if not pairs:
+            raise UserError("MQAR sweep: no valid (seq_len, num_kv_pairs) pair in the grid")
+        return pairs
+
+    def model_names(self) -> list[str]:
+        names = []
+        for name in self.models:
+            for n in architecture_names() if name == "all" else [name]:
+                if n not in names:
+                    names.append(n)
+        return names
+
+    def batch_for(self, seq_len: int) -> int:
+        if isinstance(self.batch_size, dict):
+            if seq_len not in self.batch_size:
+                raise UserError(f"MQAR sweep: batch_size has no entry for seq_len {seq_len}")
+            return self.batch_size[seq_len]
+        return int(self.batch_size)
+
+    def train_config(self, lr: float) -> TrainConfig:
+        return TrainConfig(
+            lr=lr,
+            max_steps=self.max_steps,
+            warmup_steps=min(self.warmup_steps, self.max_steps),
+            weight_decay=self.weight_decay,
+            grad_clip=self.grad_clip,
+            eval_every=self.eval_every,
+            early_stop=self.early_stop,
+            amp=self.amp,
+        )
+
+    def overrides(self, model: str, d_model: int) -> dict:
+        """Config overrides of one model at one width."""
+        heads = self.num_heads or 1
+        if self.head_dim:
+            if d_model % self.head_dim:
+                raise UserError(f"MQAR sweep: d_model {d_model} is not a multiple of head_dim {self.head_dim}")
+            heads = d_model // self.head_dim
+        out = dict(vocab_size=self.vocab_size, hidden_size=d_model, num_layers=self.num_layers, num_heads=heads)
+        out["use_mlp"] = self.use_mlp
+        return {**out, **self.model_overrides.get(model, {})}
+
+
+@dataclass(frozen=True)
+class Cell:
+    model: str
+    d_model: int
+    seq_len: int
+    num_kv_pairs: int
+    lr: float
+
+
+def sweep_cells(sweep: MQARSweep) -> list[Cell]:
+    """Every cell of the grid, in the order they run.
+
+    Settings outermost (cells of one setting share its data). Within a setting, learning rates nearest the
+    sweep's middle (in log space) come first, so a sweep cut short by a time limit already holds the
+    likeliest best cells; then the widest models first, so concurrent workers finish together.
+    """
+    logs = [math.log(lr) for lr in sweep.lrs]
+    middle = (min(logs) + max(logs)) / 2
+    lrs = sorted(sweep.lrs, key=lambda lr: abs(math.log(lr) - middle))
+    return [
+        Cell(m, d, t, kv, lr)
+        for t, kv in sweep.settings()
+        for lr in lrs
+        for d in sorted(sweep.d_models, reverse=True)
+        for m in sweep.model_names()
+    ]
+
+
+def resolve_model(name: str) -> ModelCard:
+    """An architecture name gives a bare card of that architecture (preset config only); else a model card."""
+    if name in architecture_names():
+        return architecture_card(name)
+    return load_card(name)
+
+
+def data_config(sweep: MQARSweep, seq_len: int, num_kv_pairs: int) -> dict:
+    """The settings of :func:`evalsuite.data.mqar.mqar_data` for one (seq_len, kv pairs) setting."""
+    keys = ("vocab_size", "power_a", "random_non_queries", "num_passes", "num_train", "num_test", "seed")
+    return {"seq_len": seq_len, "num_kv_pairs": num_kv_pairs, **{k: getattr(sweep, k) for k in keys}}
+
+
+def cell_config(sweep: MQARSweep, cell: Cell, card: ModelCard | None = None) -> dict:
+    """Everything that defines a cell's result; its hash keys the cell's record. ``card``: the cell's model
+    (:func:`resolve_model`), when the caller has it already."""
+    card = card or resolve_model(cell.model)
+    return {
+        "task": "mqar",
+        "model": {
+            "name": cell.model,
+            "architecture": card.architecture,
+            "card_config": card.config,
+            "overrides": sweep.overrides(cell.model, cell.d_model),
+        },
+        "data": data_config(sweep, cell.seq_len, cell.num_kv_pairs),
+        "train": sweep.train_config(cell.lr).to_dict(),
+        "batch_size": sweep.batch_for(cell.seq_len),
+        "eval_batch_size": sweep.eval_batch_size,
+        "init_seed": sweep.seed,
+    }
+
+
+# --------------------------------------------------------------------------------------------- presets
+
+
+def load_preset(name: str) -> MQARSweep:
+    """A named preset from ``tasks/mqar.yaml``."""
+    presets = task_presets("mqar")
+    if name not in presets:
+        raise UserError(f"unknown MQAR preset {name!r}; known: {', '.join(presets)}")
+    return MQARSweep.from_dict(presets[name])
+
+
+def sweep_from_options(preset: str, **options) -> MQARSweep:
+    """A preset with command-line overrides applied (``None`` values leave the preset's value).
+
+    Options are ``MQARSweep`` field names; ``num_heads`` also clears the preset's ``head_dim``.
+    """
+    base = load_preset(preset).to_dict()
+    given = {k: v for k, v in options.items() if v is not None}
+    unknown = sorted(set(given) - set(base))
+    if unknown:
+        raise UserError(f"unknown MQAR sweep option(s): {', '.join(unknown)}")
+    if "num_heads" in given:
+        base["head_dim"] = None
+    return MQARSweep.from_dict({**base, **given})
+
+
+def default_run_dir(sweep: MQARSweep, preset: str | None) -> Path:
+    """``results/runs/mqar/<preset>`` for an unmodified preset, else ``<preset or 'custom'>-<sweep hash>``."""
+    if preset is not None and sweep.to_dict() == load_preset(preset).to_dict():
+        return RUNS_DIR / preset
+    return RUNS_DIR / f"{preset or 'custom'}-{config_hash(sweep.to_dict())}"

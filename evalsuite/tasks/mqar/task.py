@@ -1,0 +1,181 @@
+"""The MQAR task on the runner (:func:`evalsuite.tasks.base.run_task`): train every pending cell of a sweep.
+
+MQAR needs no adapter: it trains its own models (``needs`` is empty, ``run_task(task, None, out_dir)``). A run
+directory is a collection of cells from any sweep: rerunning a preset after a new architecture lands adds its rows,
+and a sweep with other options gets its own directory name (:func:`default_run_dir`). So the run-level config is
+constant (``{}``) and each record is keyed by the hash of its cell's config; the sweep goes into the summary.
+
+``results.json`` (the runner's shape): ``records`` are the best accuracy over learning rates of every cell in the
+directory; ``summary`` is ``{preset, sweep, cells: {total, finished, pending}, errors}``; ``provenance`` holds
+what the records share (device, dtype, versions, ...) and, under ``summary``, where this summary was written.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from evalsuite.errors import UserError
+from evalsuite.pool import run_pool
+from evalsuite.progress import progress_bar
+from evalsuite.provenance import device_name, provenance
+from evalsuite.rundir import RunDir
+from evalsuite.runtime import resolve_device
+from evalsuite.store import config_hash
+from evalsuite.tasks.base import Task, register_task, run_task
+from evalsuite.tasks.mqar.cell import cell_handler
+from evalsuite.tasks.mqar.sweep import Cell, MQARSweep, cell_config, default_run_dir, resolve_model, sweep_cells
+from evalsuite.tasks.mqar_summary import best_records, finished_keys, latest_cells, shared_provenance
+
+
+@register_task
+class MQARTask(Task):
+    """A sweep of MQAR cells (``Config`` = :class:`MQARSweep`) and how to run it: ``device``, ``attention`` (checked
+    against each model's family), ``workers`` (cells trained at once in subprocesses on the device),
+    ``time_limit`` (seconds, after which no new cell starts), ``preset`` (its name, for the default directory and
+    the summary) and ``on_record(record)`` (called after each finished cell, e.g. a log line)."""
+
+    name = "mqar"
+    needs = frozenset()
+    Config = MQARSweep
+    reuse_finished = False  # the run-level config is constant: a finished directory may still lack this sweep's cells
+
+    def __init__(
+        self,
+        config: MQARSweep | None = None,
+        *,
+        device: str = "auto",
+        attention: str = "auto",
+        workers: int = 1,
+        time_limit: float | None = None,
+        preset: str | None = None,
+        on_record=None,
+    ):
+        super().__init__(config)
+        self.device, self.attention, self.workers = device, attention, workers
+        self.time_limit, self.preset, self.on_record = time_limit, preset, on_record
+        self._errors: list[str] = []
+        self._shared: dict = {}
+
+    # -- the plan, validated before the run directory is claimed ---------------------------------------------
+
+    def hashed_config(self, adapter) -> dict:
+        """``{}``: a run directory collects cells of any sweep (see the module docstring). Validates the plan: the
+        device, every model (a meta-device build at each width) and the attention backend of each family."""
+        self._device = resolve_device(self.device)
+        sweep = self.config
+        self._cells = sweep_cells(sweep)
+        cards = {name: resolve_model(name) for name in dict.fromkeys(c.model for c in self._cells)}
+        for name, card in cards.items():
+            for d in sweep.d_models:
+                with torch.device("meta"):
+                    module = card.with_config(sweep.overrides(name, d)).build_module()
+                try:
+                    module.set_attention_backend(self.attention)
+                except UserError as e:
+                    raise UserError(f"MQAR model {name}: {e}") from None
+        self._hashes = [config_hash(cell_config(sweep, c, cards[c.model])) for c in self._cells]
+        return {}
+
+    def default_dir(self, adapter, chash: str) -> Path:
+        return default_run_dir(self.config, self.preset)
+
+    def provenance_extra(self) -> dict:
+        return {**self._shared, "summary": provenance(device=device_name(self._device))}
+
+    # -- the work ----------------------------------------------------------------------------------------------
+
+    def execute(self, adapter, run: RunDir, progress: bool = True) -> list[dict]:
+        """Train the cells not in ``run`` yet, appending each record as it finishes; the rows are the latest record
+        of every cell in the directory (this sweep's and any other's)."""
+        done = finished_keys(run.records())
+        pending = [(i, c) for i, (c, h) in enumerate(zip(self._cells, self._hashes, strict=True)) if h not in done]
+        deadline = None if self.time_limit is None else time.time() + self.time_limit
+        threads = torch.get_num_threads()
+        if self._device.type == "cpu" and self.config.cpu_threads:
+            # Tiny models gain little from more threads, and OpenMP threads that wait on each other slow to a
+            # crawl when other processes share the cores.
+            torch.set_num_threads(self.config.cpu_threads)
+        try:
+            self._errors = self._train(run, pending, deadline, progress)
+        finally:
+            torch.set_num_threads(threads)
+        return latest_cells(run.records())
+
+    def _train(self, run: RunDir, pending: list[tuple[int, Cell]], deadline: float | None, progress: bool) -> list:
+        """Run the pending cells through the worker pool; the parent appends every record (no file locking).
+        Returns the error messages of failed cells (in subprocesses; in-process a failure raises)."""
+        steps, cells = self.config.max_steps, self._cells
+        advanced: dict[int, int] = {}
+        finished = (len(cells) - len(pending)) * steps
+        with progress_bar(len(cells) * steps, "mqar", enabled=progress, completed=finished) as bar:
+
+            def on_start(index: int) -> None:
+                c = cells[index]
+                bar.update(description=f"mqar {c.model} d={c.d_model} T={c.seq_len} lr={c.lr:g}")
+
+            def on_progress(index: int, n: int) -> None:
+                advanced[index] = advanced.get(index, 0) + n
+                bar.advance(n)
+
+            def on_result(index: int, record: dict) -> None:
+                run.append(record)
+                if self.on_record is not None:
+                    self.on_record(record)
+                bar.advance(steps - advanced.pop(index, 0))
+                c = cells[index]
+                bar.update(description=f"mqar {c.model} d={c.d_model} lr={c.lr:g}: {record['value']:.3f}")
+
+            return run_pool(
+                pending,
+                functools.partial(cell_handler, self.config.to_dict(), str(self._device), self.attention),
+                workers=self.workers,
+                deadline=deadline,
+                torch_threads=max(1, torch.get_num_threads() // max(1, self.workers)),
+                on_start=on_start,
+                on_progress=on_progress,
+                on_result=on_result,
+            )
+
+    def aggregate(self, rows: list[dict], adapter, run: RunDir) -> tuple[list[dict], dict]:
+        done = finished_keys(rows)
+        pending = [asdict(c) for c, h in zip(self._cells, self._hashes, strict=True) if h not in done]
+        total = len(self._cells)
+        self._shared = shared_provenance(rows)  # the numbers come from the records: what they all share
+        summary = {
+            "preset": self.preset,
+            "sweep": self.config.to_dict(),
+            "cells": {"total": total, "finished": total - len(pending), "pending": pending},
+            "errors": self._errors,
+        }
+        return best_records(rows), summary
+
+
+def run_mqar(
+    sweep: MQARSweep,
+    out_dir: Path | str | None = None,
+    *,
+    device: str = "auto",
+    attention: str = "auto",
+    workers: int = 1,
+    time_limit: float | None = None,
+    progress: bool = True,
+    preset: str | None = None,
+    on_record=None,
+) -> dict:
+    """Run (or resume) a sweep into ``out_dir`` (default: :func:`default_run_dir`); write ``results.json`` and
+    return it. Options as :class:`MQARTask`'s; a spent ``time_limit`` leaves cells pending for a rerun."""
+    task = MQARTask(
+        sweep,
+        device=device,
+        attention=attention,
+        workers=workers,
+        time_limit=time_limit,
+        preset=preset,
+        on_record=on_record,
+    )
+    return run_task(task, None, out_dir, progress)
