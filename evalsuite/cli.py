@@ -488,9 +488,9 @@ def main() -> None:
     except click.ClickException as e:  # usage errors: bad option values, unknown options
         typer.echo(f"error: {' '.join(e.format_message().split())}", err=True)
         sys.exit(2)
-    except click.Exit as e:
+    except typer.Exit as e:
         sys.exit(e.exit_code)
-    except click.Abort:
+    except typer.Abort:
         _interrupted()
     except SystemExit:
         raise

@@ -130,6 +130,18 @@ def test_ctrl_c_exits_130_with_a_resume_hint(tmp_path, monkeypatch, run_cli):
     assert code == 130 and len(err.strip().splitlines()) == 1 and "rerun the same command to resume" in err
 
 
+def test_unexpected_errors_are_one_line_with_a_debug_hint(tmp_path, monkeypatch, run_cli):
+    """A bug (not bad input) exits 1 with one line naming the exception and --debug."""
+    from evalsuite.adapters.native import NativeAdapter
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("kaboom")
+
+    monkeypatch.setattr(NativeAdapter, "token_nll", broken)
+    code, _, err = run_cli(["loss", "--model", "fox-pro-tiny", "--length", "16"], tmp_path)
+    assert code == 1 and err.strip() == "error: RuntimeError: kaboom (rerun with --debug for the traceback)"
+
+
 def test_exit_status_and_stderr_in_a_real_process(tmp_path):
     """One subprocess: the console entry point's status and stderr as a shell sees them, and --debug."""
     out = cli("loss", "--model", "no-such-model", cwd=tmp_path)
