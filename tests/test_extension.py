@@ -244,3 +244,24 @@ def test_test_task_runs_through_the_generic_command(card, tmp_path, run_cli):
     assert "3 records" in out
     code, out, _ = run_cli(["tasks"], tmp_path)
     assert code == 0 and "test-echo-length" in out and "loss" in out
+
+
+def test_plugins_load_from_the_environment(tmp_path):
+    """Code outside the repository registers through ``$EVALSUITE_PLUGINS`` (a real process, a real import)."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "my_lab_plugin.py").write_text(
+        "from test_extension import EchoLengthTask\n"
+        "from evalsuite.tasks.base import register_task\n"
+        "register_task(type('LabTask', (EchoLengthTask,), {'name': 'lab-task', '__doc__': 'From a plugin.'}))\n"
+    )
+    tests_dir = os.path.dirname(__file__)
+    env = {**os.environ, "EVALSUITE_PLUGINS": "my_lab_plugin", "PYTHONPATH": f"{tmp_path}:{tests_dir}"}
+    out = subprocess.run([sys.executable, "-m", "evalsuite.cli", "tasks"], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "lab-task" in out.stdout and "From a plugin." in out.stdout
+    env["EVALSUITE_PLUGINS"] = "no_such_plugin_module"
+    out = subprocess.run([sys.executable, "-m", "evalsuite.cli", "tasks"], capture_output=True, text=True, env=env)
+    assert out.returncode == 2 and "cannot import plugin 'no_such_plugin_module'" in out.stderr
