@@ -28,7 +28,9 @@ class AdapterOptions:
 
 
 AdapterFactory = Callable[[str, AdapterOptions], TextAdapter]
-ADAPTERS: Registry[AdapterFactory] = Registry("model kind", builtins=("evalsuite.adapters.native",))
+ADAPTERS: Registry[AdapterFactory] = Registry(
+    "model kind", builtins=("evalsuite.adapters.native", "evalsuite.adapters.hf")
+)
 
 
 def split_spec(spec: str) -> tuple[str, str]:

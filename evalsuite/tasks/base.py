@@ -138,7 +138,14 @@ class ItemTask(Task):
 
 TASKS: Registry[type[Task]] = Registry(
     "task",
-    builtins=("evalsuite.tasks.loss", "evalsuite.tasks.niah", "evalsuite.tasks.drt_passkey", "evalsuite.tasks.mqar"),
+    builtins=(
+        "evalsuite.tasks.loss",
+        "evalsuite.tasks.niah",
+        "evalsuite.tasks.drt_passkey",
+        "evalsuite.tasks.mqar",
+        "evalsuite.tasks.longbench",
+        "evalsuite.tasks.summarize",
+    ),
 )
 
 
