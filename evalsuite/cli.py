@@ -479,6 +479,7 @@ def summarize(
     max_new_tokens: Annotated[int, typer.Option(help="Tokens generated per summary.")] = 128,
     temperature: Annotated[float, typer.Option(help="0: greedy; else seeded sampling.")] = 0.0,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling mass (with --temperature > 0).")] = 1.0,
+    top_k: Annotated[int, typer.Option(help="Sample among the k likeliest tokens (DRT: 2); 0: no cut.")] = 0,
     bpe_rouge: Annotated[bool, typer.Option(help="Also ROUGE over the model's tokens (DRT's flavour, labelled).")] = (
         False
     ),
@@ -503,6 +504,7 @@ def summarize(
         max_new_tokens=max_new_tokens,
         temperature=temperature,
         top_p=top_p,
+        top_k=top_k,
         bpe_rouge=bpe_rouge,
         lead_baseline=lead_baseline,
         batch_size=batch_size,

@@ -48,6 +48,17 @@ def test_sampling_is_seeded(adapter):
     assert a == b and a != c  # a random-init model's distribution is nearly flat: seeds differ
 
 
+def test_top_k_keeps_the_k_likeliest(adapter):
+    logits = torch.tensor([[3.0, 2.9, 2.8, 2.7, -1.0]])
+    gen = torch.Generator().manual_seed(0)
+    picks = {int(adapter._next_token(logits, GenerationConfig(temperature=1.0, top_k=2), gen)) for _ in range(200)}
+    assert picks == {0, 1}  # without the cut, tokens 2 and 3 are nearly as likely
+    picks = {int(adapter._next_token(logits, GenerationConfig(temperature=1.0, top_k=1), gen)) for _ in range(50)}
+    assert picks == {0}
+    with pytest.raises(ValueError, match="top_k"):
+        GenerationConfig(top_k=-1)
+
+
 def test_top_p_keeps_the_nucleus(adapter):
     logits = torch.tensor([[5.0, 4.0, -10.0, -10.0]])
     gen = torch.Generator().manual_seed(0)

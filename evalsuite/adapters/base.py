@@ -56,12 +56,13 @@ class GenerationConfig:
     stop: list[str] = field(default_factory=list)
     stop_at_eos: bool = True
     seed: int = 0
+    top_k: int = 0  # sampling: keep the k likeliest tokens (0: no cut); applied before top_p, as transformers does
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be at least 1")
-        if self.temperature < 0 or not 0 < self.top_p <= 1:
-            raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+            raise ValueError("temperature must be >= 0, top_p in (0, 1] and top_k >= 0")
 
 
 @dataclass

@@ -338,7 +338,7 @@ class HFAdapter(TokenAdapter):
             pad_token_id=self.pad_id,
             eos_token_id=None,  # EOS is the stopper's job, so that stop_at_eos=False is possible
             use_cache=True,
-            **({"temperature": config.temperature, "top_p": config.top_p, "top_k": 0} if sample else {}),
+            **({"temperature": config.temperature, "top_p": config.top_p, "top_k": config.top_k} if sample else {}),
         )
         stopper = _row_stopper_class()(
             self.tokenizer, longest, self.eos_ids if config.stop_at_eos else set(), list(config.stop)

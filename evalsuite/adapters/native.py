@@ -142,6 +142,10 @@ class NativeAdapter(TokenAdapter):
         if config.temperature == 0:
             return logits.argmax(-1)
         probs = torch.softmax(logits.float().cpu() / config.temperature, dim=-1)
+        if config.top_k > 0:
+            kth = probs.topk(min(config.top_k, probs.shape[-1]), dim=-1).values[..., -1:]
+            probs = probs * (probs >= kth)  # renormalised by multinomial and by the top_p step
+            probs = probs / probs.sum(-1, keepdim=True)
         if config.top_p < 1:
             sorted_p, order = probs.sort(dim=-1, descending=True)
             keep = sorted_p.cumsum(-1) - sorted_p < config.top_p  # smallest prefix reaching top_p

@@ -18,9 +18,9 @@ checked before anything runs; the first bad one is a UserError naming ``file:lin
 (BOS and template included) plus ``max_new_tokens`` fits the model's ``max_length`` (and the prompt fits
 ``max_prompt_tokens`` when set). DRT also keeps the document's start. Records carry ``truncated`` and the counts.
 
-**Decoding**: greedy by default (``temperature=0``), or temperature / nucleus (``top_p``) sampling, which is
-what :class:`~evalsuite.adapters.base.GenerationConfig` offers. DRT samples with top-k=2 (seed 1); top-k is not
-an adapter option, so a DRT comparison here is a greedy (or top-p) deviation and must say so. Sampled documents
+**Decoding**: greedy by default (``temperature=0``), or seeded sampling with temperature, ``top_k`` and ``top_p``
+(:class:`~evalsuite.adapters.base.GenerationConfig`). DRT samples with top-k=2 (``--temperature 1 --top-k 2``);
+its seed-1 global RNG stream is not reproduced (our seeds are per document). Sampled documents
 are generated one at a time with a seed derived from ``seed`` and the document's key, so a resumed or re-batched
 run samples the same summaries. Generation stops at EOS, ``max_new_tokens`` (default 128, DRT's) or a ``stop``
 string (default none: DRT stops at EOS only, and CNN/DM references span several lines).
@@ -75,6 +75,7 @@ class SummarizeConfig:
     max_prompt_tokens: int | None = None  # an extra cap on the prompt (tokens, BOS and template included)
     temperature: float = 0.0  # 0: greedy
     top_p: float = 1.0
+    top_k: int = 0  # sampling: the k likeliest tokens only (DRT: top-k 2, seed 1); 0: no cut
     stop: list[str] = field(default_factory=list)
     bpe_rouge: bool = False  # also ROUGE-1/2/L over model tokens (bpe_rouge*)
     lead_baseline: bool = True  # the lead-1 baseline in the summary
@@ -228,8 +229,8 @@ def validate(config: SummarizeConfig) -> None:
         raise UserError(f"unknown summarization template {config.template!r}; use {', '.join(TEMPLATES)}")
     if config.max_new_tokens < 1 or config.batch_size < 1 or (config.max_docs is not None and config.max_docs < 1):
         raise UserError("max_new_tokens, batch_size and max_docs must be at least 1")
-    if config.temperature < 0 or not 0 < config.top_p <= 1:
-        raise UserError("temperature must be >= 0 and top_p in (0, 1]")
+    if config.temperature < 0 or not 0 < config.top_p <= 1 or config.top_k < 0:
+        raise UserError("temperature must be >= 0, top_p in (0, 1] and top_k >= 0")
     if config.bootstrap_samples < 0 or not 0 < config.confidence < 1:
         raise UserError("bootstrap_samples must be >= 0 and confidence in (0, 1)")
     if isinstance(config.stop, str):
@@ -280,7 +281,12 @@ class SummarizeTask(ItemTask):
             batch = jobs[i : i + size]
             seed = sample_seed(config.seed, batch[0][0].key) if sampling else config.seed
             gen_config = GenerationConfig(
-                config.max_new_tokens, config.temperature, config.top_p, list(config.stop), seed=seed
+                config.max_new_tokens,
+                config.temperature,
+                config.top_p,
+                list(config.stop),
+                seed=seed,
+                top_k=config.top_k,
             )
             generations = adapter.generate_until([p.text for _, p in batch], gen_config)
             for (doc, prompt), gen in zip(batch, generations, strict=True):
@@ -310,6 +316,7 @@ class SummarizeTask(ItemTask):
             "decoding": {
                 "temperature": gen_config.temperature,
                 "top_p": gen_config.top_p,
+                "top_k": gen_config.top_k,
                 "seed": gen_config.seed,
                 "max_new_tokens": gen_config.max_new_tokens,
                 "stop": gen_config.stop,
@@ -352,7 +359,7 @@ class SummarizeTask(ItemTask):
             "decoding": "greedy"
             if config.temperature == 0
             else f"sampling (temperature {config.temperature}, "
-            f"top_p {config.top_p}, per-document seeds from seed {config.seed})",
+            f"top_k {config.top_k or 'off'}, top_p {config.top_p}, per-document seeds from seed {config.seed})",
             "scale": "fractions in [0, 1] (x100 for the usual tables)",
             "documents": len(rows),
             "truncated": sum(bool(r["truncated"]) for r in rows),
