@@ -32,7 +32,9 @@ ModelOpt = Annotated[
     str, typer.Option("--model", "-m", help="KIND:NAME (default kind native: a card name or a card's YAML path).")
 ]
 DeviceOpt = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
-DtypeOpt = Annotated[str, typer.Option(help="float32, or bfloat16/float16 autocast over fp32 weights.")]
+DtypeOpt = Annotated[
+    str, typer.Option(help="float32, bfloat16 or float16 (native: autocast over fp32 weights; hf: weights in it).")
+]
 SeedOpt = Annotated[int, typer.Option(help="Seed for data shuffles, rolls and sampling.")]
 OutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="Run directory (default: results/runs/...).")]
 CheckpointOpt = Annotated[
