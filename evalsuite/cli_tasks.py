@@ -1,0 +1,181 @@
+"""The downstream-task commands, ``evalsuite longbench`` (and ``longbench score``) and ``evalsuite summarize``:
+thin layers over :mod:`evalsuite.tasks.longbench`, :mod:`evalsuite.metrics.longbench` and
+:mod:`evalsuite.tasks.summarize`. Registered on the app of :mod:`evalsuite.cli`, which imports this module."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from evalsuite.cli import (
+    BackendOpt,
+    CheckpointOpt,
+    DeviceOpt,
+    DtypeOpt,
+    ModelOpt,
+    OutOpt,
+    SeedOpt,
+    _adapter,
+    _csv_list,
+    _note_random_weights,
+    _run,
+    app,
+)
+from evalsuite.errors import UserError
+
+longbench_app = typer.Typer(help="LongBench v1 / LongBench-E: run a model, or score predictions made elsewhere.")
+app.add_typer(longbench_app, name="longbench")
+
+
+@longbench_app.callback(invoke_without_command=True)
+def longbench(
+    ctx: typer.Context,
+    model: Annotated[
+        str | None, typer.Option("--model", "-m", help="KIND:NAME (default kind native: a card or its YAML path).")
+    ] = None,
+    data: Annotated[
+        str | None, typer.Option(help="Folder in the official layout: <task>.jsonl, <task>_e.jsonl.")
+    ] = None,
+    tasks: Annotated[
+        str | None, typer.Option(help="Comma-separated tasks, or the sets fox (default: FoX's 14) and english.")
+    ] = None,
+    e: Annotated[bool, typer.Option("--e", help="LongBench-E: <task>_e.jsonl, scores per length bucket.")] = False,
+    max_length: Annotated[
+        int | None,
+        typer.Option(help="Prompt token budget (middle truncation) [default: upstream's rule, 15500 at 16K]."),
+    ] = None,
+    first_line: Annotated[str, typer.Option(help="upstream (trec/triviaqa/samsum/lsht) or fox (every task).")] = (
+        "upstream"
+    ),
+    chat: Annotated[
+        bool, typer.Option(help="Wrap prompts in the model's chat template (not the upstream-exempt tasks).")
+    ] = False,
+    fuzzy: Annotated[str | None, typer.Option(help="Code similarity backend: levenshtein or difflib.")] = None,
+    on_bad_record: Annotated[str, typer.Option(help="error (stop at a bad line) or skip (leave it out, noted).")] = (
+        "error"
+    ),
+    max_samples: Annotated[int | None, typer.Option(help="At most this many records per task.")] = None,
+    batch_size: Annotated[int, typer.Option(help="Prompts per generate call.")] = 1,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "float32",
+    out: OutOpt = None,
+    checkpoint: CheckpointOpt = None,
+    attention: BackendOpt = "auto",
+):
+    """Run a model on LongBench (arXiv:2308.14508) as the official pred.py/eval.py do; write records and tables."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from evalsuite.report.longbench import write_longbench_tables
+    from evalsuite.tasks.longbench import LongBenchConfig, LongBenchTask
+
+    if model is None:
+        raise UserError("evalsuite longbench needs --model (or use `evalsuite longbench score PRED_DIR`)")
+    config = LongBenchConfig(
+        data=data,
+        tasks=_csv_list(tasks, str, "--tasks"),
+        e=e,
+        max_length=max_length,
+        first_line=first_line,
+        chat=chat,
+        fuzzy=fuzzy,
+        on_bad_record=on_bad_record,
+        max_samples=max_samples,
+        batch_size=batch_size,
+    )
+    adapter = _adapter(model, device, dtype, checkpoint, attention)
+    results = _run(LongBenchTask(config), adapter, out)
+    summary = results["summary"]
+    for note in summary["skipped_records"]:
+        typer.echo(f"  skipped {note}", err=True)
+    run_dir = Path(results["run_dir"])
+    paths = write_longbench_tables({adapter.name: summary["scores"]}, run_dir / "longbench", e=e)
+    typer.echo((run_dir / "longbench.md").read_text() if (run_dir / "longbench.md").exists() else "")
+    typer.echo(f"{adapter.name}: LongBench{'-E' if e else ''}, {summary['truncated']} prompts truncated")
+    _note_random_weights(adapter)
+    for path in paths:
+        typer.echo(f"wrote {path}")
+    typer.echo(f"  results: {run_dir}")
+
+
+@longbench_app.command("score")
+def longbench_score(
+    pred_dir: Annotated[Path, typer.Argument(help="Folder of <task>.jsonl predictions in upstream's pred.py layout.")],
+    e: Annotated[bool, typer.Option("--e", help="Score per LongBench-E length bucket.")] = False,
+    first_line: Annotated[str, typer.Option(help="upstream (trec/triviaqa/samsum/lsht) or fox (every task).")] = (
+        "upstream"
+    ),
+    fuzzy: Annotated[str | None, typer.Option(help="Code similarity backend: levenshtein or difflib.")] = None,
+):
+    """Score predictions made elsewhere (upstream pred.py, vLLM, an API): writes PRED_DIR/result.json and tables."""
+    from evalsuite.metrics.longbench import DEFAULT_FUZZY, score_predictions
+    from evalsuite.report.longbench import write_longbench_tables
+
+    result = score_predictions(pred_dir, e=e, first_line=first_line, fuzzy=fuzzy or DEFAULT_FUZZY)
+    typer.echo(json.dumps(result, indent=1))
+    for path in write_longbench_tables({pred_dir.resolve().name: result}, pred_dir / "longbench", e=e):
+        typer.echo(f"wrote {path}")
+
+
+@app.command()
+def summarize(
+    model: ModelOpt,
+    data: Annotated[str, typer.Option(help="JSONL with a document and a reference summary per line.")],
+    document_field: Annotated[str, typer.Option(help="Field holding the document.")] = "document",
+    summary_field: Annotated[str, typer.Option(help="Field holding the reference summary.")] = "summary",
+    max_docs: Annotated[int | None, typer.Option(help="The first N documents.")] = None,
+    template: Annotated[str, typer.Option(help="drt (`<document>|Summary:`) or chat (the model's chat template).")] = (
+        "drt"
+    ),
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens generated per summary.")] = 128,
+    temperature: Annotated[float, typer.Option(help="0: greedy; else seeded sampling.")] = 0.0,
+    top_p: Annotated[float, typer.Option(help="Nucleus sampling mass (with --temperature > 0).")] = 1.0,
+    top_k: Annotated[int, typer.Option(help="Sample among the k likeliest tokens (DRT: 2); 0: no cut.")] = 0,
+    bpe_rouge: Annotated[bool, typer.Option(help="Also ROUGE over the model's tokens (DRT's flavour, labelled).")] = (
+        False
+    ),
+    lead_baseline: Annotated[bool, typer.Option(help="Score the lead-1 baseline with the same code.")] = True,
+    batch_size: Annotated[int, typer.Option(help="Documents per generate call.")] = 4,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "float32",
+    seed: SeedOpt = 0,
+    out: OutOpt = None,
+    checkpoint: CheckpointOpt = None,
+    attention: BackendOpt = "auto",
+):
+    """Summarise documents and score ROUGE-1/2/L/Lsum (rouge-score, stemming) with seeded bootstrap intervals."""
+    from evalsuite.tasks.summarize import SummarizeConfig, SummarizeTask
+
+    config = SummarizeConfig(
+        data=data,
+        document_field=document_field,
+        summary_field=summary_field,
+        max_docs=max_docs,
+        template=template,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        bpe_rouge=bpe_rouge,
+        lead_baseline=lead_baseline,
+        batch_size=batch_size,
+        seed=seed,
+    )
+    adapter = _adapter(model, device, dtype, checkpoint, attention)
+    results = _run(SummarizeTask(config), adapter, out)
+    summary = results["summary"]
+    rows = [(adapter.name, summary["metrics"])]
+    if summary.get("lead_baseline"):
+        rows.append(("lead-1 baseline", summary["lead_baseline"]))
+    typer.echo(f"{adapter.name}: {summary['documents']} documents ({summary['truncated']} truncated), x100, 95% CI")
+    for name, metrics in rows:
+        cells = [
+            f"{m} {100 * metrics[m]['mean']:.2f} [{100 * metrics[m]['low']:.2f}, {100 * metrics[m]['high']:.2f}]"
+            for m in ("rouge1", "rouge2", "rougeL", "rougeLsum")
+            if m in metrics
+        ]
+        typer.echo(f"  {name}: " + "; ".join(cells))
+    _note_random_weights(adapter)
+    typer.echo(f"  results: {results['run_dir']}")
