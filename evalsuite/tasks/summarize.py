@@ -50,6 +50,7 @@ from evalsuite.errors import UserError
 from evalsuite.metrics.rouge import bootstrap_cis, bpe_rouge, lead_sentence, rouge_scores
 from evalsuite.provenance import git_commit
 from evalsuite.rundir import RunDir
+from evalsuite.store import file_sha256
 from evalsuite.tasks.base import RUNS_ROOT, Item, ItemTask, register_task, run_task
 from evalsuite.tokenizers import Tokenizer
 
@@ -142,14 +143,6 @@ def load_documents(
     if not docs:
         raise UserError(f"summarization data {path} holds no documents")
     return docs
-
-
-def file_sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with Path(path).open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,7 +247,7 @@ class SummarizeTask(ItemTask):
         self.docs = load_documents(
             config.data, config.document_field, config.summary_field, config.id_field, config.max_docs
         )
-        self.data_sha256 = file_sha256(config.data)
+        self.data_sha256 = file_sha256([Path(config.data)])
         hashed = {k: v for k, v in asdict(config).items() if k not in UNHASHED}
         hashed["data"] = self.data_sha256  # the content, not where it lies
         if config.template != "chat":
