@@ -15,29 +15,15 @@ atomically at the end) and any files a task keeps beside them (e.g. the loss tas
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
 from pathlib import Path
 
 from evalsuite.errors import UserError
-from evalsuite.store import RECORDS_FILE, RESULTS_FILE, append_jsonl, atomic_write_json, read_jsonl
+from evalsuite.store import RECORDS_FILE, RESULTS_FILE, append_jsonl, atomic_write_json, read_json_file, read_jsonl
 
 MANIFEST_FILE = "config.json"
-
-
-def read_json_file(path: Path, what: str = "file") -> dict:
-    """A JSON object from ``path``; a corrupt or non-object file is a UserError naming it."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"cannot read {what} {path}: {e}") from None
-    except json.JSONDecodeError as e:
-        raise UserError(f"{what} {path} is corrupt (invalid JSON at line {e.lineno}: {e.msg})") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{what} {path} must hold a JSON object")
-    return data
 
 
 def check_writable(path: Path) -> None:

@@ -182,6 +182,19 @@ def read_jsonl(path: Path) -> list[dict]:
     return records
 
 
+def read_json_file(path: Path | str, what: str = "file") -> dict:
+    """A JSON object from ``path``; a corrupt or non-object file is a UserError naming it."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read {what} {path}: {e}") from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"{what} {path} is corrupt (invalid JSON at line {e.lineno}: {e.msg})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{what} {path} must hold a JSON object")
+    return data
+
+
 def file_sha256(paths: list[Path]) -> str:
     """sha256 over the contents of several files, in the given order (streamed)."""
     h = hashlib.sha256()

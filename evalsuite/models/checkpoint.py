@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from evalsuite.errors import UserError
-from evalsuite.store import file_sha256
+from evalsuite.store import file_sha256, read_json_file
 
 OWN_FORMAT = "evalsuite"
 
@@ -57,13 +57,7 @@ def read_config(ckpt_dir: Path) -> dict:
     path = Path(ckpt_dir) / "config.json"
     if not path.exists():
         raise UserError(f"{ckpt_dir}: no config.json (is this a checkpoint directory?)")
-    try:
-        config = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path}: invalid JSON ({e.msg})") from None
-    if not isinstance(config, dict):
-        raise UserError(f"{path}: expected a JSON object")
-    return config
+    return read_json_file(path, "checkpoint config")
 
 
 def checkpoint_sha256(ckpt_dir: Path) -> str:

@@ -81,8 +81,8 @@ class Task(ABC):
         """The config as ``results.json`` shows it (default: the hashed one)."""
         return hashed
 
-    def legacy_hashed_configs(self, adapter: TextAdapter | None) -> list[dict]:
-        """Configs in earlier schemas that produced the same records (their run directories migrate)."""
+    def legacy_hashed_configs(self, adapter: TextAdapter | None, hashed: dict) -> list[dict]:
+        """Configs in earlier schemas that produced the same records as ``hashed`` (their run directories migrate)."""
         return []
 
     def default_dir(self, adapter: TextAdapter | None, chash: str) -> Path:
@@ -176,7 +176,7 @@ def run_task(task: Task, adapter: TextAdapter | None, out_dir: Path | str | None
     identity = adapter.identity() if adapter is not None else {}
     config = task.hashed_config(adapter)  # validates; nothing is written before this passes
     chash = config_hash({"task": task.name, **config, **identity})
-    legacy = tuple(config_hash({**old, **identity}) for old in task.legacy_hashed_configs(adapter))
+    legacy = tuple(config_hash({**old, **identity}) for old in task.legacy_hashed_configs(adapter, config))
     out_dir = Path(out_dir) if out_dir is not None else _existing_legacy_dir(task, adapter, chash, legacy)
     run = RunDir.claim(out_dir, task.name, chash, config, legacy)
     finished = run.load_results() if task.reuse_finished else None

@@ -201,9 +201,8 @@ class DrtPasskeyTask(ItemTask):
             "seed": config.seed,
         }
 
-    def legacy_hashed_configs(self, adapter: TokenAdapter) -> list[dict]:
+    def legacy_hashed_configs(self, adapter: TokenAdapter, new: dict) -> list[dict]:
         """The config as the NIAH task hashed it when this test was its ``--flavour drt``."""
-        new = self.hashed_config(adapter)
         old = dict(mode="2hop", flavour="drt", preset=None, lengths=self.lengths, depths=[], samples=self.samples)
         old.update(haystack=new["haystack"], max_new_tokens=self._preset_max_new, stop_newline=False)
         return [{"task": "niah", **old, "batch_size": None, "judge": None, "seed": self.config.seed}]

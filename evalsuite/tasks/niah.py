@@ -363,9 +363,9 @@ class NiahTask(ItemTask):
     def shown_config(self, hashed: dict) -> dict:
         return {**asdict(self.resolved), "haystack_id": hashed["haystack"]}
 
-    def legacy_hashed_configs(self, adapter: TextAdapter) -> list[dict]:
+    def legacy_hashed_configs(self, adapter: TextAdapter, hashed: dict) -> list[dict]:
         """Before the DRT passkey became its own task, the NIAH config had ``flavour: text``."""
-        return [{"task": "niah", **self.hashed_config(adapter), "flavour": "text"}]
+        return [{"task": "niah", **hashed, "flavour": "text"}]
 
     def default_dir(self, adapter: TextAdapter, chash: str) -> Path:
         return run_dir_for(adapter.name, self.resolved, chash)
