@@ -8,7 +8,7 @@ Card keys::
     description: FoX (Pro), 760M, 48B LongCrawl64 tokens
     architecture: fox-pro          # an architecture (or family) of evalsuite.models.registry
     config: {hidden_size: 1536, ...}   # overrides of the architecture's preset
-    tokenizer: gpt2-json           # see evalsuite.tokenizers.get_tokenizer
+    tokenizer: gpt2-json           # see evalsuite.tokenizers.get_tokenizer; "checkpoint": the weights' own
     train_length: 16384            # training context (dashed lines, within/beyond summaries)
     max_length: 65536              # longest context the suite will feed it
     weights: {source: random | own | <a released layout, e.g. fox-official>, ...}

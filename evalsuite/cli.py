@@ -413,6 +413,35 @@ def bench_attention_cmd(
     typer.echo(f"wrote {out}/attention_bench.json and .png")
 
 
+@bench_app.command("linear")
+def bench_linear_cmd(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (JSON, PNG, summary).")] = Path(
+        "results/bench/linear"
+    ),
+    seq_lens: Annotated[str, typer.Option(help="Comma-separated T values.")] = "1024,2048,4096,8192,16384,32768,65536",
+    ops: Annotated[str, typer.Option(help="Comma-separated: gsa, lightning.")] = "gsa,lightning",
+    providers: Annotated[
+        str, typer.Option(help="Comma-separated (default: Triton + fla + SDPA on CUDA, the chunked twins on CPU).")
+    ] = "",
+    modes: Annotated[str, typer.Option(help="Comma-separated: fwd, fwdbwd, decode, memory.")] = (
+        "fwd,fwdbwd,decode,memory"
+    ),
+):
+    """Time Gated Slot and Lightning Attention against fla (fwd, fwd+bwd, decode step) and decode-state memory."""
+    from evalsuite.bench import linear
+
+    chosen = {"--ops": _csv_list(ops, str, "--ops"), "--providers": _csv_list(providers, str, "--providers"),
+              "--modes": _csv_list(modes, str, "--modes")}  # fmt: skip
+    allowed = {"--ops": linear.OPS, "--providers": linear.PROVIDERS, "--modes": linear.MODES}
+    for option, values in chosen.items():
+        bad = [v for v in values if v not in allowed[option]]
+        if bad:
+            raise UserError(f"unknown {option} value(s) {', '.join(bad)}; choose from {', '.join(allowed[option])}")
+    linear.bench_linear(out, seq_lens=_csv_list(seq_lens, int, "--seq-lens"), ops=chosen["--ops"],
+                        providers=chosen["--providers"] or None, modes=chosen["--modes"])  # fmt: skip
+    typer.echo(f"wrote {out}/{linear.JSON_NAME}, .png and .md")
+
+
 @app.command("run")
 def run_cmd(
     task: Annotated[str, typer.Argument(help="A registered task (see `evalsuite tasks`).")],

@@ -21,6 +21,8 @@ from evalsuite.models.checkpoint import checkpoint_sha256, load_checkpoint
 from evalsuite.runtime import dtype_name, resolve_device, resolve_dtype
 from evalsuite.tokenizers import get_tokenizer
 
+CHECKPOINT_TOKENIZER = "checkpoint"
+
 
 def _hf_cache_snapshot(repo: str) -> Path | None:
     """The local Hugging Face hub snapshot of ``repo`` if one is on disk (no network)."""
@@ -85,8 +87,13 @@ class NativeAdapter(TokenAdapter):
         self.card = card
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype)
-        self.tokenizer = get_tokenizer(card.tokenizer)
         ckpt = Path(checkpoint) if checkpoint is not None else resolve_checkpoint(card)
+        if card.tokenizer == CHECKPOINT_TOKENIZER:  # a release's own tokenizer.json, beside its weights
+            if ckpt is None:
+                raise UserError(f"model {card.name}: tokenizer 'checkpoint' needs weights from a checkpoint directory")
+            self.tokenizer = get_tokenizer(f"hf:{ckpt}")
+        else:
+            self.tokenizer = get_tokenizer(card.tokenizer)
         if ckpt is None:
             self.model = card.build_module()
             self.model.init_weights(card.weights.get("seed", 0))

@@ -147,13 +147,27 @@ def _peak_memory_mib(fn, leaves) -> float:
     return peak / 2**20
 
 
+def _do_bench(fn, leaves, warmup=25, rep=100) -> tuple[float, float, float]:
+    """(median, p20, p80) ms of ``fn`` from ``triton.testing.do_bench`` (CUDA), the grads of ``leaves`` reset
+    between calls; ``warmup`` / ``rep`` (ms) are raised for slow calls to at least 3 / 15 calls."""
+    import triton.testing
+
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    stop.record()
+    torch.cuda.synchronize()
+    one = start.elapsed_time(stop)
+    warmup, rep = max(warmup, 3 * one), max(rep, 15 * one)
+    ms, lo, hi = triton.testing.do_bench(fn, warmup=warmup, rep=rep, grad_to_none=leaves, quantiles=QUANTILES)
+    return ms, lo, hi
+
+
 def bench_one(provider, T, D, mode, n_heads=16, tokens_per_call=65536, dtype=torch.bfloat16, warmup=25, rep=100):
     """Time one configuration; returns a record dict (``status`` says "ok", "oom", "unavailable" or the error).
 
     ``warmup`` / ``rep`` are milliseconds (do_bench's meaning), raised for slow calls to at least 3 / 15 calls.
     """
-    import triton.testing
-
     B = max(1, tokens_per_call // T)
     rec = {"kind": "timing", "provider": provider, "mode": mode, "T": T, "B": B, "H": n_heads, "D": D}
     rec["dtype"] = str(dtype).replace("torch.", "")
@@ -164,14 +178,7 @@ def bench_one(provider, T, D, mode, n_heads=16, tokens_per_call=65536, dtype=tor
             return {**rec, "status": "unavailable"}
         fn()  # compile / warm up outside the timing
         peak = _peak_memory_mib(fn, leaves)
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        torch.cuda.synchronize()
-        one = start.elapsed_time(stop)
-        warmup, rep = max(warmup, 3 * one), max(rep, 15 * one)
-        ms, lo, hi = triton.testing.do_bench(fn, warmup=warmup, rep=rep, grad_to_none=leaves, quantiles=QUANTILES)
+        ms, lo, hi = _do_bench(fn, leaves, warmup, rep)
         rec.update(status="ok", ms=ms, ms_p20=lo, ms_p80=hi, peak_mem_mib=peak)
         rec["tflops"] = attention_flops(B, T, n_heads, D, mode) / (ms * 1e-3) / 1e12
     except torch.cuda.OutOfMemoryError:

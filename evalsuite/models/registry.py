@@ -66,7 +66,9 @@ class Family:
         return self.model_cls(config)
 
 
-FAMILIES: Registry[Family] = Registry("model family", builtins=("evalsuite.models.fox",))
+FAMILIES: Registry[Family] = Registry(
+    "model family", builtins=("evalsuite.models.fox", "evalsuite.models.gsa", "evalsuite.models.tnl")
+)
 
 
 def register_family(family: Family) -> Family:

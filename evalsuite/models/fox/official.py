@@ -27,10 +27,21 @@ _UNSUPPORTED = {"num_kv_heads": None, "window_size": None, "log_pruning_toleranc
 _REQUIRED = ("model.embeddings.weight", "model.norm.weight", "lm_head.weight")
 
 
+# The FoX repository's model_type strings, with and without the "-project_fox" suffix (checkpoint_formats.md A.0).
+_MODEL_TYPES = (
+    "forgetting_transformer-project_fox",
+    "transformer-project_fox",
+    "forgetting_transformer",
+    "transformer",
+)
+
+
 def detect(config: dict, tensor_names: Collection[str]) -> bool:
-    """HF-style FoX names: ``model.embeddings.weight`` and ``model.layers.*`` (not our own format)."""
+    """HF-style FoX names: ``model.embeddings.weight`` and ``model.layers.*`` (not our own format, nor another
+    family's ``model_type``, such as fla's ``gsa``, which shares these names)."""
     return (
         config.get("format") != OWN_FORMAT
+        and config.get("model_type", "transformer") in _MODEL_TYPES
         and "model.embeddings.weight" in tensor_names
         and any(k.startswith("model.layers.") for k in tensor_names)
     )

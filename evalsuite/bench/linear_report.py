@@ -1,0 +1,154 @@
+"""Summary and plot of :mod:`evalsuite.bench.linear` records: the markdown tables of the targets and
+``linear_bench.png`` (same style as :func:`evalsuite.bench.attention.plot_attention_bench`)."""
+
+from __future__ import annotations
+
+import math
+
+from evalsuite.bench.linear import OP_PROVIDERS, OPS, PEERS, PROVIDERS, SDPA
+
+
+def _get(records, **match):
+    return [r for r in records if all(r.get(k) == v for k, v in match.items())]
+
+
+def _ours(records, op):
+    names = [p for p in OP_PROVIDERS[op][:2] if _get(records, kind="op", op=op, provider=p)]
+    return names[0] if names else None
+
+
+def format_summary(records, ref_T: int = 16384) -> str:
+    """Markdown: ratios to fla at ``ref_T``, speed at the longest vs shortest T, decode latency, decode-state
+    memory vs context (with ``decode_total_mib``, state + step peak beyond the weights, on CUDA), parity."""
+    lines = []
+    op_recs = [r for r in records if r.get("kind") == "op" and "ms" in r]
+    if op_recs:
+        Ts = sorted({r["T"] for r in op_recs})
+        T = ref_T if ref_T in Ts else Ts[-1]
+        lines += [f"### Time vs fla at T = {T} (target: ours <= 1.00x)", "",
+                  "| op | mode | ours | ours ms | fla ms | ratio | target |",
+                  "| --- | --- | --- | ---: | ---: | ---: | --- |"]  # fmt: skip
+        for op in OPS:
+            ours = _ours(records, op)
+            for mode in ("fwd", "fwdbwd"):
+                a = _get(op_recs, op=op, provider=ours, mode=mode, T=T)
+                b = _get(op_recs, op=op, provider=PEERS[op], mode=mode, T=T)
+                if not a and not b:
+                    continue
+                ratio = a[0]["ms"] / b[0]["ms"] if a and b else None
+                verdict = "n/a" if ratio is None else ("pass" if ratio <= 1.0 else "FAIL")
+                lines.append(f"| {op} | {mode} | {ours} | {_fmt(a, 'ms')} | {_fmt(b, 'ms')} | "
+                             f"{'-' if ratio is None else f'{ratio:.2f}x'} | {verdict} |")  # fmt: skip
+        lines += ["", f"### Constant speed: tokens/s at T = {Ts[-1]} vs T = {Ts[0]} (target for lightning: >= 0.85)",
+                  "", "| op | provider | mode | tok/s short | tok/s long | long / short | target |",
+                  "| --- | --- | --- | ---: | ---: | ---: | --- |"]  # fmt: skip
+        for op in OPS if len(Ts) > 1 else ():
+            for provider in [p for p in OP_PROVIDERS[op] if _get(op_recs, op=op, provider=p)]:
+                for mode in ("fwd", "fwdbwd"):
+                    lo = _get(op_recs, op=op, provider=provider, mode=mode, T=Ts[0])
+                    hi = _get(op_recs, op=op, provider=provider, mode=mode, T=Ts[-1])
+                    if not lo or not hi:
+                        continue
+                    ratio = hi[0]["tokens_per_s"] / lo[0]["tokens_per_s"]
+                    verdict = ("pass" if ratio >= 0.85 else "FAIL") if op == "lightning" else "-"
+                    lines.append(f"| {op} | {provider} | {mode} | {lo[0]['tokens_per_s']:.3g} | "
+                                 f"{hi[0]['tokens_per_s']:.3g} | {ratio:.2f} | {verdict} |")  # fmt: skip
+    dec = [r for r in records if r.get("kind") == "decode" and "ms" in r]
+    if dec:
+        batches = sorted({r["batch"] for r in dec})
+        lines += ["", "### Decode step latency (ms per step; the state does not grow with context)", "",
+                  "| op | provider | " + " | ".join(f"B={b}" for b in batches) + " |",
+                  "| --- | --- | " + " | ".join("---:" for _ in batches) + " |"]  # fmt: skip
+        for op, provider in dict.fromkeys((r["op"], r["provider"]) for r in dec):
+            cells = [_fmt(_get(dec, op=op, provider=provider, batch=b), "ms") for b in batches]
+            lines.append(f"| {op} | {provider} | " + " | ".join(cells) + " |")
+    mem = [r for r in records if r.get("kind") == "state_memory"]
+    if mem:
+        ctxs = sorted({r["context"] for r in mem})
+        lines += ["", "### Decode-state memory vs context (MiB of state; flat = last / first <= 1.01)", "",
+                  "| arch | kind | " + " | ".join(f"{c}" for c in ctxs) + " | last / first | flat | decode MiB |",
+                  "| --- | --- | " + " | ".join("---:" for _ in ctxs) + " | ---: | --- | --- |"]  # fmt: skip
+        for arch in dict.fromkeys(r["arch"] for r in mem):
+            rs = {r["context"]: r for r in _get(mem, arch=arch) if "state_nbytes" in r}
+            if not rs:
+                lines.append(f"| {arch} | {_get(mem, arch=arch)[0]['status'][:60]} |")
+                continue
+            cells = [f"{rs[c]['state_nbytes'] / 2**20:.3g}" if c in rs else "-" for c in ctxs]
+            first, last = rs[min(rs)]["state_nbytes"], rs[max(rs)]["state_nbytes"]
+            growth = last / first if first else math.inf
+            kind = next(iter(rs.values()))["state_kind"]
+            total = [f"{rs[c]['decode_total_mib']:.1f}" for c in sorted(rs) if "decode_total_mib" in rs[c]]
+            lines.append(f"| {arch} | {kind} | " + " | ".join(cells) + f" | {growth:.2f} | "
+                         f"{'yes' if growth <= 1.01 else 'no'} | {' -> '.join(total) or '-'} |")  # fmt: skip
+    par = [r for r in records if r.get("kind") == "parity"]
+    if par:
+        lines += ["", "### Parity, ours vs fla (same inputs, fwd + bwd)", "", "| op | ours | peer | T | max rel err |",
+                  "| --- | --- | --- | ---: | ---: |"]  # fmt: skip
+        for r in par:
+            err = f"{r['max_rel_err']:.2e}" if "max_rel_err" in r else r["status"][:60]
+            lines.append(f"| {r['op']} | {r['provider']} | {r['peer']} | {r['T']} | {err} |")
+    return "\n".join(lines).strip()
+
+
+def _fmt(rs, key) -> str:
+    if not rs:
+        return "-"
+    return f"{rs[0][key]:.3f}" if key in rs[0] else rs[0].get("status", "-")[:30]
+
+
+def plot_linear_bench(records, path, env=None) -> None:
+    """Top row: time vs T per (op, mode) with the fla peer and SDPA (dashed); middle: tokens/s; bottom: decode
+    latency vs batch and decode-state memory vs context. Same style as :func:`.attention.plot_attention_bench`."""
+    from matplotlib.figure import Figure
+
+    timing = [r for r in records if r.get("kind") == "op" and "ms" in r]
+    panels = sorted({(r["op"], r["mode"]) for r in timing if r["op"] != "sdpa"}, key=lambda p: (OPS.index(p[0]), p[1]))
+    n = max(2, len(panels))
+    fig = Figure(figsize=(4.2 * n, 10.5))
+    axes = fig.subplots(3, n, squeeze=False)
+    colors = {p: f"C{i}" for i, p in enumerate(PROVIDERS)}
+    for col, (op, mode) in enumerate(panels):
+        ax_t, ax_s = axes[0][col], axes[1][col]
+        for p in [*OP_PROVIDERS[op], SDPA]:
+            rs = sorted(_get(timing, op="sdpa" if p == SDPA else op, provider=p, mode=mode), key=lambda r: r["T"])
+            if not rs:
+                continue
+            style = dict(marker="o", color=colors[p], label=p, ls="--" if p == SDPA else "-")
+            ax_t.plot([r["T"] for r in rs], [r["ms"] for r in rs], **style)
+            ax_s.plot([r["T"] for r in rs], [r["tokens_per_s"] for r in rs], **style)
+        for ax, ylabel in ((ax_t, "median time (ms)"), (ax_s, "tokens / s")):
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_ylabel(ylabel)
+            ax.set_xlabel("sequence length T (B*T fixed)")
+            ax.grid(True, which="both", alpha=0.3)
+        ax_t.set_title(f"{op}, {mode}")
+        ax_t.legend(fontsize=7)
+    for col in range(len(panels), n):
+        axes[0][col].axis("off")
+        axes[1][col].axis("off")
+    ax_d, ax_m = axes[2][0], axes[2][1]
+    dec = [r for r in records if r.get("kind") == "decode" and "ms" in r]
+    for op, p in dict.fromkeys((r["op"], r["provider"]) for r in dec):
+        rs = sorted(_get(dec, op=op, provider=p), key=lambda r: r["batch"])
+        ax_d.plot([r["batch"] for r in rs], [r["ms"] for r in rs], marker="o", color=colors[p], label=f"{op}: {p}")
+    ax_d.set(xscale="log", yscale="log", title="decode step", xlabel="batch", ylabel="ms per step")
+    ax_d.set_xscale("log", base=2)
+    mem = [r for r in records if r.get("kind") == "state_memory" and "state_nbytes" in r]
+    for i, arch in enumerate(dict.fromkeys(r["arch"] for r in mem)):
+        rs = sorted(_get(mem, arch=arch), key=lambda r: r["context"])
+        ax_m.plot([r["context"] for r in rs], [r["state_nbytes"] / 2**20 for r in rs], marker="o", color=f"C{i}",
+                  label=f"{arch} ({rs[0]['state_kind']})")  # fmt: skip
+    ax_m.set(yscale="log", title="decode state (model level)", xlabel="context length", ylabel="state MiB")
+    ax_m.set_xscale("log", base=2)
+    for ax in (ax_d, ax_m):
+        ax.grid(True, which="both", alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=7)
+    for col in range(2, n):
+        axes[2][col].axis("off")
+    info = env or {}
+    fig.suptitle(f"{info.get('device', '')}  torch {info.get('torch', '')}  triton {info.get('triton', '')}  "
+                 f"fla {info.get('fla') or '-'}")  # fmt: skip
+    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.06, top=0.93, wspace=0.32, hspace=0.38)  # tight_layout: slow
+    fig.savefig(path, dpi=120)
