@@ -69,8 +69,10 @@ def default_providers(device=None) -> tuple[str, ...]:
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:
-    """Lightning's per-head decay rates ``2^(-8 h / H)``, h = 1..H (float32 ``[H]``)."""
-    return torch.tensor([2.0 ** (-8.0 * h / n_heads) for h in range(1, n_heads + 1)], dtype=torch.float32)
+    """Lightning's per-head decay rates (TNL's code schedule at layer 0, without the layer factor), float32 ``[H]``."""
+    from evalsuite.models.tnl.model import alibi_slopes as slopes
+
+    return torch.tensor(slopes(n_heads), dtype=torch.float32)
 
 
 def fla_version() -> str | None:

@@ -1,0 +1,180 @@
+"""Chunked Gated Slot Attention in Triton: forward and backward (an autograd function), GSA Algorithm 1.
+
+Entry point: :func:`gsa_chunk_triton` ``(q, k, v, log_alpha, scale, initial_state, output_final_state) -> (o, state)``
+with the shapes and semantics of :func:`evalsuite.kernels.gated_slot.reference.gsa_recurrent`. Differentiable in
+q, k, v, log_alpha and the initial state, and through the returned final state.
+
+Design (kernels in :mod:`.chunk_kernels`, helpers and block configs in :mod:`.common`):
+
+* Chunks of ``CHUNK`` rows (64 on GPU, 32 under the interpreter), sub-chunks of ``SUB`` = 16. The log-gate cumsum
+  within a chunk is taken in registers (float32) by every kernel that needs it; nothing is precomputed.
+* Forward, 3 launches: (1) ``_state_fwd_kernel``, grid ``(dk/BD + dv/BD, B*H)``: both passes' chunk-start states
+  (the two passes' states depend only on k, v, alpha), each program a sequential walk over the chunks;
+  (2) ``_read_kernel``, grid ``(NT, B*H)``: the pass-1 logits ``z = scale * hk^T q`` (float32, saved for backward);
+  (3) ``_write_kernel``, grid ``(NT, dv/BD, B*H)``: ``o = hv^T softmax(z)``, with the softmax over the m slots taken
+  in the kernel. The state buffers are then freed (checkpoint level 2: backward saves q, k, v, log_alpha, z and
+  the initial state only).
+* Backward, 7 launches: the states again (1); ``dp = hv do`` by the read kernel (2); both state adjoints in one
+  reverse scan (3, ``_state_bwd_kernel``: pass 2 from p and dO, pass 1 from ``e = scale * dsoftmax(z; dp)``, which
+  it forms on the fly); dq (write kernel with u = e), dk and dv (``_write_rev_kernel``, 4-6); and the log-gate
+  gradient (7, ``_dgate_kernel``): ``dL/ds`` of both passes plus the reversed-cumsum identity of gsa.md §1.6,
+  whose part from later chunks is read off the chunk-end states and adjoints instead of a scan over T.
+* No PyTorch math runs between launches except the allocations and the transposes of the small states.
+* Numerical safety: every exponent is a difference of cumsums ``<= 0`` (sub-chunk reference points, diagonal
+  sub-blocks elementwise); gates down to ``log alpha = -5`` per token and below are fine.
+
+Head dims dk, dv in {16, ..., 512} and slots m in {16, 32, 64, 128} (powers of two; others raise ValueError).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from evalsuite.kernels import triton_utils
+from evalsuite.kernels.gated_slot.chunk_kernels import (
+    _dgate_kernel,
+    _read_kernel,
+    _state_bwd_kernel,
+    _state_fwd_kernel,
+    _write_kernel,
+    _write_rev_kernel,
+)
+from evalsuite.kernels.gated_slot.common import check_dtypes, check_sizes, config, dot_flags
+from evalsuite.kernels.gated_slot.reference import _check
+
+F32 = torch.float32
+
+
+def _dims(k, v, g, cfg):
+    B, T, H, DK = k.shape
+    return B, T, H, DK, v.shape[-1], g.shape[-1], triton.cdiv(T, cfg["CHUNK"])
+
+
+def _states(k, v, g, h0k, h0v, cfg):
+    """Chunk-start states of both passes, ``[B*H, NT + 1, M, D]`` (index NT: the final state)."""
+    B, T, H, DK, DV, M, NT = _dims(k, v, g, cfg)
+    hsk = triton_utils.empty((B * H, NT + 1, M, DK), F32, k.device)
+    hsv = triton_utils.empty((B * H, NT + 1, M, DV), F32, k.device)
+    BD = min(cfg["STATE_BD"], DK, DV)
+    has_h0 = h0k is not None
+    _state_fwd_kernel[(DK // BD + DV // BD, B * H)](
+        k, v, g, h0k if has_h0 else hsk, h0v if has_h0 else hsv, hsk, hsv, T, H, NT, DK // BD,
+        M=M, DK=DK, DV=DV, BD=BD, C=cfg["CHUNK"], HAS_H0=has_h0, **dot_flags(k.dtype),
+        num_warps=cfg["STATE_WARPS"], num_stages=cfg["STATE_STAGES"],
+    )  # fmt: skip
+    return hsk, hsv
+
+
+def _read(x, y, g, hs, scale, cfg):
+    """``scale * [exp(b) (H0 x) + intra-chunk]`` over the slots, float32 ``[B, T, H, M]`` (see chunk_kernels)."""
+    B, T, H, D, _, M, NT = _dims(x, y, g, cfg)
+    out = triton_utils.empty((B, T, H, M), F32, x.device)
+    _read_kernel[(NT, B * H)](
+        x, y, g, hs, out, T, H, NT, scale, M=M, D=D, BD=min(cfg["READ_BD"], D), C=cfg["CHUNK"], BC=cfg["SUB"],
+        DIAG_LOOP=cfg["DIAG_LOOP"], **dot_flags(x.dtype), num_warps=cfg["WARPS"], num_stages=cfg["STAGES"],
+    )  # fmt: skip
+    return out
+
+
+def _write(kernel, x, z, dp, g, hs, scale, mode, dtype, cfg):
+    """The write kernel (o, dq) or its reverse (dk, dv): output over d in ``dtype``, ``[B, T, H, D]``."""
+    B, T, H, D, _, M, NT = _dims(x, x, g, cfg)
+    out = triton_utils.empty((B, T, H, D), dtype, x.device)
+    BD = min(cfg["WRITE_BD"], D)
+    kernel[(NT, D // BD, B * H)](
+        x, z, z, dp if dp is not None else z, g, hs, out, T, H, NT, scale, MODE=mode, M=M, D=D, BD=BD,
+        C=cfg["CHUNK"], BC=cfg["SUB"], DIAG_LOOP=cfg["DIAG_LOOP"], **dot_flags(x.dtype), num_warps=cfg["WARPS"],
+        num_stages=cfg["STAGES"],
+    )  # fmt: skip
+    return out
+
+
+def _slot_major(hk):
+    """``[B, H, dk, m]`` -> float32 ``[B, H, m, dk]`` contiguous (the kernels' slot-major layout)."""
+    return hk.transpose(-1, -2).to(F32).contiguous()
+
+
+class _GSAChunk(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, g, scale, h0k, h0v, output_final_state):
+        cfg = config()
+        B, T, H, DK, DV, M, NT = _dims(k, v, g, cfg)
+        hsk, hsv = _states(k, v, g, h0k, h0v, cfg)
+        z = _read(q, k, g, hsk, scale, cfg)
+        o = _write(_write_kernel, v, z, None, g, hsv, scale, 1, v.dtype, cfg)
+        final_k = final_v = None
+        if output_final_state:
+            final_k = hsk[:, NT].view(B, H, M, DK).transpose(-1, -2).contiguous()
+            final_v = hsv[:, NT].view(B, H, M, DV).clone()
+        ctx.save_for_backward(q, k, v, g, z, h0k, h0v)
+        ctx.scale = scale
+        ctx.set_materialize_grads(False)
+        return o, final_k, final_v
+
+    @staticmethod
+    def backward(ctx, do, d_final_k, d_final_v):
+        q, k, v, g, z, h0k, h0v = ctx.saved_tensors
+        scale, cfg = ctx.scale, config()
+        B, T, H, DK, DV, M, NT = _dims(k, v, g, cfg)
+        do = torch.zeros_like(v) if do is None else do.to(v.dtype).contiguous()
+        has_dht = d_final_k is not None or d_final_v is not None
+        if has_dht:
+            dhtk = torch.zeros(B, H, M, DK, dtype=F32, device=q.device) if d_final_k is None else _slot_major(d_final_k)
+            dhtv = torch.zeros(B, H, M, DV, dtype=F32, device=q.device) if d_final_v is None else d_final_v.to(F32)
+            dhtv = dhtv.contiguous()
+        hsk, hsv = _states(k, v, g, h0k, h0v, cfg)
+        dp = _read(do, v, g, hsv, 1.0, cfg)
+
+        want_dh0 = h0k is not None and (ctx.needs_input_grad[5] or ctx.needs_input_grad[6])
+        dhsk = triton_utils.empty((B * H, NT, M, DK), F32, q.device)
+        dhsv = triton_utils.empty((B * H, NT, M, DV), F32, q.device)
+        dh0k = triton_utils.empty((B, H, M, DK), F32, q.device) if want_dh0 else dhsk
+        dh0v = triton_utils.empty((B, H, M, DV), F32, q.device) if want_dh0 else dhsv
+        BD = min(cfg["STATE_BD"], DK, DV)
+        _state_bwd_kernel[(DK // BD + DV // BD, B * H)](
+            q, do, z, dp, g, dhtk if has_dht else dhsk, dhtv if has_dht else dhsv, dhsk, dhsv, dh0k, dh0v,
+            T, H, NT, DK // BD, scale, M=M, DK=DK, DV=DV, BD=BD, C=cfg["CHUNK"], HAS_DHT=has_dht,
+            STORE_DH0=want_dh0, **dot_flags(q.dtype), num_warps=cfg["STATE_WARPS"], num_stages=cfg["STATE_STAGES"],
+        )  # fmt: skip
+
+        dq = _write(_write_kernel, k, z, dp, g, hsk, scale, 2, q.dtype, cfg)
+        dk = _write(_write_rev_kernel, q, z, dp, g, dhsk, scale, 2, k.dtype, cfg)
+        dv = _write(_write_rev_kernel, do, z, dp, g, dhsv, scale, 1, v.dtype, cfg)
+        dg = triton_utils.empty((B, T, H, M), F32, q.device)
+        _dgate_kernel[(NT, B * H)](
+            q, k, v, do, z, dp, g, hsk, hsv, dhsk, dhsv, dg, T, H, NT, scale, M=M, DK=DK, DV=DV,
+            BD=min(cfg["READ_BD"], DK, DV), C=cfg["CHUNK"], BC=cfg["SUB"], DIAG_LOOP=cfg["DIAG_LOOP"],
+            **dot_flags(q.dtype),
+            num_warps=cfg["WARPS"], num_stages=cfg["STAGES"],
+        )  # fmt: skip
+        return dq, dk, dv, dg, None, dh0k if want_dh0 else None, dh0v if want_dh0 else None, None
+
+
+def gsa_chunk_triton(q, k, v, log_alpha, scale: float = 1.0, initial_state=None, output_final_state: bool = False):
+    """Chunked GSA with Triton forward and backward; same contract as ``reference.gsa_recurrent``.
+
+    q, k ``[B, T, H, dk]``, v ``[B, T, H, dv]`` (one dtype of bf16/fp16/fp32), log_alpha ``[B, T, H, m]`` (float32,
+    <= 0), initial_state ``(hk [B, H, dk, m], hv [B, H, m, dv])`` or None. Returns ``(o [B, T, H, dv] in v's dtype,
+    (hk, hv) float32 or None)``. Gradients flow to q, k, v, log_alpha (float32), the initial state and from the
+    returned final state.
+    """
+    _check(q, k, v, log_alpha, initial_state)
+    check_dtypes(q, k, v)
+    B, T, H, dk = q.shape
+    dv, m = v.shape[-1], log_alpha.shape[-1]
+    check_sizes(dk, dv, m)
+    if T == 0:
+        o = v.new_zeros(v.shape)
+        if not output_final_state:
+            return o, None
+        if initial_state is None:
+            return o, (q.new_zeros(B, H, dk, m, dtype=F32), q.new_zeros(B, H, m, dv, dtype=F32))
+        return o, tuple(s.to(F32) for s in initial_state)
+    h0k = h0v = None
+    if initial_state is not None:
+        h0k, h0v = _slot_major(initial_state[0]), initial_state[1].to(F32).contiguous()
+    q, k, v = (x.contiguous() for x in (q, k, v))
+    g = log_alpha.to(F32).contiguous()
+    o, hk, hv = _GSAChunk.apply(q, k, v, g, float(scale), h0k, h0v, output_final_state)
+    return o, ((hk, hv) if output_final_state else None)

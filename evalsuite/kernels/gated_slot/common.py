@@ -1,0 +1,133 @@
+"""What the Gated Slot Attention kernels share: block configs, jit helpers, input checks.
+
+Both GLA passes of GSA (``reference.py``; gsa.md §1.4) keep a state with the slot dimension first:
+``hk^T [m, dk]`` for pass 1 and ``hv [m, dv]`` for pass 2, both updated as ``H_t = diag(alpha_t) H_{t-1} +
+s_t x_t^T`` (x = k or v). Pass 1 reads along d (``o1_t = H_t q_t``, an m-vector), pass 2 along m
+(``o_t = H_t^T p_t``). The chunked forward and backward are built from four per-chunk shapes of one formula and
+two sequential state scans (:mod:`.chunk_kernels`); this module holds the pieces they share.
+
+Numerics:
+* Gates are log-space float32. Within a chunk ``b`` is the inclusive cumsum of ``log alpha`` (from the chunk start),
+  computed in registers (``tl.cumsum``); every exponent taken is a difference ``b_late - b_early <= 0``.
+  Sub-chunks of ``BC`` rows use a reference point between them (off-diagonal blocks) and the diagonal
+  ``BC x BC`` block is an elementwise loop, so nothing overflows however strong the gates.
+* The write strength ``s = 1 - exp(g) = -expm1(g)`` is computed with a Taylor series near 0 (Triton has no
+  ``expm1``), so weak gates keep full relative precision (:func:`_write_strength`).
+* ``tl.dot`` takes operands in the input dtype (bf16/fp16: tensor cores, fp32 accumulation; fp32 inputs: IEEE
+  fp32 products, not tf32), see :func:`dot_flags`. Under ``TRITON_INTERPRET=1`` the interpreter's ``tl.dot``
+  mishandles bf16 storage, so operands are rounded to the input dtype and multiplied in float32; the interpreter's
+  fp32 -> bf16 conversion truncates (round toward zero), so the tests see a slightly worse rounding than a GPU.
+* Diagonal sub-blocks: on a GPU a loop over the BC rows (``[BC, M]`` registers per step); under the interpreter
+  (``DIAG_LOOP`` off) one ``[BC, BC, M]`` masked tensor, since interpreted loops are slow. Same function.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from evalsuite.kernels.triton_utils import interpreting
+
+HEAD_DIMS = (16, 32, 64, 128, 256, 512)
+SLOTS = (16, 32, 64, 128)
+
+# GPU configuration. CHUNK: rows per chunk (one program per chunk in the parallel kernels, one step of the
+# sequential state scans); SUB: rows per sub-chunk (the tl.dot M/N size of the intra-chunk blocks);
+# *_BD: tile of the head dim (dk or dv) per program / per inner step; warps and stages per kernel family.
+# Not tuned on hardware yet (written for H100/H200; see the module docstring of chunk.py for the design).
+GPU_CONFIG = {
+    "CHUNK": 64,
+    "SUB": 16,
+    "STATE_BD": 32,  # state scans: grid (dk/BD + dv/BD, B*H), sequential over chunks
+    "STATE_WARPS": 4,
+    "STATE_STAGES": 2,
+    "READ_BD": 64,  # inner d-step of the kernels that contract over d (outputs over m)
+    "WRITE_BD": 64,  # d tile per program of the kernels whose output is over d
+    "WARPS": 4,
+    "STAGES": 2,
+    "DIAG_LOOP": True,
+    "DECODE_BD": 64,
+    "DECODE_WARPS": 4,
+}
+# Interpreter: chunks of 32 in sub-chunks of 16 (so T ~ 40..100 spans several chunks, off-diagonal sub-blocks and
+# a ragged tail), d tiles of 16 (so dk = 32 already takes two tiles).
+INTERPRET_CONFIG = {
+    "CHUNK": 32,
+    "SUB": 16,
+    "STATE_BD": 16,
+    "STATE_WARPS": 1,
+    "STATE_STAGES": 1,
+    "READ_BD": 16,
+    "WRITE_BD": 16,
+    "WARPS": 1,
+    "STAGES": 1,
+    "DIAG_LOOP": False,
+    "DECODE_BD": 16,
+    "DECODE_WARPS": 1,
+}
+
+_TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+
+
+def config() -> dict:
+    """The block configuration for this launch (read at call time, so tests and tuning may edit the tables)."""
+    return INTERPRET_CONFIG if interpreting() else GPU_CONFIG
+
+
+def dot_flags(dtype: torch.dtype) -> dict:
+    """Constexpr kwargs of every kernel that multiplies. Every ``tl.dot`` there reads
+    ``tl.dot(a.to(DT).to(MT), b.to(DT).to(MT), acc, input_precision=PREC)``: operands rounded to the input dtype
+    DT, multiplied as MT (= DT on a GPU; float32 under the interpreter), IEEE fp32 products for fp32 inputs."""
+    emulate = interpreting()
+    return {
+        "DT": _TL_DTYPES[dtype],
+        "MT": tl.float32 if emulate else _TL_DTYPES[dtype],
+        "PREC": "ieee" if dtype == torch.float32 else "tf32",
+    }
+
+
+def check_sizes(dk: int, dv: int, m: int) -> None:
+    if dk not in HEAD_DIMS or dv not in HEAD_DIMS:
+        raise ValueError(f"GSA Triton kernels support head dims {HEAD_DIMS}; got dk={dk}, dv={dv}")
+    if m not in SLOTS:
+        raise ValueError(f"GSA Triton kernels support slot counts {SLOTS}; got m={m}")
+
+
+def check_dtypes(q, k, v) -> None:
+    if not (q.dtype == k.dtype == v.dtype) or v.dtype not in _TL_DTYPES:
+        raise TypeError(f"q, k, v must share one dtype of bf16/fp16/fp32; got {q.dtype}, {k.dtype}, {v.dtype}")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Jit helpers. Under the interpreter every call of a jit helper re-patches triton.language (milliseconds per call),
+# so the kernels inline their inner loops and call only these few, a handful of times per program.
+# ----------------------------------------------------------------------------------------------------------------
+
+# Taylor coefficients of -expm1(g) = -g (1 + g/2 + g^2/6 + g^3/24 + g^4/120 + ...), used for g > -0.1 (relative
+# error < 1e-8), where 1 - exp(g) would lose bits; written inline in the kernels as
+# ``tl.where(g > -0.1, -g * (1 + g * (0.5 + g * (E3 + g * (E4 + g * E5)))), 1 - tl.exp(g))``.
+E3 = tl.constexpr(1.0 / 6.0)
+E4 = tl.constexpr(1.0 / 24.0)
+E5 = tl.constexpr(1.0 / 120.0)
+
+
+@triton.jit
+def _load_u(U, Z, DP, row, ok, scale, M: tl.constexpr, MODE: tl.constexpr):
+    """The slot weights ``u [rows, M]`` (float32, 0 on rows past T) that a pass contracts over m.
+
+    MODE 0: read U. MODE 1: ``p = softmax(Z)`` over the slots (Z = the pass-1 logits ``scale * hk^T q``).
+    MODE 2: ``e = scale * p * (dP - <p, dP>)``, the gradient of pass 1's raw output (softmax backward).
+    """
+    offs = row[:, None] * M + tl.arange(0, M)[None, :]
+    if MODE == 0:
+        u = tl.load(U + offs, mask=ok[:, None], other=0.0).to(tl.float32)
+    else:
+        z = tl.load(Z + offs, mask=ok[:, None], other=0.0)
+        z = z - tl.max(z, 1)[:, None]
+        ez = tl.exp(z)
+        u = ez / tl.sum(ez, 1)[:, None]
+        if MODE == 2:
+            dp = tl.load(DP + offs, mask=ok[:, None], other=0.0)
+            u = scale * u * (dp - tl.sum(u * dp, 1)[:, None])
+    return tl.where(ok[:, None], u, 0.0)

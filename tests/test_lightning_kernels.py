@@ -1,0 +1,325 @@
+"""The Triton Lightning Attention kernels against the PyTorch reference, on CPU under ``TRITON_INTERPRET=1``.
+
+Every check compares the kernels (bf16/fp16/fp32 inputs, fp32 accumulation) with a float64 evaluation of the
+reference math on the same (rounded) inputs -- ``reference.lightning_parallel`` plus the initial/final-state terms in
+closed form -- by relative error ``|out - ref| / |ref|``; gradients (q, k, v, the initial state, and through the
+returned final state) against autograd through that float64 reference. Kernel outputs are poisoned with NaN before
+each launch, so an element a kernel never writes fails the check.
+
+Interpreter chunking (``common.chunking``): chunks of 16 positions, segments of 2 chunks, segment scans of 2
+segments per step, tiles of at most 32 (dk) x 16 (dv); the lengths below are not multiples of 16 and span several
+segments and scan steps (see ``test_shapes_cover_several_chunks_segments_and_scan_steps``).
+"""
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # must precede the kernels' decoration (import) below
+
+import importlib  # noqa: E402
+import importlib.util  # noqa: E402
+import math  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+pytest.importorskip("triton")
+
+from evalsuite.kernels import triton_utils  # noqa: E402
+from evalsuite.kernels.lightning import lightning_attention, reference  # noqa: E402
+
+# One kernel per module, in dependency order: a module imported earlier without the interpreter holds compiled
+# kernels (triton.jit reads TRITON_INTERPRET when decorating), so all of them are reloaded, helpers first.
+_KERNELS = {
+    "common": "_mm",
+    "states": "_chunk_states_kernel",
+    "chunk_bwd": "_chunk_bwd_kernel",
+    "chunk": "_chunk_fwd_kernel",
+    "decode": "_decode_kernel",
+}
+_modules = {name: importlib.import_module(f"evalsuite.kernels.lightning.{name}") for name in _KERNELS}
+if any(type(getattr(m, _KERNELS[name])).__name__ != "InterpretedFunction" for name, m in _modules.items()):
+    _modules = {name: importlib.reload(m) for name, m in _modules.items()}
+common, states, chunk, decode = (_modules[n] for n in ("common", "states", "chunk", "decode"))
+
+# The interpreter truncates float32 -> bf16 (no round-to-nearest), which doubles bf16 rounding errors there; the
+# bf16 bounds leave room for that. fp32 runs use full-precision dots, so their bounds catch any logic error.
+TOL = {torch.float32: (2e-5, 5e-5), torch.float16: (3e-3, 5e-3), torch.bfloat16: (2e-2, 3e-2)}  # (fwd, grads)
+
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch):
+    """Every buffer the kernels write starts as NaN."""
+
+    def nan_empty(shape, dtype, device):
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+    monkeypatch.setattr(triton_utils, "empty", nan_empty)
+
+
+def rel_err(out, ref):
+    out, ref = out.double(), ref.double()
+    assert torch.isfinite(out).all(), "non-finite values (unwritten or overflowed)"
+    den = ref.norm()
+    return ((out - ref).norm() / den).item() if den > 0 else (out - ref).norm().item()
+
+
+def ref64(q, k, v, slope, h0=None):
+    """(o, final state) in float64: the masked quadratic form plus the initial state's terms, differentiable."""
+    T = q.shape[1]
+    lam = torch.exp(-slope.double())  # [H]
+    o = reference.lightning_parallel(q, k, v, slope)
+    t = torch.arange(T, dtype=torch.float64)
+    tail = lam[None, :] ** (T - 1 - t[:, None])  # [T, H]: lambda^(T-1-s)
+    ht = torch.einsum("bshk,bshv,sh->bhkv", k.double(), v.double(), tail)
+    if h0 is not None:
+        h0 = h0.double()
+        head = lam[None, :] ** (t[:, None] + 1)  # [T, H]: lambda^(t+1)
+        o = o + torch.einsum("bthk,bhkv,th->bthv", q.double(), h0, head)
+        ht = ht + lam[None, :, None, None] ** T * h0
+    return o, ht
+
+
+def make_inputs(B, T, H, dk, dv, dtype, seed=0, packed=False):
+    """Random q, k, v; ``packed``: strided views into one [B, T, 3, H, d] tensor (needs dk == dv)."""
+    g = torch.Generator().manual_seed(seed)
+    if packed:
+        qkv = torch.randn(B, T, 3, H, dk, generator=g).to(dtype)
+        return qkv.unbind(2)
+    q, k = (torch.randn(B, T, H, dk, generator=g).to(dtype) for _ in range(2))
+    v = torch.randn(B, T, H, dv, generator=g).to(dtype)
+    return q, k, v
+
+
+def check_full(B, T, H, dk, dv, dtype, slopes, *, h0=False, final=True, packed=False, seed=0):
+    """Forward (o, final state) and gradients (q, k, v, h0) of the chunk kernels against the float64 reference."""
+    q, k, v = make_inputs(B, T, H, dk, dv, dtype, seed, packed)
+    slope = torch.tensor(slopes, dtype=torch.float32)
+    g = torch.Generator().manual_seed(seed + 1)
+    init = torch.randn(B, H, dk, dv, generator=g) if h0 else None
+    do = torch.randn(B, T, H, dv, generator=g).to(dtype)
+    dht = torch.randn(B, H, dk, dv, generator=g) if final else None
+
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)] + ([init.clone().requires_grad_()] if h0 else [])
+    o, ht = chunk.lightning_chunk_triton(*leaves[:3], slope, leaves[3] if h0 else None, final)
+    assert o.shape == (B, T, H, dv) and o.dtype == dtype
+    assert (ht is not None) == final
+    outs, grads_out = [o], [do]
+    if final:
+        assert ht.shape == (B, H, dk, dv) and ht.dtype == torch.float32
+        outs.append(ht)
+        grads_out.append(dht)
+    grads = torch.autograd.grad(outs, leaves, grads_out)
+
+    ref_leaves = [x.double().requires_grad_() for x in leaves]
+    o_ref, ht_ref = ref64(*ref_leaves[:3], slope, ref_leaves[3] if h0 else None)
+    loss = (o_ref * do.double()).sum() + ((ht_ref * dht.double()).sum() if final else 0)
+    grads_ref = torch.autograd.grad(loss, ref_leaves)
+
+    tol_fwd, tol_bwd = TOL[dtype]
+    errors = {"o": rel_err(o, o_ref)}
+    if final:
+        errors["ht"] = rel_err(ht, ht_ref)
+    for name, leaf, gr, gr_ref in zip(("dq", "dk", "dv", "dh0")[: len(leaves)], leaves, grads, grads_ref, strict=True):
+        assert gr.shape == leaf.shape and gr.dtype == leaf.dtype, name
+        errors[name] = rel_err(gr, gr_ref)
+    fwd_names = {"o", "ht"}
+    assert all(e < tol_fwd for n, e in errors.items() if n in fwd_names), errors
+    assert all(e < tol_bwd for n, e in errors.items() if n not in fwd_names), errors
+    return errors
+
+
+# (dtype, B, T, H, dk, dv, slopes, h0, final): ragged lengths over several chunks, segments and scan steps; slope 0
+# (no decay), small, large (8: a few positions of memory) and extreme (20: lambda^1 ~ 2e-9, underflow); dk = 2 dv
+# (LRPE's doubled keys) and dk < dv; with and without the initial state and the final state.
+FULL_CASES = [
+    (torch.float32, 1, 70, 2, 32, 16, [0.0, 0.1], True, True),
+    (torch.bfloat16, 1, 70, 2, 64, 32, [0.02, 8.0], False, True),
+    (torch.bfloat16, 2, 33, 1, 16, 32, [1.0], True, False),
+    (torch.float16, 1, 40, 2, 32, 32, [0.5, 20.0], True, True),
+]
+
+
+def test_shapes_cover_several_chunks_segments_and_scan_steps():
+    BT, G = common.chunking(100, 1)
+    SB = common.INTERPRET_SCAN[0]
+    assert (BT, G, SB) == (16, 2, 2)
+    n_segments = []
+    for T in [c[2] for c in FULL_CASES]:
+        n_chunks = math.ceil(T / BT)
+        assert T % BT and n_chunks > G, T  # ragged tail, several segments
+        n_segments.append(math.ceil(n_chunks / G))
+    assert max(n_segments) > SB  # several scan steps
+
+
+@pytest.mark.parametrize("dtype,B,T,H,dk,dv,slopes,h0,final", FULL_CASES)
+def test_full_forward_backward(dtype, B, T, H, dk, dv, slopes, h0, final):
+    check_full(B, T, H, dk, dv, dtype, slopes, h0=h0, final=final)
+
+
+@pytest.mark.parametrize("T", [1, 16, 64])
+def test_short_and_block_aligned_lengths(T):
+    """One position; exactly one chunk; exactly two full segments (every chunk and segment full)."""
+    check_full(1, T, 1, 16, 16, torch.float32, [0.3], h0=True, final=True)
+
+
+@pytest.mark.parametrize("seg_chunks", [1, 4])
+def test_other_segment_sizes(monkeypatch, seg_chunks):
+    """Segments of one chunk (no segment-local states at all) and of four (the GPU shrinks G for short inputs)."""
+    monkeypatch.setattr(common, "INTERPRET_SEG_CHUNKS", seg_chunks)
+    assert common.chunking(50, 1) == (16, seg_chunks)
+    check_full(1, 50, 1, 16, 16, torch.float32, [0.4], h0=True, final=True)
+
+
+def test_packed_strided_inputs():
+    """q, k, v as strided views into one packed [B, T, 3, H, d] tensor (dk == dv)."""
+    check_full(1, 50, 2, 16, 16, torch.bfloat16, [0.0, 2.0], packed=True, final=False)
+
+
+def test_lrpe_head_sizes(monkeypatch):
+    """dk = 256, dv = 128 (TNL's first layer: LRPE doubles the key size). Larger interpreter tiles keep it quick;
+    still several dk/dv tiles (4 x 2)."""
+    monkeypatch.setattr(common, "INTERPRET_TILE", (64, 64))
+    check_full(1, 20, 1, 256, 128, torch.float32, [0.05], h0=True, final=True)
+
+
+def test_matches_recurrent_ground_truth():
+    """The kernel against ``lightning_recurrent`` (the token loop, fp32) directly, with a state in and out."""
+    q, k, v = make_inputs(2, 45, 2, 32, 16, torch.float32, seed=4)
+    slope = torch.tensor([0.0, 0.7])
+    h0 = torch.randn(2, 2, 32, 16, generator=torch.Generator().manual_seed(5))
+    o, ht = chunk.lightning_chunk_triton(q, k, v, slope, h0, True)
+    o_ref, ht_ref = reference.lightning_recurrent(q, k, v, slope, h0, True)
+    assert rel_err(o, o_ref) < 1e-5 and rel_err(ht, ht_ref) < 1e-5
+
+
+def test_gradient_of_output_only_and_of_state_only():
+    """Backward with only one of the two outputs in the loss (the other's gradient arrives as None)."""
+    q, k, v = (x.requires_grad_() for x in make_inputs(1, 37, 1, 16, 16, torch.float32, seed=6))
+    slope = torch.tensor([0.2])
+    o, ht = chunk.lightning_chunk_triton(q, k, v, slope, None, True)
+    (dq_state,) = torch.autograd.grad(ht.sum(), [q], retain_graph=True)
+    assert dq_state.abs().max() == 0  # the final state does not depend on q
+    dv_out, dv_state = (torch.autograd.grad(x.sum(), [v], retain_graph=True)[0] for x in (o, ht))
+    qd, kd, vd = (x.detach().double().requires_grad_() for x in (q, k, v))
+    o_ref, ht_ref = ref64(qd, kd, vd, slope)
+    assert rel_err(dv_out, torch.autograd.grad(o_ref.sum(), [vd])[0]) < 1e-5
+    assert rel_err(dv_state, torch.autograd.grad(ht_ref.sum(), [vd])[0]) < 1e-5
+
+
+def test_empty_sequence():
+    q = torch.zeros(1, 0, 2, 16)
+    h0 = torch.randn(1, 2, 16, 16)
+    o, ht = chunk.lightning_chunk_triton(q, q, q, torch.ones(2), h0, True)
+    assert o.shape == (1, 0, 2, 16) and torch.equal(ht, h0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_steps_update_state_in_place(dtype):
+    """Several decode steps from a random state equal the token loop; the state tensor itself is updated."""
+    B, H, dk, dv, steps = 2, 2, 64, 32, 3
+    q, k, v = make_inputs(B, steps, H, dk, dv, dtype, seed=7)
+    slope = torch.tensor([0.0, 1.5])
+    h0 = torch.randn(B, H, dk, dv, generator=torch.Generator().manual_seed(8))
+    state = h0.clone()
+    ptr = state.data_ptr()
+    outs = []
+    for t in range(steps):
+        o, returned = decode.lightning_decode_triton(q[:, t : t + 1], k[:, t : t + 1], v[:, t : t + 1], slope, state)
+        assert returned is state and state.data_ptr() == ptr
+        assert o.shape == (B, 1, H, dv) and o.dtype == dtype
+        outs.append(o)
+    o_ref, ht_ref = ref64(q, k, v, slope, h0)
+    assert rel_err(torch.cat(outs, 1), o_ref) < TOL[dtype][0]
+    assert rel_err(state, ht_ref) < 1e-5  # the state update is exact fp32 on the same inputs
+    _, ht_rec = reference.lightning_recurrent(q, k, v, slope, h0, True)
+    assert rel_err(state, ht_rec) < 1e-5
+
+
+def test_prefill_then_decode():
+    """Chunk prefill's final state, continued by decode steps, equals the token loop over the whole sequence."""
+    q, k, v = make_inputs(1, 24, 2, 32, 32, torch.bfloat16, seed=9)
+    slope = torch.tensor([0.05, 3.0])
+    o_pre, state = chunk.lightning_chunk_triton(q[:, :21], k[:, :21], v[:, :21], slope, None, True)
+    outs = [o_pre]
+    for t in range(21, 24):
+        outs.append(decode.lightning_decode_triton(q[:, t : t + 1], k[:, t : t + 1], v[:, t : t + 1], slope, state)[0])
+    o_ref, ht_ref = ref64(q, k, v, slope)
+    assert rel_err(torch.cat(outs, 1), o_ref) < TOL[torch.bfloat16][0]
+    assert rel_err(state, ht_ref) < TOL[torch.bfloat16][0]  # bf16 products (decayed k rounded to bf16)
+
+
+def test_decode_strided_state():
+    """A state that is a transposed view (strided) is updated in place too."""
+    q, k, v = make_inputs(1, 1, 2, 16, 32, torch.float32, seed=10)
+    slope = torch.tensor([0.1, 0.2])
+    store = torch.randn(1, 2, 32, 16, generator=torch.Generator().manual_seed(11))
+    state = store.transpose(2, 3)  # [1, 2, 16, 32], not contiguous
+    expected = reference.lightning_recurrent(q, k, v, slope, state.clone(), True)
+    o, returned = decode.lightning_decode_triton(q, k, v, slope, state)
+    assert returned is state
+    assert rel_err(o, expected[0]) < 1e-5 and rel_err(store.transpose(2, 3), expected[1]) < 1e-5
+
+
+def test_dispatcher_triton_backend():
+    """``lightning_attention(..., backend="triton")``: full sequences through the chunk kernels (differentiable);
+    one token with a state under no_grad through the in-place decode step."""
+    q, k, v = make_inputs(1, 35, 2, 16, 16, torch.bfloat16, seed=12)
+    slope = torch.tensor([0.1, 4.0])
+    qg = q.clone().requires_grad_()
+    o, ht = lightning_attention(qg, k, v, slope, output_final_state=True, backend="triton")
+    o_ref, ht_ref = ref64(q, k, v, slope)
+    assert rel_err(o, o_ref) < TOL[torch.bfloat16][0] and rel_err(ht, ht_ref) < TOL[torch.bfloat16][0]
+    (dq,) = torch.autograd.grad(o.float().sum(), [qg])  # an expanded (stride-0) output gradient
+    qd = q.double().requires_grad_()
+    (dq_ref,) = torch.autograd.grad(ref64(qd, k, v, slope)[0].sum(), [qd])
+    assert rel_err(dq, dq_ref) < TOL[torch.bfloat16][1]
+
+    state = ht.detach().clone()
+    q1, k1, v1 = make_inputs(1, 1, 2, 16, 16, torch.bfloat16, seed=13)
+    expected = reference.lightning_recurrent(q1, k1, v1, slope, state.clone(), True)
+    with torch.no_grad():
+        o1, new_state = lightning_attention(q1, k1, v1, slope, initial_state=state, backend="triton")
+    assert new_state is state  # the decode kernel ran (in place)
+    assert rel_err(o1, expected[0]) < TOL[torch.bfloat16][0] and rel_err(state, expected[1]) < 1e-5
+
+
+def test_input_validation():
+    x = torch.randn(1, 8, 1, 48)
+    with pytest.raises(ValueError, match="head sizes"):
+        chunk.lightning_chunk_triton(x, x, x, torch.ones(1))
+    x = torch.randn(1, 8, 1, 32)
+    with pytest.raises(TypeError):
+        chunk.lightning_chunk_triton(x, x, x.to(torch.bfloat16), torch.ones(1))
+    with pytest.raises(TypeError):
+        chunk.lightning_chunk_triton(x.double(), x.double(), x.double(), torch.ones(1))
+    with pytest.raises(ValueError):
+        chunk.lightning_chunk_triton(x, x, x, torch.ones(2))
+    state = torch.zeros(1, 1, 32, 32)
+    with pytest.raises(ValueError, match="T = 1"):
+        decode.lightning_decode_triton(x, x, x, torch.ones(1), state)
+    with pytest.raises(TypeError):
+        decode.lightning_decode_triton(x[:, :1], x[:, :1], x[:, :1], torch.ones(1), state.to(torch.bfloat16))
+
+
+def test_gpu_config_tables():
+    """Every supported (dk, dv) has GPU configs whose tiles divide the heads and fit tl.dot (>= 16)."""
+    for dk in common.HEAD_DIMS:
+        for dv in common.HEAD_DIMS:
+            for table in (common.STATES_CONFIGS, common.FWD_CONFIGS, common.BWD_CONFIGS, common.DECODE_CONFIGS):
+                bk, bv = table[(dk, dv)][:2]
+                assert dk % bk == 0 and dv % bv == 0 and bk >= 16 and bv >= 16
+    sb, be, _ = common.SCAN_CONFIG
+    assert sb >= 16 and all(dk * dv % min(be, dk * dv) == 0 for dk in common.HEAD_DIMS for dv in common.HEAD_DIMS)
+    assert (common.CHUNK, common.SEG_CHUNKS) == (64, 16)
+
+
+def test_dispatcher_imports_without_triton(monkeypatch):
+    """The package's dispatcher loads on machines without triton (the kernel modules are imported on first use)."""
+    monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` now raises ImportError
+    path = Path(reference.__file__).with_name("__init__.py")
+    spec = importlib.util.spec_from_file_location("_fresh_lightning", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.BACKENDS[0] == "auto"
