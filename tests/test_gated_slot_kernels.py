@@ -121,9 +121,8 @@ def test_chunk_forward_backward(dtype, T, dk, dv, m, gate, init):
 
 
 def test_chunk_gpu_paths(monkeypatch):
-    """The GPU's block shapes under the interpreter: chunks of 64 in four sub-chunks of 16, d tiles of 64/32, and the
-    row loop over diagonal sub-blocks (DIAG_LOOP) instead of the interpreter's [BC, BC, M] tensor."""
-    cfg = dict(common.INTERPRET_CONFIG, CHUNK=64, STATE_BD=32, READ_BD=64, WRITE_BD=64, DIAG_LOOP=True)
+    """The GPU's block shapes under the interpreter: chunks of 64 in four sub-chunks of 16, d tiles of 64/32."""
+    cfg = dict(common.INTERPRET_CONFIG, CHUNK=64, STATE_BD=32, READ_BD=64, WRITE_BD=64, DGATE_BD=64)
     monkeypatch.setattr(common, "INTERPRET_CONFIG", cfg)
     check(1, 50, 1, 64, 32, 16, torch.float32, "strong", True, scale=0.125)
 

@@ -4,7 +4,14 @@ Every check compares the kernels (bf16/fp16/fp32 inputs, fp32 accumulation) with
 reference math on the same (rounded) inputs -- ``reference.lightning_parallel`` plus the initial/final-state terms in
 closed form -- by relative error ``|out - ref| / |ref|``; gradients (q, k, v, the initial state, and through the
 returned final state) against autograd through that float64 reference. Kernel outputs are poisoned with NaN before
-each launch, so an element a kernel never writes fails the check.
+each launch, so an element a kernel never writes fails the check, and sit between NaN guard bands, so a read past
+either end of one shows up as NaN.
+
+Memory safety: the interpreter reads raw host memory and never faults, so every test runs under
+``triton_utils.interpreter_bounds_check``: each load and store of every launch must stay inside one tensor argument,
+on every lane, masked-off lanes included. ``test_gpu_segmenting_matches_recurrent`` runs the GPU's segmenting rule
+at interpreter scale on the segment layouts of GPU shapes (the one whose backward faulted on an H100, and the
+benchmark's), against the float64 token loop.
 
 Interpreter chunking (``common.chunking``): chunks of 16 positions, segments of 2 chunks, segment scans of 2
 segments per step, tiles of at most 32 (dk) x 16 (dv); the lengths below are not multiples of 16 and span several
@@ -25,6 +32,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 pytest.importorskip("triton")
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 from evalsuite.kernels import triton_utils  # noqa: E402
 from evalsuite.kernels.lightning import lightning_attention, reference  # noqa: E402
@@ -48,14 +57,26 @@ common, states, chunk, decode = (_modules[n] for n in ("common", "states", "chun
 TOL = {torch.float32: (2e-5, 5e-5), torch.float16: (3e-3, 5e-3), torch.bfloat16: (2e-2, 3e-2)}  # (fwd, grads)
 
 
+GUARD = 512  # NaN elements on each side of every kernel output buffer
+
+
 @pytest.fixture(autouse=True)
 def poison(monkeypatch):
-    """Every buffer the kernels write starts as NaN."""
+    """Every buffer the kernels write starts as NaN, between NaN guard bands of :data:`GUARD` elements."""
 
     def nan_empty(shape, dtype, device):
-        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+        n = math.prod(shape)
+        flat = torch.full((n + 2 * GUARD,), float("nan"), dtype=dtype, device=device)
+        return flat[GUARD : GUARD + n].view(shape)
 
     monkeypatch.setattr(triton_utils, "empty", nan_empty)
+
+
+@pytest.fixture(autouse=True)
+def bounds_checked():
+    """No lane of any load or store leaves its buffer (see the module doc)."""
+    with triton_utils.interpreter_bounds_check():
+        yield
 
 
 def rel_err(out, ref):
@@ -156,6 +177,87 @@ def test_shapes_cover_several_chunks_segments_and_scan_steps():
 @pytest.mark.parametrize("dtype,B,T,H,dk,dv,slopes,h0,final", FULL_CASES)
 def test_full_forward_backward(dtype, B, T, H, dk, dv, slopes, h0, final):
     check_full(B, T, H, dk, dv, dtype, slopes, h0=h0, final=final)
+
+
+# GPU shapes (B, T, H) and, for each, a shape (B, T, H) plus a target of (batch, head, segment) programs and a scan
+# step (segments per scan step: 16 on GPU) with which common.segment_rule, at interpreter scale (chunks of 16, not
+# 64), gives the same segment layout (see _layout) at a size the interpreter runs in seconds.
+GPU_SCALED = {
+    # the backward that faulted on an H100: segments halved to 4 chunks (so the segment-local states are written and
+    # read), one segment past a full scan step (a scan block with one live lane), a last segment of one chunk and a
+    # last chunk of one row
+    "faulted-2x4097x16": ((2, 4097, 16), (2, 257, 1), 10, 4),
+    # the benchmark at 65536 tokens per call: one segment of 16 chunks (15 of 16 scan lanes masked off); 16 segments,
+    # exactly one full scan step
+    "bench-64x1024x16": ((64, 1024, 16), (1, 256, 2), 2, 16),
+    "bench-4x16384x16": ((4, 16384, 16), (1, 512, 1), 2, 2),
+}
+
+
+def _layout(T, chunks, SB):
+    """What the kernels' index arithmetic branches on: chunks per segment, segments past the last full scan step and
+    whether there is a full one, chunks in the last segment, rows in the last chunk (0: a full chunk)."""
+    BT, G, NT, NSEG = common.geometry(T, chunks)
+    return G, NSEG % SB, NSEG >= SB, NT - (NSEG - 1) * G, T % BT
+
+
+@pytest.mark.parametrize("gpu_shape,shape,min_programs,SB", GPU_SCALED.values(), ids=GPU_SCALED.keys())
+def test_gpu_segmenting_matches_recurrent(monkeypatch, gpu_shape, shape, min_programs, SB):
+    """Forward and every gradient with the GPU's segmenting rule, against the float64 token loop (autograd)."""
+    (B0, T0, H0), (B, T, H) = gpu_shape, shape
+    gpu = common.segment_rule(T0, B0 * H0, common.CHUNK, common.SEG_CHUNKS, common.MIN_SEGMENT_PROGRAMS)
+    rule = lambda T_, BH_: common.segment_rule(T_, BH_, 16, common.SEG_CHUNKS, min_programs)  # noqa: E731
+    assert _layout(T, rule(T, B * H), SB) == _layout(T0, gpu, common.SCAN_CONFIG[0])
+    monkeypatch.setattr(common, "chunking", rule)
+    monkeypatch.setattr(common, "INTERPRET_SCAN", (SB, *common.INTERPRET_SCAN[1:]))
+
+    dk, dv = 16, 16
+    q, k, v = make_inputs(B, T, H, dk, dv, torch.float32, seed=21)
+    slope = torch.tensor([0.01, 0.3][:H])
+    g = torch.Generator().manual_seed(22)
+    h0, dht = (torch.randn(B, H, dk, dv, generator=g) for _ in range(2))
+    do = torch.randn(B, T, H, dv, generator=g)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, h0)]
+    o, ht = chunk.lightning_chunk_triton(*leaves[:3], slope, leaves[3], True)
+    grads = torch.autograd.grad([o, ht], leaves, [do, dht])
+
+    ref_leaves = [x.double().requires_grad_() for x in (q, k, v, h0)]
+    o_ref, ht_ref = reference.lightning_recurrent(*ref_leaves[:3], slope, ref_leaves[3], True)
+    grads_ref = torch.autograd.grad([o_ref, ht_ref], ref_leaves, [do.double(), dht.double()])
+    errors = {"o": rel_err(o, o_ref), "ht": rel_err(ht, ht_ref)}
+    errors.update({n: rel_err(a, b) for n, a, b in zip(("dq", "dk", "dv", "dh0"), grads, grads_ref, strict=True)})
+    assert all(e < 1e-5 for e in errors.values()), errors
+
+
+@pytest.mark.parametrize("B,T,H", [(2, 4097, 16), (4, 16384, 16), (1, 65536, 16), (64, 1024, 16), (1, 65536, 2)])
+def test_gpu_launch_geometry(B, T, H):
+    """On GPU (no kernel runs): the segments tile the chunks exactly and every grid fits CUDA's limits (grid y and z
+    at most 65535: chunk-state grid (tiles, segments, B*H), scan (tiles, B*H), forward (tiles, chunks, B*H),
+    backward (chunks, B*H))."""
+    chunks = common.segment_rule(T, B * H, common.CHUNK, common.SEG_CHUNKS, common.MIN_SEGMENT_PROGRAMS)
+    BT, G, NT, NSEG = common.geometry(T, chunks)
+    assert BT == common.CHUNK and G in (1, 2, 4, 8, 16)
+    assert (NT - 1) * BT < T <= NT * BT and (NSEG - 1) * G < NT <= NSEG * G  # no empty chunk or segment
+    assert B * H * NSEG >= common.MIN_SEGMENT_PROGRAMS or G == 1
+    assert max(NSEG, NT, B * H) <= 65535
+
+
+@triton.jit
+def _shifted_copy(X, Y, N, SHIFT):
+    i = tl.arange(0, 16)
+    tl.store(Y + i, tl.load(X + i - SHIFT, mask=(i - SHIFT >= 0) & (i - SHIFT < N), other=0.0))
+
+
+def test_bounds_check_flags_addresses_outside_the_buffers():
+    """The checker that the fixture installs is live (it patches interpreter internals): a lane below or past a
+    buffer is reported, masked off or not; the interpreter alone would read whatever memory lies there."""
+    x, y = torch.arange(16.0), torch.zeros(16)
+    _shifted_copy[(1,)](x, y, 16, 0)
+    assert torch.equal(y, x)
+    with pytest.raises(Exception, match="lane 0 \\(masked off\\) at element -3 of 'X'"):
+        _shifted_copy[(1,)](x, y, 16, 3)
+    with pytest.raises(Exception, match="lane 15 \\(active\\) at element 16 of 'X'"):
+        _shifted_copy[(1,)](x, y, 17, -1)
 
 
 @pytest.mark.parametrize("T", [1, 16, 64])
@@ -312,7 +414,7 @@ def test_gpu_config_tables():
                 assert dk % bk == 0 and dv % bv == 0 and bk >= 16 and bv >= 16
     sb, be, _ = common.SCAN_CONFIG
     assert sb >= 16 and all(dk * dv % min(be, dk * dv) == 0 for dk in common.HEAD_DIMS for dv in common.HEAD_DIMS)
-    assert (common.CHUNK, common.SEG_CHUNKS) == (64, 16)
+    assert (common.CHUNK, common.SEG_CHUNKS) == (64, 1)  # G > 1 faulted on an H100: see common.py
 
 
 def test_dispatcher_imports_without_triton(monkeypatch):

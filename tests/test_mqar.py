@@ -200,8 +200,9 @@ def test_zoology_constraints(seq_len, kv, vocab, message):
 def test_gsa_paper_preset_grid():
     sweep = load_preset("gsa-paper")
     cells = sweep_cells(sweep)
-    assert len(cells) == 4 * 4 * 6  # the four FoX-paper architectures x d_model x the fork's lr sweep
-    assert {c.model for c in cells} == {"fox-pro", "fox-llama", "transformer-pro", "transformer-llama"}
+    # every registered architecture (the four FoX-paper ones, GSA, TNL) x d_model x the fork's lr sweep
+    assert {c.model for c in cells} == {"fox-pro", "fox-llama", "transformer-pro", "transformer-llama", "gsa", "tnl"}
+    assert len(cells) == 6 * 4 * 6
     assert {(c.seq_len, c.num_kv_pairs) for c in cells} == {(512, 64)}
     assert sorted({c.d_model for c in cells}) == [64, 128, 256, 512]
     assert sorted({c.lr for c in cells}) == [1e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2]

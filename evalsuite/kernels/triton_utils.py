@@ -18,14 +18,19 @@ Each family (``forgetting/`` today) keeps its kernels and launchers in its own p
 * TMA setup: :func:`has_tma` (compute capability >= 9, cached per device) and :func:`install_tma_allocator`
   (once per process: the global-memory scratch that tensor descriptors built inside kernels need). Neither is
   called under the interpreter, which emulates descriptors without a device.
+* :func:`interpreter_bounds_check` -- a debug helper for interpreter tests: every load and store of the kernels
+  launched inside it must address memory within one tensor argument of that launch, on every lane, masked-off
+  lanes included. The interpreter itself reads and writes raw host memory and never faults, so an out-of-bounds
+  index that makes a GPU raise "illegal memory access" passes there silently unless it is checked like this.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TypeVar
 
 import torch
@@ -74,3 +79,86 @@ def install_tma_allocator() -> None:
     import triton
 
     triton.set_allocator(_tma_scratch)
+
+
+class OutOfBounds(AssertionError):
+    """A kernel under :func:`interpreter_bounds_check` addressed memory outside its tensor arguments."""
+
+
+def _extent(t: torch.Tensor) -> tuple[int, int]:
+    """Byte range ``[lo, hi)`` spanned by the elements of a (strided) tensor view."""
+    if t.numel() == 0:
+        return t.data_ptr(), t.data_ptr()
+    lo = sum(min(0, (n - 1) * st) for n, st in zip(t.shape, t.stride(), strict=True))
+    hi = sum(max(0, (n - 1) * st) for n, st in zip(t.shape, t.stride(), strict=True)) + 1
+    return t.data_ptr() + lo * t.element_size(), t.data_ptr() + hi * t.element_size()
+
+
+@contextlib.contextmanager
+def interpreter_bounds_check(masked_lanes: bool = True) -> Iterator[None]:
+    """Under ``TRITON_INTERPRET=1``: raise :class:`OutOfBounds` from the first load or store that leaves its buffer.
+
+    Each launch inside the block registers the byte extent of every tensor argument (the view's elements, not its
+    storage); each ``tl.load``/``tl.store`` must then fall wholly within one of them -- every lane, or with
+    ``masked_lanes=False`` only the lanes its mask lets through (the bare out-of-bounds accesses). Checking
+    masked-off lanes too holds a kernel to "no lane ever points outside its buffer", which also covers the loads a
+    GPU compiler issues ahead of time for loop iterations that do not run. Patches the interpreter's internals
+    (``triton.runtime.interpreter``) for the duration of the block; not thread-safe.
+    """
+    if not interpreting():
+        raise RuntimeError("interpreter_bounds_check needs TRITON_INTERPRET=1")
+    import numpy as np
+    from triton.runtime import interpreter as interp
+
+    real, init_args = interp._interpreter, interp.GridExecutor._init_args_hst
+    launch: dict = {"kernel": "?", "extents": []}
+
+    def init_args_checked(self, args_dev, kwargs):
+        args_hst, kwargs_hst = init_args(self, args_dev, kwargs)
+        named = [*zip(self.arg_names, args_hst, strict=False), *kwargs_hst.items()]
+        launch["kernel"] = getattr(self.fn, "__name__", "?")
+        launch["extents"] = [(name, *_extent(t)) for name, t in named if isinstance(t, torch.Tensor)]
+        return args_hst, kwargs_hst
+
+    def check(kind, ptrs, mask, itemsize):
+        flat = ptrs.ravel()
+        on = np.broadcast_to(mask, ptrs.shape).ravel().astype(bool)
+        sel = flat if masked_lanes else flat[on]
+        if sel.size == 0:
+            return
+        lo, hi = int(sel.min()), int(sel.max()) + itemsize
+        extents = launch["extents"]
+        if any(a <= lo and hi <= b for _, a, b in extents):
+            return
+        inside = np.zeros(flat.shape, dtype=bool)
+        for _, a, b in extents:
+            inside |= (flat >= a) & (flat + itemsize <= b)
+        outside = ~inside if masked_lanes else ~inside & on
+        lane = int(np.argmax(outside)) if outside.any() else int(np.argmax(flat == lo))
+        addr = int(flat[lane])
+        name, a, b = min(extents, key=lambda e: min(abs(addr - e[1]), abs(addr - e[2])))
+        what = "outside every argument" if outside.any() else "spanning two arguments"
+        raise OutOfBounds(
+            f"{launch['kernel']} program {tuple(interp.interpreter_builder.grid_idx)}: {kind} {what}, lane {lane}"
+            f" ({'active' if on[lane] else 'masked off'}) at element {(addr - a) // itemsize} of {name!r}"
+            f" (which has {(b - a) // itemsize})"
+        )
+
+    class Checked:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def load(self, ptrs, mask, other, dtype):
+            check("load", ptrs, mask, np.dtype(dtype).itemsize)
+            return real.load(ptrs, mask, other, dtype)
+
+        def store(self, ptrs, value, mask):
+            check("store", ptrs, mask, value.dtype.itemsize)
+            return real.store(ptrs, value, mask)
+
+    interp._interpreter = Checked()
+    interp.GridExecutor._init_args_hst = init_args_checked
+    try:
+        yield
+    finally:
+        interp._interpreter, interp.GridExecutor._init_args_hst = real, init_args

@@ -8,17 +8,19 @@ two sequential state scans (:mod:`.chunk_kernels`); this module holds the pieces
 
 Numerics:
 * Gates are log-space float32. Within a chunk ``b`` is the inclusive cumsum of ``log alpha`` (from the chunk start),
-  computed in registers (``tl.cumsum``); every exponent taken is a difference ``b_late - b_early <= 0``.
-  Sub-chunks of ``BC`` rows use a reference point between them (off-diagonal blocks) and the diagonal
-  ``BC x BC`` block is an elementwise loop, so nothing overflows however strong the gates.
+  computed in registers (``tl.cumsum``). The state scans only take exponents ``<= 0``; the per-chunk kernels factor
+  in-chunk decays through the middle row of each 16-row sub-chunk, so exponents stay within
+  ``8 * max|log alpha|`` (finite down to log alpha = -10 per token; :mod:`.chunk_kernels`).
 * The write strength ``s = 1 - exp(g) = -expm1(g)`` is computed with a Taylor series near 0 (Triton has no
-  ``expm1``), so weak gates keep full relative precision (:func:`_write_strength`).
+  ``expm1``), so weak gates keep full relative precision.
 * ``tl.dot`` takes operands in the input dtype (bf16/fp16: tensor cores, fp32 accumulation; fp32 inputs: IEEE
-  fp32 products, not tf32), see :func:`dot_flags`. Under ``TRITON_INTERPRET=1`` the interpreter's ``tl.dot``
-  mishandles bf16 storage, so operands are rounded to the input dtype and multiplied in float32; the interpreter's
-  fp32 -> bf16 conversion truncates (round toward zero), so the tests see a slightly worse rounding than a GPU.
-* Diagonal sub-blocks: on a GPU a loop over the BC rows (``[BC, M]`` registers per step); under the interpreter
-  (``DIAG_LOOP`` off) one ``[BC, BC, M]`` masked tensor, since interpreted loops are slow. Same function.
+  fp32 products, not tf32), see :func:`dot_flags`. The gate-scaled products of the per-chunk kernels carry factors
+  up to ``exp(8 * |log alpha|)`` (sub-chunk reference points, :mod:`.chunk_kernels`); bf16 holds them, fp16 does
+  not, so for fp16 inputs those take float32 operands as tf32 (``dot_flags(dtype, gated=True)``). Under
+  ``TRITON_INTERPRET=1`` the interpreter's ``tl.dot`` mishandles bf16 storage, so operands are rounded to the
+  input dtype and multiplied in float32; the interpreter's fp32 -> bf16 conversion truncates (round toward zero),
+  so the tests see a slightly worse rounding than a GPU.
+* The per-chunk kernels are vectorised: no loops over rows; every in-chunk product is a ``[C, C] x [C, .]`` tile.
 """
 
 from __future__ import annotations
@@ -32,26 +34,32 @@ from evalsuite.kernels.triton_utils import interpreting
 HEAD_DIMS = (16, 32, 64, 128, 256, 512)
 SLOTS = (16, 32, 64, 128)
 
-# GPU configuration. CHUNK: rows per chunk (one program per chunk in the parallel kernels, one step of the
-# sequential state scans); SUB: rows per sub-chunk (the tl.dot M/N size of the intra-chunk blocks);
-# *_BD: tile of the head dim (dk or dv) per program / per inner step; warps and stages per kernel family.
-# Not tuned on hardware yet (written for H100/H200; see the module docstring of chunk.py for the design).
+# GPU configuration. CHUNK: rows per chunk (one program per chunk in the per-chunk kernels, one step of the
+# sequential state scans); SUB: rows per sub-chunk (the decay reference points; 16 keeps every exponent within
+# 8 * |log alpha|); STATE_BD: d tile per program of the state scans, grid (dk/BD + dv/BD, B*H); READ_BD and
+# DGATE_BD: inner d step of the read and dgate kernels (they contract over d); WRITE_BD: d tile per program of the
+# kernels whose output is over d (write, write_rev); *_WARPS per kernel family. The per-chunk kernels work on
+# ``CHUNK x CHUNK`` / ``CHUNK x m`` tiles with tl.dot (wgmma on H100); with 64 x 64 fp32 tiles 4 warps is at the
+# register limit (dgate, which holds the most, gets 8). scripts/tune_gsa.py sweeps the alternatives on hardware
+# and prints a dict to paste here.
 GPU_CONFIG = {
     "CHUNK": 64,
     "SUB": 16,
-    "STATE_BD": 32,  # state scans: grid (dk/BD + dv/BD, B*H), sequential over chunks
+    "STATE_BD": 32,
     "STATE_WARPS": 4,
     "STATE_STAGES": 2,
-    "READ_BD": 64,  # inner d-step of the kernels that contract over d (outputs over m)
-    "WRITE_BD": 64,  # d tile per program of the kernels whose output is over d
-    "WARPS": 4,
-    "STAGES": 2,
-    "DIAG_LOOP": True,
+    "READ_BD": 64,
+    "READ_WARPS": 4,
+    "WRITE_BD": 64,
+    "WRITE_WARPS": 4,
+    "DGATE_BD": 64,
+    "DGATE_WARPS": 8,
+    "STAGES": 1,
     "DECODE_BD": 64,
     "DECODE_WARPS": 4,
 }
-# Interpreter: chunks of 32 in sub-chunks of 16 (so T ~ 40..100 spans several chunks, off-diagonal sub-blocks and
-# a ragged tail), d tiles of 16 (so dk = 32 already takes two tiles).
+# Interpreter: chunks of 32 in sub-chunks of 16 (so T ~ 40..100 spans several chunks, several sub-chunks and a
+# ragged tail), d tiles of 16 (so dk = 32 already takes two tiles).
 INTERPRET_CONFIG = {
     "CHUNK": 32,
     "SUB": 16,
@@ -59,10 +67,12 @@ INTERPRET_CONFIG = {
     "STATE_WARPS": 1,
     "STATE_STAGES": 1,
     "READ_BD": 16,
+    "READ_WARPS": 1,
     "WRITE_BD": 16,
-    "WARPS": 1,
+    "WRITE_WARPS": 1,
+    "DGATE_BD": 16,
+    "DGATE_WARPS": 1,
     "STAGES": 1,
-    "DIAG_LOOP": False,
     "DECODE_BD": 16,
     "DECODE_WARPS": 1,
 }
@@ -75,16 +85,22 @@ def config() -> dict:
     return INTERPRET_CONFIG if interpreting() else GPU_CONFIG
 
 
-def dot_flags(dtype: torch.dtype) -> dict:
-    """Constexpr kwargs of every kernel that multiplies. Every ``tl.dot`` there reads
+def dot_flags(dtype: torch.dtype, gated: bool = False) -> dict:
+    """Constexpr kwargs of every kernel that multiplies. Every plain ``tl.dot`` there reads
     ``tl.dot(a.to(DT).to(MT), b.to(DT).to(MT), acc, input_precision=PREC)``: operands rounded to the input dtype
-    DT, multiplied as MT (= DT on a GPU; float32 under the interpreter), IEEE fp32 products for fp32 inputs."""
+    DT, multiplied as MT (= DT on a GPU; float32 under the interpreter), IEEE fp32 products for fp32 inputs.
+    With ``gated`` (the per-chunk kernels) also GT, GMT, GPREC for the gate-scaled products, whose operands may
+    reach ``exp(+80)``: bf16 as DT; fp16 -> float32 operands as tf32 (fp16 overflows at 65504); fp32 -> IEEE."""
     emulate = interpreting()
-    return {
+    flags = {
         "DT": _TL_DTYPES[dtype],
         "MT": tl.float32 if emulate else _TL_DTYPES[dtype],
         "PREC": "ieee" if dtype == torch.float32 else "tf32",
     }
+    if gated:
+        gt = tl.float32 if dtype == torch.float16 else _TL_DTYPES[dtype]
+        flags.update(GT=gt, GMT=tl.float32 if emulate else gt, GPREC=flags["PREC"])
+    return flags
 
 
 def check_sizes(dk: int, dv: int, m: int) -> None:

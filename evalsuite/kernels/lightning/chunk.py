@@ -18,7 +18,7 @@ import triton.language as tl
 from evalsuite.kernels import triton_utils
 from evalsuite.kernels.lightning import common
 from evalsuite.kernels.lightning.chunk_bwd import chunk_bwd
-from evalsuite.kernels.lightning.common import LOG2E_JIT, _mm, interpret_tiles, strides4
+from evalsuite.kernels.lightning.common import LOG2E_JIT, _in_range, _mm, interpret_tiles, strides4
 from evalsuite.kernels.lightning.states import chunk_states, segment_scan
 from evalsuite.kernels.triton_utils import pick_config
 
@@ -76,7 +76,7 @@ def _chunk_fwd_kernel(
     offs_v = i_v * BV + tl.arange(0, BV)
     rows = n * BT + offs_t
     ok = rows < T
-    rows64 = rows.to(tl.int64)
+    rows64 = _in_range(rows, T)  # masked rows (past the ragged end) address row T - 1
     q_decay = tl.exp2(nl2 * (offs_t + 1))
     gap = offs_t[:, None] - offs_t[None, :]
     mask = tl.where(gap >= 0, tl.exp2(nl2 * tl.maximum(gap, 0)), 0.0)
@@ -110,14 +110,15 @@ def _chunk_fwd_kernel(
 
 
 def chunk_fwd(q, k, v, slope, h0, output_final_state: bool):
-    """The three forward launches. Returns ``(o [B, T, H, dv], final state or None, seg)`` where ``seg``
-    ``[B*H, NSEG, dk, dv]`` float32 holds the state entering each segment (saved for the backward)."""
+    """The three forward launches. Returns ``(o [B, T, H, dv], final state or None, seg, chunks)`` where ``seg``
+    ``[B*H, NSEG, dk, dv]`` float32 holds the state entering each segment and ``chunks = (BT, G)`` is the chunking
+    (both saved for the backward, which walks the same chunks and segments)."""
     B, T, H, DK = q.shape
     DV = v.shape[-1]
-    BT, G = common.chunking(T, B * H)
-    NT = triton.cdiv(T, BT)
-    hloc, seg = chunk_states(k, v, slope, reverse=False)
-    ht = segment_scan(seg, h0, slope, T, H, reverse=False, store_out=output_final_state)
+    chunks = common.chunking(T, B * H)
+    BT, G, NT, _ = common.geometry(T, chunks)
+    hloc, seg = chunk_states(k, v, slope, chunks, reverse=False)
+    ht = segment_scan(seg, h0, slope, T, H, chunks, reverse=False, store_out=output_final_state)
     BK, BV, num_warps, num_stages = pick_config(common.FWD_CONFIGS, (DK, DV), interpret_tiles(DK, DV))
     o = triton_utils.empty((B, T, H, DV), v.dtype, v.device)
     _chunk_fwd_kernel[(DV // BV, NT, B * H)](
@@ -125,20 +126,21 @@ def chunk_fwd(q, k, v, slope, h0, output_final_state: bool):
         DK=DK, DV=DV, BT=BT, G=G, BK=BK, BV=BV, LOWP=hloc.dtype != torch.float32, UPCAST=common.upcast(q.dtype),
         PREC=common.precision(q.dtype), num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
-    return o, ht, seg
+    return o, ht, seg, chunks
 
 
 class LightningChunkFunction(torch.autograd.Function):
     """Autograd wrapper of :func:`chunk_fwd` / :func:`~evalsuite.kernels.lightning.chunk_bwd.chunk_bwd`.
 
-    Saves q, k, v, the slopes and the float32 segment states; gradients flow to q, k, v and the initial state
-    (also through the returned final state); the slopes get none.
+    Saves q, k, v, the slopes, the float32 segment states and the chunking; gradients flow to q, k, v and the
+    initial state (also through the returned final state); the slopes get none.
     """
 
     @staticmethod
     def forward(ctx, q, k, v, slope, h0, output_final_state):
-        o, ht, seg = chunk_fwd(q, k, v, slope, h0, output_final_state)
+        o, ht, seg, chunks = chunk_fwd(q, k, v, slope, h0, output_final_state)
         ctx.save_for_backward(q, k, v, slope, seg)
+        ctx.chunks = chunks
         ctx.set_materialize_grads(False)
         return o, ht
 
@@ -148,7 +150,7 @@ class LightningChunkFunction(torch.autograd.Function):
         need_dh0 = ctx.needs_input_grad[4]
         if do is None:
             do = torch.zeros_like(v)
-        dq, dk, dv, dh0 = chunk_bwd(do, dht, q, k, v, slope, seg, need_dh0)
+        dq, dk, dv, dh0 = chunk_bwd(do, dht, q, k, v, slope, seg, ctx.chunks, need_dh0)
         return dq, dk, dv, None, dh0, None
 
 

@@ -22,7 +22,7 @@ import triton.language as tl
 
 from evalsuite.kernels import triton_utils
 from evalsuite.kernels.lightning import common
-from evalsuite.kernels.lightning.common import LOG2E_JIT, _mm, interpret_tiles, strides4
+from evalsuite.kernels.lightning.common import LOG2E_JIT, _in_range, _mm, interpret_tiles, strides4
 from evalsuite.kernels.lightning.states import chunk_states, segment_scan
 from evalsuite.kernels.triton_utils import pick_config
 
@@ -106,7 +106,7 @@ def _chunk_bwd_kernel(
     t0 = n * BT
     rows = t0 + offs_t
     ok = rows < T
-    rows64 = rows.to(tl.int64)
+    rows64 = _in_range(rows, T)  # masked rows (past the ragged end) address row T - 1
     L = tl.minimum(BT, T - t0)
     q_decay = tl.exp2(nl2 * (offs_t + 1))
     k_decay = tl.where(ok, tl.exp2(nl2 * tl.maximum(L - 1 - offs_t, 0)), 0.0)
@@ -177,25 +177,28 @@ def _chunk_bwd_kernel(
         tl.store(DV_ + out_v + offs_v[None, :], dv.to(DV_.dtype.element_ty), mask=ok[:, None])
 
 
-def chunk_bwd(do, dht, q, k, v, slope, seg, need_dh0: bool):
-    """Gradients of :func:`.chunk.chunk_fwd`. ``seg``: the forward's entering segment states (float32).
+def chunk_bwd(do, dht, q, k, v, slope, seg, chunks, need_dh0: bool):
+    """Gradients of :func:`.chunk.chunk_fwd`. ``seg``: the forward's entering segment states (float32);
+    ``chunks``: the forward's ``(BT, G)``.
 
     Returns ``(dq, dk, dv, dh0 or None)``; ``dht`` (gradient of the final state) may be None.
     """
     B, T, H, DK = q.shape
     DV = v.shape[-1]
-    BT, G = common.chunking(T, B * H)
-    NT = triton.cdiv(T, BT)
-    hloc, _ = chunk_states(k, v, slope, reverse=False, store_seg=False)
-    dhloc, dseg = chunk_states(q, do, slope, reverse=True)
-    dh0 = segment_scan(dseg, None if dht is None else dht.float(), slope, T, H, reverse=True, store_out=need_dh0)
+    BT, G, NT, NSEG = common.geometry(T, chunks)
+    if tuple(seg.shape) != (B * H, NSEG, DK, DV) or do.shape != v.shape:
+        raise ValueError(f"saved segment states {tuple(seg.shape)} do not match q {tuple(q.shape)}, chunks {chunks}")
+    hloc, _ = chunk_states(k, v, slope, chunks, reverse=False, store_seg=False)
+    dhloc, dseg = chunk_states(q, do, slope, chunks, reverse=True)
+    dht = None if dht is None else dht.float()
+    dh0 = segment_scan(dseg, dht, slope, T, H, chunks, reverse=True, store_out=need_dh0)
     BK, BV, num_warps, num_stages = pick_config(common.BWD_CONFIGS, (DK, DV), interpret_tiles(DK, DV))
     dq = triton_utils.empty(q.shape, q.dtype, q.device)
     dk = triton_utils.empty(k.shape, k.dtype, k.device)
     dv = triton_utils.empty(v.shape, v.dtype, v.device)
     _chunk_bwd_kernel[(NT, B * H)](
         q, k, v, do, hloc, seg, dhloc, dseg, slope, dq, dk, dv,
-        *strides4(q), *strides4(k), *strides4(v), *strides4(do), T, H, NT, seg.shape[1],
+        *strides4(q), *strides4(k), *strides4(v), *strides4(do), T, H, NT, NSEG,
         DK=DK, DV=DV, BT=BT, G=G, BK=BK, BV=BV, LOWP=hloc.dtype != torch.float32, UPCAST=common.upcast(q.dtype),
         PREC=common.precision(q.dtype),
         num_warps=num_warps, num_stages=num_stages,

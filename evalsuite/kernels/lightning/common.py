@@ -31,6 +31,17 @@ overflows for any slope >= 0): within a chunk of length L (ragged at the tail) w
 inter-chunk factor is ``lambda^(c+1)``, the key-side factor of the chunk's state update ``lambda^(L-1-c)``, the chunk
 decay ``lambda^L`` and the intra mask ``M[r, c] = lambda^(r-c)`` for ``r >= c`` (Algorithm 5 with 1-based rows).
 
+Addresses: no lane of any load or store points outside its buffer, masked-off lanes included (:func:`_in_range`):
+rows past the ragged end of the sequence address its last row, segments past either end of a partial scan block
+its first or last segment. A masked-off lane is not meant to be read, but in a software-pipelined loop (the
+chunk-state walk, the scan) it still goes out as a zero-byte ``cp.async`` at the computed address, and the compiler
+issues such copies ahead of time for iterations that never run too -- e.g. the reverse walk's chunk before the first
+one, ``BT`` rows before q and dO -- so the kernels keep even those addresses inside the buffers. The interpreter
+tests check every lane (:func:`evalsuite.kernels.triton_utils.interpreter_bounds_check`). Launch geometry: the
+forward chooses ``(BT, G)`` once (:func:`chunking`) and its backward reuses it (saved on the autograd context);
+grids are (tiles, segments, B*H), (tiles, B*H), (tiles, chunks, B*H) and (chunks, B*H), so chunks and B*H must
+each stay <= 65535 (CUDA's grid y/z limit: T <= 4M positions).
+
 Numerics: products accumulate in float32. With bf16 inputs the segment-local chunk states ``HLOC`` are stored in
 bf16 (they feed bf16 tensor-core products anyway); with fp16 and fp32 inputs they stay float32 (fp16's range is too
 small for undecayed states) and the state products run in float32 (tf32 for fp16 inputs, 3xTF32 for fp32 inputs).
@@ -52,9 +63,12 @@ LOG2E_JIT = tl.constexpr(LOG2E)  # the form jit functions may read as a global
 HEAD_DIMS = (16, 32, 64, 128, 256)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
-# Chunk length BT and chunks per segment G. GPU: 64 (the paper's B) and 16. Interpreter: 16 and 2, so tests at
-# T <= 100 cover several chunks per segment, several segments, several scan steps and a ragged tail.
-CHUNK, SEG_CHUNKS = 64, 16
+# Chunk length BT and chunks per segment G. GPU: 64 (the paper's B) and 1: on an H100 (triton 3.6) the backward
+# faulted ("illegal memory access") at every shape with G > 1 and ran at every shape with G = 1, although the
+# interpreter's bounds check finds no lane outside its buffer (results/bench/h100/linear/README.md); until that is
+# understood the GPU uses one chunk per segment. Interpreter: 16 and 2, so tests at T <= 100 still cover several
+# chunks per segment, several segments, several scan steps and a ragged tail.
+CHUNK, SEG_CHUNKS = 64, 1
 MIN_SEGMENT_PROGRAMS = 512
 INTERPRET_CHUNK, INTERPRET_SEG_CHUNKS = 16, 2
 
@@ -91,22 +105,47 @@ def interpret_tiles(dk: int, dv: int, extra=(4, 1)):
 def chunking(T: int, BH: int) -> tuple[int, int]:
     """(BT, G): chunk length and chunks per segment for a sequence of ``T`` positions and ``BH`` = batch * heads.
 
-    Fixed (small) under the interpreter. On GPU, BT = 64 and G = 16, halved while fewer than
-    :data:`MIN_SEGMENT_PROGRAMS` (batch, head, segment) programs would run the sequential state kernel (short
-    sequences with few heads); a function of the shapes only, so the backward sees the forward's chunking.
+    Fixed (small) under the interpreter. On GPU, :func:`segment_rule` with BT = 64, G = 16 and
+    :data:`MIN_SEGMENT_PROGRAMS`. The forward picks it once and hands it to its backward (saved on the autograd
+    context), so both always walk the same chunks and segments.
     """
     if interpreting():
         return INTERPRET_CHUNK, INTERPRET_SEG_CHUNKS
-    n_chunks = triton.cdiv(T, CHUNK)
-    g = SEG_CHUNKS
-    while g > 1 and BH * triton.cdiv(n_chunks, g) < MIN_SEGMENT_PROGRAMS:
+    return segment_rule(T, BH, CHUNK, SEG_CHUNKS, MIN_SEGMENT_PROGRAMS)
+
+
+def segment_rule(T: int, BH: int, chunk: int, seg_chunks: int, min_programs: int) -> tuple[int, int]:
+    """The GPU's rule, with its constants as arguments (tests run it at interpreter scale): chunks of ``chunk``
+    positions, ``seg_chunks`` chunks per segment halved while fewer than ``min_programs`` (batch, head, segment)
+    programs would run the sequential state kernel (short sequences with few heads)."""
+    n_chunks = triton.cdiv(T, chunk)
+    g = seg_chunks
+    while g > 1 and BH * triton.cdiv(n_chunks, g) < min_programs:
         g //= 2
-    return CHUNK, g
+    return chunk, g
+
+
+def geometry(T: int, chunks: tuple[int, int]) -> tuple[int, int, int, int]:
+    """``(BT, G, NT, NSEG)``: chunk length, chunks per segment, number of chunks and of segments."""
+    BT, G = chunks
+    NT = triton.cdiv(T, BT)
+    return BT, G, NT, triton.cdiv(NT, G)
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Jit helpers
 # ----------------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _in_range(idx, n):
+    """``idx`` clamped into ``[0, n)``, as int64: the index that addresses memory.
+
+    Masked-off lanes (rows past the ragged end of the sequence, segments past either end of a partial scan block)
+    keep their mask but address an element inside the buffer, so no lane of any load or store -- nor the loads a
+    software-pipelined loop issues ahead for an iteration that never runs -- points outside its buffer.
+    """
+    return tl.minimum(tl.maximum(idx, 0), n - 1).to(tl.int64)
 
 
 @triton.jit

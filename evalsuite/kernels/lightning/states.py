@@ -23,7 +23,7 @@ import triton.language as tl
 
 from evalsuite.kernels import triton_utils
 from evalsuite.kernels.lightning import common
-from evalsuite.kernels.lightning.common import LOG2E_JIT, _mm, interpret_tiles, strides4
+from evalsuite.kernels.lightning.common import LOG2E_JIT, _in_range, _mm, interpret_tiles, strides4
 from evalsuite.kernels.triton_utils import interpreting, pick_config
 
 
@@ -93,7 +93,7 @@ def _chunk_states_kernel(
         rows = t0 + offs_t
         ok = rows < T
         L = tl.minimum(BT, T - t0)
-        rows64 = rows.to(tl.int64)
+        rows64 = _in_range(rows, T)  # masked rows address row T - 1 (see common._in_range)
         a = tl.load(a_base + rows64[:, None] * stride_at, mask=ok[:, None], other=0.0)
         bb = tl.load(b_base + rows64[:, None] * stride_bt, mask=ok[:, None], other=0.0)
         if REVERSE:
@@ -158,7 +158,7 @@ def _segment_scan_kernel(
             ep = e_s
         a_first = tl.min(tl.where(valid, ap, T), 0)
         e_last = tl.max(tl.where(valid, ep, 0), 0)
-        ptrs = seg_base + sidx.to(tl.int64)[:, None] * E
+        ptrs = seg_base + _in_range(sidx, NSEG)[:, None] * E  # lanes past either end: masked, in the buffer
         tot = tl.load(ptrs, mask=valid[:, None], other=0.0)
         W = tl.where(lower & valid[None, :], tl.exp2(nl2 * tl.maximum(ap[:, None] - ep[None, :], 0)), 0.0)
         ent = _mm(W, tot, tl.exp2(nl2 * tl.maximum(ap - a_first, 0))[:, None] * carry[None, :], False, "ieee")
@@ -169,16 +169,15 @@ def _segment_scan_kernel(
         tl.store(OUT + pid_bh.to(tl.int64) * E + offs_e, carry)
 
 
-def chunk_states(a, b, slope, *, reverse: bool, store_seg: bool = True):
-    """Launch :func:`_chunk_states_kernel` on ``a [B, T, H, dk]``, ``b [B, T, H, dv]`` (same dtype).
+def chunk_states(a, b, slope, chunks, *, reverse: bool, store_seg: bool = True):
+    """Launch :func:`_chunk_states_kernel` on ``a [B, T, H, dk]``, ``b [B, T, H, dv]`` (same dtype), with
+    ``chunks = (BT, G)`` (:func:`common.chunking`, picked once by the forward).
 
     Returns ``(hloc [B*H, NT, dk, dv]`` in :func:`common.state_dtype`, ``seg [B*H, NSEG, dk, dv]`` float32 or None).
     """
     B, T, H, DK = a.shape
     DV = b.shape[-1]
-    BT, G = common.chunking(T, B * H)
-    NT = triton.cdiv(T, BT)
-    NSEG = triton.cdiv(NT, G)
+    BT, G, NT, NSEG = common.geometry(T, chunks)
     BK, BV, num_warps, num_stages = pick_config(common.STATES_CONFIGS, (DK, DV), interpret_tiles(DK, DV))
     sdt = common.state_dtype(a.dtype)
     hloc = triton_utils.empty((B * H, NT, DK, DV), sdt, a.device)
@@ -193,14 +192,17 @@ def chunk_states(a, b, slope, *, reverse: bool, store_seg: bool = True):
     return hloc, (seg if store_seg else None)
 
 
-def segment_scan(seg, init, slope, T: int, H: int, *, reverse: bool, store_out: bool):
-    """Launch :func:`_segment_scan_kernel` on ``seg [B*H, NSEG, dk, dv]`` float32 (in place).
+def segment_scan(seg, init, slope, T: int, H: int, chunks, *, reverse: bool, store_out: bool):
+    """Launch :func:`_segment_scan_kernel` on ``seg [B*H, NSEG, dk, dv]`` float32 (in place), segments of
+    ``chunks = (BT, G)``.
 
     ``init``: ``[B, H, dk, dv]`` float32 or None (zeros). Returns the value after the last segment, ``[B, H, dk, dv]``
     float32, if ``store_out`` (else None).
     """
     BH, NSEG, DK, DV = seg.shape
-    BT, G = common.chunking(T, BH)
+    BT, G, _, nseg = common.geometry(T, chunks)
+    if nseg != NSEG or BH % H or (init is not None and tuple(init.shape) != (BH // H, H, DK, DV)):
+        raise ValueError(f"segment states {tuple(seg.shape)} do not match T={T}, H={H}, chunks={chunks}")
     SB, BE, num_warps = common.INTERPRET_SCAN if interpreting() else common.SCAN_CONFIG
     E = DK * DV
     BE = min(BE, E)
