@@ -1,5 +1,6 @@
-"""Shared test helpers: the CLI run in this process."""
+"""Shared test helpers: the CLI run in this process; NaN-poisoned Triton kernel outputs."""
 
+import math
 import sys
 
 import pytest
@@ -31,3 +32,22 @@ def assert_one_line_error(code: int, err: str, message: str) -> None:
     assert code == 2, err
     assert err.startswith("error: ") and message in err, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+KERNEL_GUARD = 512  # NaN elements on each side of every poisoned kernel output
+
+
+@pytest.fixture
+def poisoned_kernel_outputs(monkeypatch):
+    """Every buffer a Triton kernel writes (``triton_utils.empty``) starts as NaN, between NaN guard bands of
+    :data:`KERNEL_GUARD` elements: an element a kernel never writes, or a read past either end, shows up as NaN."""
+    import torch
+
+    from evalsuite.kernels import triton_utils
+
+    def nan_empty(shape, dtype, device):
+        n = math.prod(shape)
+        flat = torch.full((n + 2 * KERNEL_GUARD,), float("nan"), dtype=dtype, device=device)
+        return flat[KERNEL_GUARD : KERNEL_GUARD + n].view(shape)
+
+    monkeypatch.setattr(triton_utils, "empty", nan_empty)

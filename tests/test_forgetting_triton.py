@@ -45,14 +45,7 @@ common, backward, forward, decode, cumsum = (_modules[n] for n in ("common", "ba
 TOL = {torch.float16: (3e-3, 5e-3), torch.bfloat16: (1e-2, 2.5e-2)}  # (forward, gradients)
 
 
-@pytest.fixture(autouse=True)
-def poison(monkeypatch):
-    """Every buffer the kernels write starts as NaN."""
-
-    def nan_empty(shape, dtype, device):
-        return torch.full(shape, float("nan"), dtype=dtype, device=device)
-
-    monkeypatch.setattr(triton_utils, "empty", nan_empty)
+pytestmark = pytest.mark.usefixtures("poisoned_kernel_outputs")  # conftest: NaN outputs, guard bands
 
 
 def rel_err(out, ref):

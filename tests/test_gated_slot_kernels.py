@@ -19,7 +19,6 @@ import torch  # noqa: E402
 
 pytest.importorskip("triton")
 
-from evalsuite.kernels import triton_utils  # noqa: E402
 from evalsuite.kernels.gated_slot import gated_slot_attention, reference  # noqa: E402
 
 # A module imported earlier without the interpreter holds compiled kernels (triton.jit reads TRITON_INTERPRET when
@@ -41,14 +40,7 @@ common, chunk, decode = _modules["common"], _modules["chunk"], _modules["decode"
 TOL = {torch.float32: (1e-5, 1e-4), torch.float16: (3e-3, 5e-3), torch.bfloat16: (1.5e-2, 3e-2)}
 
 
-@pytest.fixture(autouse=True)
-def poison(monkeypatch):
-    """Every buffer the kernels write starts as NaN."""
-
-    def nan_empty(shape, dtype, device):
-        return torch.full(shape, float("nan"), dtype=dtype, device=device)
-
-    monkeypatch.setattr(triton_utils, "empty", nan_empty)
+pytestmark = pytest.mark.usefixtures("poisoned_kernel_outputs")  # conftest: NaN outputs, guard bands
 
 
 def rel_err(out, ref):

@@ -57,19 +57,7 @@ common, states, chunk, decode = (_modules[n] for n in ("common", "states", "chun
 TOL = {torch.float32: (2e-5, 5e-5), torch.float16: (3e-3, 5e-3), torch.bfloat16: (2e-2, 3e-2)}  # (fwd, grads)
 
 
-GUARD = 512  # NaN elements on each side of every kernel output buffer
-
-
-@pytest.fixture(autouse=True)
-def poison(monkeypatch):
-    """Every buffer the kernels write starts as NaN, between NaN guard bands of :data:`GUARD` elements."""
-
-    def nan_empty(shape, dtype, device):
-        n = math.prod(shape)
-        flat = torch.full((n + 2 * GUARD,), float("nan"), dtype=dtype, device=device)
-        return flat[GUARD : GUARD + n].view(shape)
-
-    monkeypatch.setattr(triton_utils, "empty", nan_empty)
+pytestmark = pytest.mark.usefixtures("poisoned_kernel_outputs")  # conftest: NaN outputs, guard bands
 
 
 @pytest.fixture(autouse=True)

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from evalsuite.errors import UserError
+from evalsuite.kernels.triton_utils import triton_installed
 
 STATE_KINDS = ("kv-cache", "recurrent", "chunk-memory")
 # Elements of one logits chunk (B x positions x vocab): 2**25 fp32 = 128 MiB.
@@ -100,12 +101,15 @@ class CausalLM(nn.Module, ABC):
         """Deterministic initialisation from ``seed`` (no global RNG touched)."""
 
     def set_attention_backend(self, backend: str) -> None:
-        """Pick one of ``backends``; an unknown name is a UserError listing the family's choices."""
+        """Pick one of ``backends``; an unknown name is a UserError listing the family's choices, and ``"triton"``
+        needs the triton package."""
         if backend not in self.backends:
             raise UserError(
                 f"attention backend {backend!r} is not offered by {type(self).__name__}; "
                 f"choose from {', '.join(self.backends)}"
             )
+        if backend == "triton" and not triton_installed():
+            raise UserError("--attention triton needs the 'triton' package: pip install triton")
         self._backend = backend
 
     @property
@@ -113,8 +117,9 @@ class CausalLM(nn.Module, ABC):
         return self._backend
 
     def available_backends(self, device: torch.device) -> tuple[str, ...]:
-        """The backends that run on ``device`` (e.g. Triton kernels need CUDA)."""
-        return self.backends
+        """The backends that run on ``device``: ``"triton"`` (a family's Triton kernels) only on CUDA."""
+        on_gpu = device.type == "cuda" and triton_installed()
+        return tuple(b for b in self.backends if b != "triton" or on_gpu)
 
     def num_params(self, non_embedding: bool = True) -> int:
         """Parameter count; papers' "params" usually exclude the input embedding (an untied head counts)."""

@@ -30,9 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from evalsuite.errors import UserError
 from evalsuite.kernels.forgetting import BACKENDS, attention, cumsum_over_time
-from evalsuite.kernels.triton_utils import triton_installed
 from evalsuite.models.base import CausalLM, DecodeState
 from evalsuite.models.layers import HeadRMSNorm, RMSNorm, ShiftProjection, SwiGLU, rope
 
@@ -302,15 +300,6 @@ class ForgettingTransformer(CausalLM):
             bias = decay_time_bias(self.cfg.num_heads, self.cfg.decay_time_min, self.cfg.decay_time_max)
             for block in self.blocks:
                 block.attn.fgate_bias.copy_(bias)
-
-    def set_attention_backend(self, backend: str) -> None:
-        super().set_attention_backend(backend)
-        if backend == "triton" and not triton_installed():
-            raise UserError("--attention triton needs the 'triton' package: pip install triton")
-
-    def available_backends(self, device: torch.device) -> tuple[str, ...]:
-        on_gpu = device.type == "cuda" and triton_installed()
-        return tuple(b for b in self.backends if b != "triton" or on_gpu)
 
     def new_state(self, batch: int, capacity: int, start: torch.Tensor | None = None) -> KVCache:
         p = self.lm_head.weight

@@ -24,9 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from evalsuite.errors import UserError
 from evalsuite.kernels.gated_slot import BACKENDS, gated_slot_attention
-from evalsuite.kernels.triton_utils import triton_installed
 from evalsuite.models.base import CausalLM, DecodeState
 from evalsuite.models.layers import RMSNorm, SwiGLU, rms_norm
 
@@ -227,15 +225,6 @@ class GSAForCausalLM(CausalLM):
                     rescale if name.endswith(("o_proj.weight", "down_proj.weight")) else 1
                 )
                 p.copy_(torch.randn(p.shape, generator=gen) * std)
-
-    def set_attention_backend(self, backend: str) -> None:
-        super().set_attention_backend(backend)
-        if backend == "triton" and not triton_installed():
-            raise UserError("--attention triton needs the 'triton' package: pip install triton")
-
-    def available_backends(self, device: torch.device) -> tuple[str, ...]:
-        on_gpu = device.type == "cuda" and triton_installed()
-        return tuple(b for b in self.backends if b != "triton" or on_gpu)
 
     def new_state(self, batch: int, capacity: int, start: torch.Tensor | None = None) -> RecurrentState:
         """A zero state; ``capacity`` is irrelevant (the state does not grow)."""

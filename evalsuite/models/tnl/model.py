@@ -29,9 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from evalsuite.errors import UserError
 from evalsuite.kernels.lightning import BACKENDS, lightning_attention
-from evalsuite.kernels.triton_utils import triton_installed
 from evalsuite.models.base import CausalLM, DecodeState
 from evalsuite.models.layers import rms_norm
 
@@ -239,15 +237,6 @@ class TransNormerLLM(CausalLM):
                 p.copy_(lrpe_theta(self.cfg.num_heads, self.cfg.head_dim))
             else:
                 p.copy_(torch.randn(p.shape, generator=gen) * self.cfg.initializer_range)
-
-    def set_attention_backend(self, backend: str) -> None:
-        super().set_attention_backend(backend)
-        if backend == "triton" and not triton_installed():
-            raise UserError("--attention triton needs the 'triton' package: pip install triton")
-
-    def available_backends(self, device: torch.device) -> tuple[str, ...]:
-        on_gpu = device.type == "cuda" and triton_installed()
-        return tuple(b for b in self.backends if b != "triton" or on_gpu)
 
     def new_state(self, batch: int, capacity: int, start: torch.Tensor | None = None) -> RecurrentState:
         """A zero state; ``capacity`` is irrelevant (the state does not grow)."""
