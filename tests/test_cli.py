@@ -99,11 +99,12 @@ def test_bad_files_are_one_line(tmp_path, run_cli):
     assert_one_line_error(code, err, "is not a directory")
 
 
-def test_attention_triton_without_triton(tmp_path, monkeypatch, run_cli):
-    import evalsuite.models.fox.model as fox_model
+@pytest.mark.parametrize("model", ["fox-pro-tiny", "gsa-tiny", "tnl-tiny"])
+def test_attention_triton_without_triton(tmp_path, monkeypatch, run_cli, model):
+    import evalsuite.models.base as model_base
 
-    monkeypatch.setattr(fox_model, "triton_installed", lambda: False)
-    args = ["loss", "--model", "fox-pro-tiny", "--attention", "triton", "--length", "16"]
+    monkeypatch.setattr(model_base, "triton_installed", lambda: False)
+    args = ["loss", "--model", model, "--attention", "triton", "--length", "16"]
     code, _, err = run_cli(args, tmp_path)
     assert_one_line_error(code, err, "--attention triton needs the 'triton' package")
 
