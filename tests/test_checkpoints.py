@@ -27,7 +27,7 @@ def build(arch: str, **over) -> ForgettingTransformer:
 
 
 def write_official(model: ForgettingTransformer, arch: str, path, drop: str | None = None):
-    """Write ``model`` in the official FoX repo layout (checkpoint_formats.md §A.1-A.3)."""
+    """Write ``model`` in the official FoX repo layout (its config keys and tensor names)."""
     cfg = model.cfg
     sd = model.state_dict()
     out = {

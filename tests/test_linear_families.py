@@ -82,8 +82,8 @@ def test_lightning_references_agree_and_carry_state():
 
 
 def test_decay_schedules_match_the_spec_table():
-    """lightning.md §2.5, H = 32, L = 30: the code schedule's lambda for head 1/32 at layer 0 is 0.4313/0.99610 and
-    ~1 at the last layer; eq. 10 read literally gives 0.779 and 3.4e-4 at layer 0."""
+    """H = 32, L = 30 (TransNormerLLM-7B's shape): the code schedule's lambda for head 1/32 at layer 0 is
+    0.4313/0.99610 and ~1 at the last layer; eq. 10 read literally gives 0.779 and 3.4e-4 at layer 0."""
     code = TNLConfig(num_heads=32, num_layers=30, hidden_size=2048)
     lam = torch.exp(-decay_slopes(code, 0))
     assert lam[0].item() == pytest.approx(0.4313, abs=1e-4) and lam[-1].item() == pytest.approx(0.99610, abs=1e-5)
@@ -265,7 +265,7 @@ def test_partial_transnormer_layout_names_the_missing_keys(tmp_path):
 
 def test_recurrent_state_is_flat_in_context_length():
     """The issue's "constant in context length": bytes at 1K and 64K are equal, and equal the spec's 2 m d per
-    layer for GSA (128 L d at m = 64: gsa.md §1.6) in float32."""
+    layer for GSA (128 L d at m = 64: arXiv:2409.07146 App. C) in float32."""
     gsa = GSAForCausalLM(GSAConfig(hidden_size=2048, num_layers=24, num_heads=4, num_slots=64, vocab_size=10))
     sizes = [gsa.decode_state_size(n, torch.bfloat16) for n in (1024, 65536)]
     assert sizes[0] == sizes[1] and sizes[0]["elements"] == 128 * 24 * 2048 and sizes[0]["kind"] == "recurrent"

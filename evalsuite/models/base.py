@@ -38,6 +38,23 @@ class DecodeState(ABC):
         """Bytes of state the batch needs at its current length (a preallocated cache counts its filled part)."""
 
 
+class RecurrentState(DecodeState):
+    """A fixed-size state per layer that does not grow with the context (``kind="recurrent"``): each entry of
+    ``layers`` is a tensor or a tuple of tensors (e.g. GSA's slot memories ``(hk, hv)``, TNL's ``kv``), replaced or
+    updated in place by the layer. ``start`` (``[B]`` long or None) marks left padding."""
+
+    kind = "recurrent"
+
+    def __init__(self, layers: list, start: torch.Tensor | None = None):
+        self.layers = layers
+        self.length = 0
+        self.start = start
+
+    def nbytes(self) -> int:
+        tensors = (t for layer in self.layers for t in (layer if isinstance(layer, tuple) else (layer,)))
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
 class CausalLM(nn.Module, ABC):
     """Base class of every model family. Subclasses set ``backends`` (the attention implementations they offer,
     ``"auto"`` first) and implement the abstract methods; ``config`` is the family's config dataclass."""

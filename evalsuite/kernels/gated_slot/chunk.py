@@ -19,8 +19,9 @@ Design (kernels in :mod:`.chunk_kernels`, helpers and block configs in :mod:`.co
 * Backward, 7 launches: the states again (1); ``dp = hv do`` by the read kernel (2); both state adjoints in one
   reverse scan (3, ``_state_bwd_kernel``: pass 2 from p and dO, pass 1 from ``e = scale * dsoftmax(z; dp)``, which
   it forms on the fly); dq (write kernel with u = e), dk and dv (``_write_rev_kernel``, 4-6); and the log-gate
-  gradient (7, ``_dgate_kernel``): ``dL/ds`` of both passes plus the reversed-cumsum identity of gsa.md §1.6,
-  whose part from later chunks is read off the chunk-end states and adjoints instead of a scan over T.
+  gradient (7, ``_dgate_kernel``): ``dL/ds`` of both passes plus the reversed-cumsum identity of Algorithm 1
+  (arXiv:2409.07146 App. B), whose part from later chunks is read off the chunk-end states and adjoints instead
+  of a scan over T.
 * No PyTorch math runs between launches except the allocations and the transposes of the small states.
 * Numerical safety: the state scans take exponents ``<= 0`` only; the per-chunk kernels factor in-chunk decays
   through the middle row of each 16-row sub-chunk, so every exponent is within ``8 * max|log alpha|``: exact for

@@ -1,6 +1,7 @@
 """What the Gated Slot Attention kernels share: block configs, jit helpers, input checks.
 
-Both GLA passes of GSA (``reference.py``; gsa.md §1.4) keep a state with the slot dimension first:
+Both GLA passes of GSA (``reference.py``; arXiv:2409.07146 App. B, Algorithm 1) keep a state with the slot
+dimension first:
 ``hk^T [m, dk]`` for pass 1 and ``hv [m, dv]`` for pass 2, both updated as ``H_t = diag(alpha_t) H_{t-1} +
 s_t x_t^T`` (x = k or v). Pass 1 reads along d (``o1_t = H_t q_t``, an m-vector), pass 2 along m
 (``o_t = H_t^T p_t``). The chunked forward and backward are built from four per-chunk shapes of one formula and

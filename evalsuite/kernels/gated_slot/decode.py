@@ -1,4 +1,4 @@
-"""One GSA decoding step in Triton: update both states in place and read the output (gsa.md §1.3, eq. 6).
+"""One GSA decoding step in Triton: update both states in place and read the output (arXiv:2409.07146 eq. 6).
 
 Entry point: :func:`gsa_decode_triton` ``(q, k, v, log_alpha, scale, state) -> (o [B, 1, H, dv], state)`` for a
 single token. The state ``(hk [B, H, dk, m], hv [B, H, m, dv])`` (float32, any strides) is updated in place and

@@ -17,7 +17,7 @@ Three functions:
 * :func:`gsa_recurrent` -- the naive token-by-token loop (eq. 6): the ground truth, and the decode step.
 * :func:`gsa_chunked` -- the same math a chunk at a time (Algorithm 1's two passes; in-chunk decays factored into
   matmuls where that is exact, else written out pairwise). What models use on CPU.
-* :func:`gsa_parallel` -- the unrolled quadratic form of the spec (``../shared/reference/gsa.md`` §1.3), a third
+* :func:`gsa_parallel` -- the unrolled quadratic form of eq. 6 (arXiv:2409.07146 §3.2), a third
   independent oracle for tests at small T.
 """
 
@@ -121,7 +121,7 @@ def gsa_chunked(
 
 
 def gsa_parallel(q, k, v, log_alpha, scale: float = 1.0):
-    """The unrolled quadratic form (gsa.md §1.3), float64, for tests: ``w[t, i, j] = s[i, j] exp(G[t, j] - G[i, j])``,
+    """The unrolled quadratic form of eq. 6, float64, for tests: ``w[t, i, j] = s[i, j] exp(G[t, j] - G[i, j])``,
     ``scores[t, j] = scale * sum_i w[t,i,j] (q_t . k_i)``, ``o_t = sum_i (sum_j p[t, j] w[t, i, j]) v_i``."""
     qd, kd, vd, g = (x.double().transpose(1, 2) for x in (q, k, v, log_alpha))  # [B, H, T, .]
     G = g.cumsum(2)

@@ -27,7 +27,7 @@ _UNSUPPORTED = {"num_kv_heads": None, "window_size": None, "log_pruning_toleranc
 _REQUIRED = ("model.embeddings.weight", "model.norm.weight", "lm_head.weight")
 
 
-# The FoX repository's model_type strings, with and without the "-project_fox" suffix (checkpoint_formats.md A.0).
+# The FoX repository's model_type strings, with and without the "-project_fox" suffix (its config classes).
 _MODEL_TYPES = (
     "forgetting_transformer-project_fox",
     "transformer-project_fox",

@@ -1,7 +1,7 @@
 """The GSA family: Gated Slot Attention LMs (arXiv:2409.07146), plus fla's released checkpoint layouts."""
 
 from evalsuite.models.gsa import fla_layout
-from evalsuite.models.gsa.model import GatedSlotAttention, GSAConfig, GSAForCausalLM, RecurrentState
+from evalsuite.models.gsa.model import GatedSlotAttention, GSAConfig, GSAForCausalLM
 from evalsuite.models.registry import CheckpointLayout, Family, register_family
 
 ARCHITECTURES = {"gsa": {}}  # the paper's block; sizes come from cards
@@ -18,4 +18,4 @@ FAMILY = register_family(
     )
 )
 
-__all__ = ["ARCHITECTURES", "FAMILY", "GSAConfig", "GSAForCausalLM", "GatedSlotAttention", "RecurrentState"]
+__all__ = ["ARCHITECTURES", "FAMILY", "GSAConfig", "GSAForCausalLM", "GatedSlotAttention"]

@@ -1,5 +1,6 @@
 """fla's GSA checkpoints (``GSAForCausalLM``, ``model_type: "gsa"``; e.g. ``fla-hub/gsa-1.3B-100B``) in both of
-their tensor layouts (``../shared/reference/checkpoint_formats.md`` §B.1-B.3):
+their tensor layouts (fla's ``GSAConfig`` / ``modeling_gsa.py``; the layout changed in Feb 2025, fla commits
+``13ced952`` and ``b48ca31d``):
 
 * legacy (2024, ``norm_first: true``): ``attn.norm`` / ``mlp.norm`` and one fused ``mlp.gate_proj [2I, D]``
   (gate rows first, then up), optionally ``attn.g_proj`` (``use_output_gate``);

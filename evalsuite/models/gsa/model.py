@@ -6,7 +6,7 @@ final RMSNorm; untied LM head (fla default).
 GSA layer per head (eqs. 6, 8-9): ``q, k = swish(W_q x), swish(W_k x)``, ``v = silu(W_v x)``, forget gates
 ``alpha = sigmoid(W_alpha x)^(1/tau)`` for m slots (``log alpha = logsigmoid(.) / tau``), the two-pass slot memory of
 :mod:`evalsuite.kernels.gated_slot`, then ``y = W_o RMSNorm(silu(o))`` over the merged heads. ``scale`` is the
-softmax temperature over slots: 1.0 in fla's LM layer, ``1/sqrt(dk)`` in the MQAR runs (gsa.md §1.3).
+softmax temperature over slots: 1.0 in fla's LM layer, ``1/sqrt(dk)`` in the authors' MQAR runs (their Zoology fork).
 
 Decoding carries the fixed ``(hk [dk, m], hv [m, dv])`` float32 state per head and layer (``kind="recurrent"``):
 ``2 m d`` elements per layer whatever the context length (the paper's 128 L d at m = 64).
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from evalsuite.kernels.gated_slot import BACKENDS, gated_slot_attention
-from evalsuite.models.base import CausalLM, DecodeState
+from evalsuite.models.base import CausalLM, RecurrentState
 from evalsuite.models.layers import RMSNorm, SwiGLU, rms_norm
 
 FEATURE_MAPS = ("swish", "relu", "identity")
@@ -96,27 +96,6 @@ class GSAConfig:
         return asdict(self)
 
 
-class RecurrentState(DecodeState):
-    """Per layer ``(hk [B, H, dk, m], hv [B, H, m, dv])`` float32, zero at the start (``kind="recurrent"``)."""
-
-    kind = "recurrent"
-
-    def __init__(self, cfg: GSAConfig, batch: int, device, start=None):
-        H, dk, dv, m = cfg.num_heads, cfg.head_k_dim, cfg.head_v_dim, cfg.num_slots
-        self.layers = [
-            (
-                torch.zeros(batch, H, dk, m, device=device, dtype=torch.float32),
-                torch.zeros(batch, H, m, dv, device=device, dtype=torch.float32),
-            )
-            for _ in range(cfg.num_layers)
-        ]
-        self.length = 0
-        self.start = start
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for layer in self.layers for t in layer)
-
-
 def _feature(x: torch.Tensor, kind: str) -> torch.Tensor:
     if kind == "swish":
         return F.silu(x)
@@ -135,7 +114,7 @@ class GatedSlotAttention(nn.Module):
         if cfg.use_output_gate:
             self.g_proj = nn.Linear(D, cfg.value_dim, bias=False)
         if cfg.use_norm:
-            self.g_norm = RMSNorm(D, cfg.norm_eps)  # sized by hidden_size, as in fla (checkpoint_formats.md B.3)
+            self.g_norm = RMSNorm(D, cfg.norm_eps)  # sized by hidden_size, as in fla (``g_norm`` in fla's layer)
         self.o_proj = nn.Linear(cfg.value_dim, D, bias=False)
 
     def forward(self, x, pad=None, state=None, backend="auto"):
@@ -227,8 +206,15 @@ class GSAForCausalLM(CausalLM):
                 p.copy_(torch.randn(p.shape, generator=gen) * std)
 
     def new_state(self, batch: int, capacity: int, start: torch.Tensor | None = None) -> RecurrentState:
-        """A zero state; ``capacity`` is irrelevant (the state does not grow)."""
-        return RecurrentState(self.cfg, batch, self.embed.weight.device, start)
+        """Zero ``(hk [B, H, dk, m], hv [B, H, m, dv])`` float32 per layer; ``capacity`` is irrelevant (the state
+        does not grow)."""
+        cfg, device = self.cfg, self.embed.weight.device
+        H, dk, dv, m = cfg.num_heads, cfg.head_k_dim, cfg.head_v_dim, cfg.num_slots
+        zeros = [
+            (torch.zeros(batch, H, dk, m, device=device), torch.zeros(batch, H, m, dv, device=device))
+            for _ in range(cfg.num_layers)
+        ]
+        return RecurrentState(zeros, start)
 
     def forward(self, input_ids: torch.Tensor, state: RecurrentState | None = None, start: torch.Tensor | None = None):
         """input_ids ``[B, T]`` -> hidden ``[B, T, D]``; with a state, continue it (and update it in place)."""

@@ -2,7 +2,7 @@
 
 from evalsuite.models.registry import CheckpointLayout, Family, register_family
 from evalsuite.models.tnl import released
-from evalsuite.models.tnl.model import RecurrentState, TNLConfig, TransNormerLLM, alibi_slopes, decay_slopes
+from evalsuite.models.tnl.model import TNLConfig, TransNormerLLM, alibi_slopes, decay_slopes
 
 ARCHITECTURES = {"tnl": {}}  # the paper's "Mix" block (LRPE-d in layer 0, exponential decay elsewhere)
 
@@ -18,4 +18,4 @@ FAMILY = register_family(
     )
 )
 
-__all__ = ["ARCHITECTURES", "FAMILY", "RecurrentState", "TNLConfig", "TransNormerLLM", "alibi_slopes", "decay_slopes"]
+__all__ = ["ARCHITECTURES", "FAMILY", "TNLConfig", "TransNormerLLM", "alibi_slopes", "decay_slopes"]

@@ -1,7 +1,8 @@
 """TransNormerLLM (TNL) with Lightning Attention (arXiv:2405.17381, §4 and App. E; the released HF modeling code).
 
 Block (pre-norm): ``h = x + GLA(SRMSNorm(x)); y = h + SGLU(SRMSNorm(h))``; embeddings scaled by sqrt(D) unless
-``no_scale_embedding``; final SRMSNorm; LM head tied to the embedding (HF default, checkpoint_formats.md C.2).
+``no_scale_embedding``; final SRMSNorm; LM head tied to the embedding (the released code leaves
+``tie_word_embeddings`` unset: HF's default, tied).
 
 * SRMSNorm (eq. 14): ``x / sqrt(mean(x^2) + eps)``, no learnable gain (no norm in TNL has parameters).
 * Token mixer (eq. 11, "GLA" in the Flash/Hua sense): ``q, k, v, u = W_qkvu x``; ``q, k = act(q), act(k)``
@@ -11,7 +12,7 @@ Block (pre-norm): ``h = x + GLA(SRMSNorm(x)); y = h + SGLU(SRMSNorm(h))``; embed
 * Channel mixer SGLU (eq. 12): ``l3(l1(x) * l2(x))``, no activation.
 * LRPE (eq. 9; "Mix" = first layer only): ``q, k -> [x cos(theta n), x sin(theta n)]``, doubling the head dim of
   q and k; ``theta [H, 1, hd]`` is a parameter initialised to ``10000^(-2 i / E)`` over the flattened width.
-* Decay ``lambda = exp(-slope)`` per head and layer; two schedules (lightning.md §2.5):
+* Decay ``lambda = exp(-slope)`` per head and layer; two schedules (eq. 10 and the released code differ):
   ``"code"`` (default, what the released checkpoints use): ALiBi slopes ``2^(-8 h / H)`` times
   ``1 - l / (L - 1) + 1e-5``; ``"paper"``: eq. 10 read literally, ``slope = (8 h / H) (1 - l / L)``.
 
@@ -30,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from evalsuite.kernels.lightning import BACKENDS, lightning_attention
-from evalsuite.models.base import CausalLM, DecodeState
+from evalsuite.models.base import CausalLM, RecurrentState
 from evalsuite.models.layers import rms_norm
 
 DECAY_SCHEDULES = ("code", "paper")
@@ -107,24 +108,6 @@ def lrpe_theta(num_heads: int, head_dim: int) -> torch.Tensor:
     """The released code's LRPE init: ``10000^(-2 i / E)`` for i < E = H * hd, as ``[H, 1, hd]``."""
     E = num_heads * head_dim
     return (10000.0 ** (-2.0 / E * torch.arange(E, dtype=torch.float32))).view(num_heads, 1, head_dim)
-
-
-class RecurrentState(DecodeState):
-    """Per layer ``kv [B, H, dk, dv]`` float32 (dk doubled on LRPE layers) (``kind="recurrent"``)."""
-
-    kind = "recurrent"
-
-    def __init__(self, cfg: TNLConfig, batch: int, device, start=None):
-        H, hd = cfg.num_heads, cfg.head_dim
-        self.layers = [
-            torch.zeros(batch, H, hd * (2 if i in cfg.lrpe_layers else 1), hd, device=device, dtype=torch.float32)
-            for i in range(cfg.num_layers)
-        ]
-        self.length = 0
-        self.start = start
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.layers)
 
 
 class TokenMixer(nn.Module):
@@ -239,8 +222,12 @@ class TransNormerLLM(CausalLM):
                 p.copy_(torch.randn(p.shape, generator=gen) * self.cfg.initializer_range)
 
     def new_state(self, batch: int, capacity: int, start: torch.Tensor | None = None) -> RecurrentState:
-        """A zero state; ``capacity`` is irrelevant (the state does not grow)."""
-        return RecurrentState(self.cfg, batch, self.embed.weight.device, start)
+        """Zero ``kv [B, H, dk, dv]`` float32 per layer (dk doubled on LRPE layers); ``capacity`` is irrelevant (the
+        state does not grow)."""
+        cfg, device = self.cfg, self.embed.weight.device
+        H, hd = cfg.num_heads, cfg.head_dim
+        widths = [hd * (2 if i in cfg.lrpe_layers else 1) for i in range(cfg.num_layers)]
+        return RecurrentState([torch.zeros(batch, H, dk, hd, device=device) for dk in widths], start)
 
     def forward(self, input_ids: torch.Tensor, state: RecurrentState | None = None, start: torch.Tensor | None = None):
         """input_ids ``[B, T]`` -> hidden ``[B, T, D]``; with a state, continue it (and update it in place)."""

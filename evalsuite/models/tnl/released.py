@@ -1,5 +1,5 @@
 """The released TransNormerLLM layout (``OpenNLPLab/TransNormerLLM-{385M,1B,7B}``, ``model_type: "transnormer"``;
-``../shared/reference/checkpoint_formats.md`` §C): config keys ``decoder_embed_dim``, ``decoder_layers``,
+the hub's ``modeling_transnormer.py``): config keys ``decoder_embed_dim``, ``decoder_layers``,
 ``decoder_attention_heads``, ``hidden_dim``, ``glu_dim``, ``linear_use_lrpe_list``, ``linear_act_fun``,
 ``no_scale_embedding``; tensors ``model.embed_tokens``, ``model.layers.{i}.token_mixer.{qkvu_proj,out_proj}``,
 optional ``token_mixer.lrpe.theta`` (later hub revisions dropped the parameter: then its fixed init is used),
