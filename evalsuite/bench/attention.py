@@ -132,7 +132,7 @@ def _build_call(provider, B, T, H, D, dtype, mode, device):
     return fn, leaves
 
 
-def _peak_memory_mib(fn, leaves) -> float:
+def peak_memory_mib(fn, leaves) -> float:
     """Peak memory one call allocates beyond its inputs (MiB); gradients of the inputs count."""
     for t in leaves:
         t.grad = None
@@ -147,7 +147,7 @@ def _peak_memory_mib(fn, leaves) -> float:
     return peak / 2**20
 
 
-def _do_bench(fn, leaves, warmup=25, rep=100) -> tuple[float, float, float]:
+def timed_median(fn, leaves, warmup=25, rep=100) -> tuple[float, float, float]:
     """(median, p20, p80) ms of ``fn`` from ``triton.testing.do_bench`` (CUDA), the grads of ``leaves`` reset
     between calls; ``warmup`` / ``rep`` (ms) are raised for slow calls to at least 3 / 15 calls."""
     import triton.testing
@@ -177,8 +177,8 @@ def bench_one(provider, T, D, mode, n_heads=16, tokens_per_call=65536, dtype=tor
         if fn is None:
             return {**rec, "status": "unavailable"}
         fn()  # compile / warm up outside the timing
-        peak = _peak_memory_mib(fn, leaves)
-        ms, lo, hi = _do_bench(fn, leaves, warmup, rep)
+        peak = peak_memory_mib(fn, leaves)
+        ms, lo, hi = timed_median(fn, leaves, warmup, rep)
         rec.update(status="ok", ms=ms, ms_p20=lo, ms_p80=hi, peak_mem_mib=peak)
         rec["tflops"] = attention_flops(B, T, n_heads, D, mode) / (ms * 1e-3) / 1e12
     except torch.cuda.OutOfMemoryError:
@@ -361,9 +361,9 @@ def check_parity_gpu(seq_lens=(1024, 2048, 4096, 8192, 16384), head_dim=64, n_he
                 ref_cum = None if logf is None else ref_leaves[3].cumsum(1)
                 o_ref = attention_blocked(*ref_leaves[:3], ref_cum, ref_cum)
                 ref_grads = torch.autograd.grad(o_ref, ref_leaves, do.float())
-                errs = {"o": _rel(o, o_ref)}
+                errs = {"o": rel_error(o, o_ref)}
                 for name, g, r in zip(("dq", "dk", "dv", "dlogf"), grads, ref_grads, strict=False):
-                    errs[name] = _rel(g, r)
+                    errs[name] = rel_error(g, r)
                 rec = {"kind": "parity", "T": T, "D": head_dim, "H": n_heads, "gate": gate, "dtype": str(dtype)[6:]}
                 rec.update({f"rel_err_{k}": e for k, e in errs.items()}, max_rel_err=max(errs.values()))
                 rec.update(kernel_s=t_kernel, cum_min=float(cum.detach().min()) if cum is not None else 0.0, **info)
@@ -402,14 +402,14 @@ def check_decode_parity_gpu(cache_lens=(1000, 5000, 33000), n_queries=(1, 4, 16)
                 o_nogate = forgetting_attention_decode_triton(q, k, v)
                 o_nogate_ref = attention_blocked(q.float(), k.float(), v.float())
                 rec = {"kind": "parity_decode", "Tk": Tk, "Tq": Tq, "D": D, "dtype": str(dtype)[6:]}
-                rec.update(rel_err_o=_rel(o, o_ref), rel_err_o_nogate=_rel(o_nogate, o_nogate_ref), **info)
+                rec.update(rel_err_o=rel_error(o, o_ref), rel_err_o_nogate=rel_error(o_nogate, o_nogate_ref), **info)
                 records.append(rec)
                 if verbose:
                     print("parity_decode", D, Tk, Tq, f"{rec['rel_err_o']:.2e} {rec['rel_err_o_nogate']:.2e}")
     return records
 
 
-def _rel(out, ref) -> float:
+def rel_error(out, ref) -> float:
     out, ref = out.detach().double(), ref.detach().double()
     if not torch.isfinite(out).all():
         return math.inf

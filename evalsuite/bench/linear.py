@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from evalsuite.bench.attention import QUANTILES, _do_bench, _peak_memory_mib, _rel, env_info
+from evalsuite.bench.attention import QUANTILES, env_info, peak_memory_mib, rel_error, timed_median
 
 OPS = ("gsa", "lightning")
 OP_PROVIDERS = {
@@ -105,7 +105,7 @@ def time_ms(fn, leaves=(), device="cuda", warmup=25, rep=100, max_calls=100) -> 
     """
     leaves = list(leaves)
     if torch.device(device).type == "cuda":
-        return _do_bench(fn, leaves, warmup, rep)
+        return timed_median(fn, leaves, warmup, rep)
     times, stop = [], time.perf_counter() + rep / 1e3
     while len(times) < 3 or (time.perf_counter() < stop and len(times) < max_calls):
         for t in leaves:
@@ -203,7 +203,7 @@ def bench_op(op, provider, mode, T, *, n_heads=16, head_dim=64, n_slots=64, toke
 
         fn()  # compile / warm up outside the timing
         if device.type == "cuda":
-            rec["peak_mem_mib"] = _peak_memory_mib(fn, leaves)
+            rec["peak_mem_mib"] = peak_memory_mib(fn, leaves)
         ms, lo, hi = time_ms(fn, leaves, device, warmup, rep)
         rec.update(status="ok", ms=ms, ms_p20=lo, ms_p80=hi, tokens_per_s=B * T / (ms * 1e-3))
     except Unavailable as exc:
@@ -247,7 +247,7 @@ def check_parity(op, ours, peer=None, T=4096, *, batch=1, n_heads=16, head_dim=6
             if "fla_s" in x:  # chain rule through s = 1 - exp(g), which fla took as a separate input
                 grads["log_alpha"] = grads["log_alpha"] + x["fla_s"].grad.float() * -x["log_alpha"].detach().exp()
             outs.append({"o": o.detach(), **{f"d{n}": g for n, g in grads.items()}})
-        errs = {name: _rel(outs[1][name], outs[0][name]) for name in outs[0]}
+        errs = {name: rel_error(outs[1][name], outs[0][name]) for name in outs[0]}
         rec.update({f"rel_err_{n}": e for n, e in errs.items()}, max_rel_err=max(errs.values()), status="ok")
     except Unavailable as exc:
         rec["status"] = f"unavailable: {exc}"
