@@ -10,12 +10,11 @@ either end of one shows up as NaN.
 Memory safety: the interpreter reads raw host memory and never faults, so every test runs under
 ``triton_utils.interpreter_bounds_check``: each load and store of every launch must stay inside one tensor argument,
 on every lane, masked-off lanes included. ``test_gpu_segmenting_matches_recurrent`` runs the GPU's segmenting rule
-at interpreter scale on the segment layouts of GPU shapes (the one whose backward faulted on an H100, and the
-benchmark's), against the float64 token loop.
+at interpreter scale on the segment layouts of GPU shapes (the benchmark's), against the float64 token loop.
 
 Interpreter chunking (``common.chunking``): chunks of 16 positions, segments of 2 chunks, segment scans of 2
-segments per step, tiles of at most 32 (dk) x 16 (dv); the lengths below are not multiples of 16 and span several
-segments and scan steps (see ``test_shapes_cover_several_chunks_segments_and_scan_steps``).
+segments per step, walks over state slices of at most 16 columns; the lengths below are not multiples of 16 and
+span several segments and scan steps (see ``test_shapes_cover_several_chunks_segments_and_scan_steps``).
 """
 
 import os
@@ -42,15 +41,15 @@ from evalsuite.kernels.lightning import lightning_attention, reference  # noqa: 
 # kernels (triton.jit reads TRITON_INTERPRET when decorating), so all of them are reloaded, helpers first.
 _KERNELS = {
     "common": "_mm",
-    "states": "_chunk_states_kernel",
-    "chunk_bwd": "_chunk_bwd_kernel",
-    "chunk": "_chunk_fwd_kernel",
+    "walk": "_walk_kernel",
+    "scan": "_segment_scan_kernel",
     "decode": "_decode_kernel",
 }
 _modules = {name: importlib.import_module(f"evalsuite.kernels.lightning.{name}") for name in _KERNELS}
 if any(type(getattr(m, _KERNELS[name])).__name__ != "InterpretedFunction" for name, m in _modules.items()):
     _modules = {name: importlib.reload(m) for name, m in _modules.items()}
-common, states, chunk, decode = (_modules[n] for n in ("common", "states", "chunk", "decode"))
+common, decode = _modules["common"], _modules["decode"]
+chunk = importlib.reload(importlib.import_module("evalsuite.kernels.lightning.chunk"))  # binds the reloaded walks
 
 # The interpreter truncates float32 -> bf16 (no round-to-nearest), which doubles bf16 rounding errors there; the
 # bf16 bounds leave room for that. fp32 runs use full-precision dots, so their bounds catch any logic error.
@@ -171,10 +170,9 @@ def test_full_forward_backward(dtype, B, T, H, dk, dv, slopes, h0, final):
 # step (segments per scan step: 16 on GPU) with which common.segment_rule, at interpreter scale (chunks of 16, not
 # 64), gives the same segment layout (see _layout) at a size the interpreter runs in seconds.
 GPU_SCALED = {
-    # the backward that faulted on an H100: segments halved to 4 chunks (so the segment-local states are written and
-    # read), one segment past a full scan step (a scan block with one live lane), a last segment of one chunk and a
-    # last chunk of one row
-    "faulted-2x4097x16": ((2, 4097, 16), (2, 257, 1), 10, 4),
+    # the parity shape: segments halved to 4 chunks, one segment past a full scan step (a scan block with one live
+    # lane), a last segment of one chunk and a last chunk of one row
+    "parity-2x4097x16": ((2, 4097, 16), (2, 257, 1), 10, 4),
     # the benchmark at 65536 tokens per call: one segment of 16 chunks (15 of 16 scan lanes masked off); 16 segments,
     # exactly one full scan step
     "bench-64x1024x16": ((64, 1024, 16), (1, 256, 2), 2, 16),
@@ -220,14 +218,13 @@ def test_gpu_segmenting_matches_recurrent(monkeypatch, gpu_shape, shape, min_pro
 @pytest.mark.parametrize("B,T,H", [(2, 4097, 16), (4, 16384, 16), (1, 65536, 16), (64, 1024, 16), (1, 65536, 2)])
 def test_gpu_launch_geometry(B, T, H):
     """On GPU (no kernel runs): the segments tile the chunks exactly and every grid fits CUDA's limits (grid y and z
-    at most 65535: chunk-state grid (tiles, segments, B*H), scan (tiles, B*H), forward (tiles, chunks, B*H),
-    backward (chunks, B*H))."""
+    at most 65535: walks (tiles, segments, B*H), scan (tiles, B*H))."""
     chunks = common.segment_rule(T, B * H, common.CHUNK, common.SEG_CHUNKS, common.MIN_SEGMENT_PROGRAMS)
     BT, G, NT, NSEG = common.geometry(T, chunks)
     assert BT == common.CHUNK and G in (1, 2, 4, 8, 16)
     assert (NT - 1) * BT < T <= NT * BT and (NSEG - 1) * G < NT <= NSEG * G  # no empty chunk or segment
     assert B * H * NSEG >= common.MIN_SEGMENT_PROGRAMS or G == 1
-    assert max(NSEG, NT, B * H) <= 65535
+    assert max(NSEG, B * H) <= 65535
 
 
 @triton.jit
@@ -256,7 +253,7 @@ def test_short_and_block_aligned_lengths(T):
 
 @pytest.mark.parametrize("seg_chunks", [1, 4])
 def test_other_segment_sizes(monkeypatch, seg_chunks):
-    """Segments of one chunk (no segment-local states at all) and of four (the GPU shrinks G for short inputs)."""
+    """Segments of one chunk (every walk one step long) and of four (the GPU shrinks G for short inputs)."""
     monkeypatch.setattr(common, "INTERPRET_SEG_CHUNKS", seg_chunks)
     assert common.chunking(50, 1) == (16, seg_chunks)
     check_full(1, 50, 1, 16, 16, torch.float32, [0.4], h0=True, final=True)
@@ -268,9 +265,9 @@ def test_packed_strided_inputs():
 
 
 def test_lrpe_head_sizes(monkeypatch):
-    """dk = 256, dv = 128 (TNL's first layer: LRPE doubles the key size). Larger interpreter tiles keep it quick;
-    still several dk/dv tiles (4 x 2)."""
-    monkeypatch.setattr(common, "INTERPRET_TILE", (64, 64))
+    """dk = 256, dv = 128 (TNL's first layer: LRPE doubles the key size). Wider interpreter state slices keep it
+    quick; still several per walk (dv / 64 and dk / 64)."""
+    monkeypatch.setattr(common, "INTERPRET_WALK_BC", 64)
     check_full(1, 20, 1, 256, 128, torch.float32, [0.05], h0=True, final=True)
 
 
@@ -393,16 +390,21 @@ def test_input_validation():
         decode.lightning_decode_triton(x[:, :1], x[:, :1], x[:, :1], torch.ones(1), state.to(torch.bfloat16))
 
 
-def test_gpu_config_tables():
-    """Every supported (dk, dv) has GPU configs whose tiles divide the heads and fit tl.dot (>= 16)."""
-    for dk in common.HEAD_DIMS:
-        for dv in common.HEAD_DIMS:
-            for table in (common.STATES_CONFIGS, common.FWD_CONFIGS, common.BWD_CONFIGS, common.DECODE_CONFIGS):
-                bk, bv = table[(dk, dv)][:2]
-                assert dk % bk == 0 and dv % bv == 0 and bk >= 16 and bv >= 16
+def test_gpu_configs(monkeypatch):
+    """Every supported (dk, dv) and dtype has GPU walk and decode configs whose tiles divide the heads, fit tl.dot
+    (>= 16) and keep the walk's state slice within the register budget."""
+    monkeypatch.setattr(common, "interpreting", lambda: False)  # the GPU branch of walk_config
+    for da in common.HEAD_DIMS:
+        for dc in common.HEAD_DIMS:
+            for dtype in common.DTYPES:
+                bc, warps, stages = common.walk_config(da, dc, dtype)
+                assert dc % bc == 0 and bc >= 16 and warps in (4, 8) and stages in (1, 2)
+                assert da * bc <= common.WALK_STATE_ELEMS or bc == 16
+            bk, bv = common.DECODE_CONFIGS[(da, dc)][:2]
+            assert da % bk == 0 and dc % bv == 0 and bk >= 16 and bv >= 16
     sb, be, _ = common.SCAN_CONFIG
     assert sb >= 16 and all(dk * dv % min(be, dk * dv) == 0 for dk in common.HEAD_DIMS for dv in common.HEAD_DIMS)
-    assert (common.CHUNK, common.SEG_CHUNKS) == (64, 1)  # G > 1 faulted on an H100: see common.py
+    assert (common.CHUNK, common.SEG_CHUNKS) == (64, 16)
 
 
 def test_dispatcher_imports_without_triton(monkeypatch):

@@ -8,10 +8,10 @@ Backends: ``"auto"`` (Triton on CUDA, the chunked reference elsewhere), ``"trito
 Algorithm 5), ``"recurrent"`` (the token loop: the ground truth). With ``"auto"``/``"triton"`` a single-token call
 with a state (decoding) runs the recurrent Triton step.
 
-Modules: ``reference.py`` (no triton needed); ``chunk.py`` (the forward output kernel, Algorithm 5, and the
-autograd function), ``chunk_bwd.py`` (the backward kernel, Algorithm 6), ``states.py`` (the chunk-state and
-segment-scan kernels that forward and backward share), ``common.py`` (chunking, config tables, jit helpers, the
-design notes); ``decode.py`` (the one-token step). The Triton modules are imported on first use.
+Modules: ``reference.py`` (no triton needed); ``chunk.py`` (the forward and backward passes, Algorithms 5-6, and
+the autograd function), ``walk.py`` (the one kernel every pass runs: a walk over a segment's chunks with the state
+in registers), ``scan.py`` (the scan over segment totals), ``common.py`` (chunking, configs, jit helpers, the design
+notes); ``decode.py`` (the one-token step). The Triton modules are imported on first use.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What the Lightning Attention kernels share: chunking, block-config tables, jit helpers, input checks.
+"""What the Lightning Attention kernels share: chunking, block configs, jit helpers, input checks.
 
 Every kernel computes (part of) the function of :mod:`evalsuite.kernels.lightning.reference` (0-based positions):
 
@@ -7,24 +7,11 @@ Every kernel computes (part of) the function of :mod:`evalsuite.kernels.lightnin
 Layouts: q, k ``[B, T, H, dk]``, v ``[B, T, H, dv]`` (any strides), slope ``[H]`` float32; states ``[dk, dv]``
 float32 per (batch, head). Internal state buffers are contiguous ``[B*H, n, dk, dv]``.
 
-Chunking (:func:`chunking`): the sequence is cut into chunks of ``BT`` positions (64 on GPU) and the chunks into
-segments of ``G`` chunks (16 on GPU: 1024 positions; fewer for short sequences with few heads). The forward
-(:mod:`.chunk`) runs three kernels:
-
-1. :mod:`.states` ``_chunk_states_kernel`` -- grid (state tiles, segments, B*H): one program walks the ``G`` chunks
-   of its segment in order and keeps the segment-local state in registers, storing it at each chunk start
-   (``HLOC``) and the segment's total at the end (``SEG``). Parallel over segments, so the work per program and
-   the number of programs stay the same at any T for a fixed B*T (the paper's "constant speed").
-2. :mod:`.states` ``_segment_scan_kernel`` -- grid (state-element tiles, B*H): turns the segment totals into the
-   global state at each segment start (in place), ``SB`` segments per step through a small decay-matrix product,
-   and writes the final state.
-3. :mod:`.chunk` ``_chunk_fwd_kernel`` -- grid (dv tiles, chunks, B*H), fully parallel: the state before chunk n is
-   ``HLOC[n] + lambda^(a_n - a_seg) SEG[seg]``; the output is the intra-chunk left product with the decay mask
-   plus the inter-chunk right product (Algorithm 5's two terms).
-
-The backward (Algorithm 6) reruns kernel 1 for the forward states (they are recomputed, not stored), runs kernels 1
-and 2 time-reversed on (lambda^(c+1) q, dO) for the state adjoints (``dKV``), and then one parallel kernel per chunk
-(:mod:`.chunk_bwd`) for dq, dk, dv. The reverse scan's end value is the gradient of the initial state.
+Chunking (:func:`chunking`): the sequence is cut into chunks of ``BT`` positions (64 on GPU: the paper's block
+size B) and the chunks into segments of ``G`` chunks (16 on GPU: 1024 positions; fewer for short sequences with few
+heads). Every pass is a walk over the chunks of each segment with the state in registers (:mod:`.walk`: the paper's
+Algorithms 5-6 within a segment), parallel over segments, joined by a scan over the segment totals (:mod:`.scan`);
+:mod:`.chunk` lists the passes of the forward and the backward.
 
 Decay conventions (all exponents are distances, >= 0, so every factor is a power of lambda <= 1 and nothing
 overflows for any slope >= 0): within a chunk of length L (ragged at the tail) with 0-based row c, the query-side
@@ -33,18 +20,17 @@ decay ``lambda^L`` and the intra mask ``M[r, c] = lambda^(r-c)`` for ``r >= c`` 
 
 Addresses: no lane of any load or store points outside its buffer, masked-off lanes included (:func:`_in_range`):
 rows past the ragged end of the sequence address its last row, segments past either end of a partial scan block
-its first or last segment. A masked-off lane is not meant to be read, but in a software-pipelined loop (the
-chunk-state walk, the scan) it still goes out as a zero-byte ``cp.async`` at the computed address, and the compiler
-issues such copies ahead of time for iterations that never run too -- e.g. the reverse walk's chunk before the first
-one, ``BT`` rows before q and dO -- so the kernels keep even those addresses inside the buffers. The interpreter
-tests check every lane (:func:`evalsuite.kernels.triton_utils.interpreter_bounds_check`). Launch geometry: the
-forward chooses ``(BT, G)`` once (:func:`chunking`) and its backward reuses it (saved on the autograd context);
-grids are (tiles, segments, B*H), (tiles, B*H), (tiles, chunks, B*H) and (chunks, B*H), so chunks and B*H must
-each stay <= 65535 (CUDA's grid y/z limit: T <= 4M positions).
+its first or last segment. A masked-off lane is not meant to be read, but in a software-pipelined loop (the walk,
+the scan) it still goes out as a zero-byte ``cp.async`` at the computed address, and the compiler issues such
+copies ahead of time for iterations that never run too -- e.g. the reverse walk's chunk before the first one -- so
+the kernels keep even those addresses inside the buffers. The interpreter tests check every lane
+(:func:`evalsuite.kernels.triton_utils.interpreter_bounds_check`). Launch geometry: the forward chooses ``(BT, G)``
+once (:func:`chunking`) and its backward reuses it (saved on the autograd context); grids are (tiles, segments, B*H)
+and (tiles, B*H), so segments and B*H must each stay <= 65535 (CUDA's grid y/z limit).
 
-Numerics: products accumulate in float32. With bf16 inputs the segment-local chunk states ``HLOC`` are stored in
-bf16 (they feed bf16 tensor-core products anyway); with fp16 and fp32 inputs they stay float32 (fp16's range is too
-small for undecayed states) and the state products run in float32 (tf32 for fp16 inputs, 3xTF32 for fp32 inputs).
+Numerics: products accumulate in float32 and the running state is float32 in registers. With bf16 inputs the
+inter-chunk product takes the state rounded to bf16 (a bf16 tensor-core product, as the intra-chunk ones); with
+fp16 inputs it stays float32 (tf32: fp16's range is too small for undecayed states), with fp32 inputs 3xTF32.
 Segment states, the scan (full-precision fp32 dots) and the returned states are always float32. Under
 ``TRITON_INTERPRET=1`` the interpreter's ``tl.dot`` mishandles bf16, so bf16 operands are upcast first (``UPCAST``).
 """
@@ -63,43 +49,31 @@ LOG2E_JIT = tl.constexpr(LOG2E)  # the form jit functions may read as a global
 HEAD_DIMS = (16, 32, 64, 128, 256)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
-# Chunk length BT and chunks per segment G. GPU: 64 (the paper's B) and 1: on an H100 (triton 3.6) the backward
-# faulted ("illegal memory access") at every shape with G > 1 and ran at every shape with G = 1, although the
-# interpreter's bounds check finds no lane outside its buffer (results/bench/h100/linear/README.md); until that is
-# understood the GPU uses one chunk per segment. Interpreter: 16 and 2, so tests at T <= 100 still cover several
-# chunks per segment, several segments, several scan steps and a ragged tail.
-CHUNK, SEG_CHUNKS = 64, 1
+# Chunk length BT and chunks per segment G. GPU: 64 (the paper's B) and 16, halved for short inputs with few heads
+# until MIN_SEGMENT_PROGRAMS (batch, head, segment) walks run. Interpreter: 16 and 2, so tests at T <= 100 still
+# cover several chunks per segment, several segments, several scan steps and a ragged tail.
+CHUNK, SEG_CHUNKS = 64, 16
 MIN_SEGMENT_PROGRAMS = 512
 INTERPRET_CHUNK, INTERPRET_SEG_CHUNKS = 16, 2
-
-
-def _tile(d: int, cap: int) -> int:
-    return min(d, cap)
-
-
-# Block configurations per (dk, dv). Not timed on hardware yet: sized so that dk = dv = 64 is one tile (no recomputed
-# score matrix), larger heads loop over 64-wide tiles; compiled offline for sm90 (triton 3.9), bf16/fp16 without
-# register spills (the backward's dv tile is 32 for that; fp32 inputs spill a little: not the fast path).
-# states: (BK, BV, num_warps, num_stages) -- one program per [BK, BV] state tile, segment, (batch, head).
-# fwd: (BK, BV, num_warps, num_stages) -- one program per [BT, BV] output tile; loops over dk in BK steps.
-# bwd: (BK, BV, num_warps, num_stages) -- one program per chunk; loops over dk and dv tiles.
+# Walk programs keep a [dA, BC] float32 state slice in registers: at most WALK_STATE_ELEMS elements on GPU (32
+# registers per thread at 4 warps), at most INTERPRET_WALK_BC columns under the interpreter (several tiles in tests).
+WALK_STATE_ELEMS = 64 * 64
+INTERPRET_WALK_BC = 16
 # decode: (BK, BV, num_warps) -- one program per dv tile, looping over dk in BK steps.
-STATES_CONFIGS = {(dk, dv): (_tile(dk, 64), _tile(dv, 64), 4, 2) for dk in HEAD_DIMS for dv in HEAD_DIMS}
-FWD_CONFIGS = {
-    (dk, dv): (_tile(dk, 64), _tile(dv, 64), 4 if dk * dv <= 64 * 64 else 8, 2) for dk in HEAD_DIMS for dv in HEAD_DIMS
-}
-BWD_CONFIGS = {(dk, dv): (_tile(dk, 64), _tile(dv, 32), 8, 1) for dk in HEAD_DIMS for dv in HEAD_DIMS}
-DECODE_CONFIGS = {(dk, dv): (_tile(dk, 64), _tile(dv, 32), 4) for dk in HEAD_DIMS for dv in HEAD_DIMS}
+DECODE_CONFIGS = {(dk, dv): (min(dk, 64), min(dv, 32), 4) for dk in HEAD_DIMS for dv in HEAD_DIMS}
 # Segment scan: (SB segments per step, BE state elements per program, num_warps). SB >= 16 for tl.dot on GPU.
 SCAN_CONFIG = (16, 128, 4)
-# Under the interpreter: tiles of at most 32 (dk) x 16 (dv), so the tests' head sizes span several tiles.
-INTERPRET_TILE = (32, 16)
 INTERPRET_SCAN = (2, 1 << 16, 4)  # one program per (batch, head): the interpreter pays per program
 
 
-def interpret_tiles(dk: int, dv: int, extra=(4, 1)):
-    """Interpreter block config ``(BK, BV, *extra)``: tiles capped at :data:`INTERPRET_TILE` (read at call time)."""
-    return (_tile(dk, INTERPRET_TILE[0]), _tile(dv, INTERPRET_TILE[1]), *extra)
+def walk_config(da: int, dc: int, dtype) -> tuple[int, int, int]:
+    """``(BC, num_warps, num_stages)`` of a walk with a ``[da, dc]`` state: state columns per program, chosen so the
+    slice fits :data:`WALK_STATE_ELEMS`; operand tiles ``[BT, da]`` are double-buffered unless they are large."""
+    if interpreting():
+        return min(dc, INTERPRET_WALK_BC), 4, 1
+    bc = min(dc, max(16, WALK_STATE_ELEMS // da))
+    big = da * torch.finfo(dtype).bits // 8 > 256  # rows over 256 bytes: [64, da] tiles of 16+ KiB each
+    return bc, (8 if big else 4), (1 if big else 2)
 
 
 def chunking(T: int, BH: int) -> tuple[int, int]:
@@ -117,7 +91,7 @@ def chunking(T: int, BH: int) -> tuple[int, int]:
 def segment_rule(T: int, BH: int, chunk: int, seg_chunks: int, min_programs: int) -> tuple[int, int]:
     """The GPU's rule, with its constants as arguments (tests run it at interpreter scale): chunks of ``chunk``
     positions, ``seg_chunks`` chunks per segment halved while fewer than ``min_programs`` (batch, head, segment)
-    programs would run the sequential state kernel (short sequences with few heads)."""
+    walks would run (short sequences with few heads)."""
     n_chunks = triton.cdiv(T, chunk)
     g = seg_chunks
     while g > 1 and BH * triton.cdiv(n_chunks, g) < min_programs:
@@ -193,8 +167,3 @@ def precision(dtype) -> str:
     """``input_precision`` for the kernels' dots: 3xTF32 for fp32 inputs (about fp32 accuracy on tensor cores; the
     "ieee" FMA dots spill badly on Hopper at 64 x 64 tiles), the default (tf32, unused by bf16/fp16 dots) otherwise."""
     return "tf32x3" if dtype == torch.float32 else "tf32"
-
-
-def state_dtype(dtype) -> torch.dtype:
-    """Storage of the segment-local chunk states: bf16 for bf16 inputs, float32 otherwise (module doc)."""
-    return torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
