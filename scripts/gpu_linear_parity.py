@@ -5,7 +5,7 @@ float32 on the same rounded inputs; the one-token decode kernel against the toke
 prefill; and the gsa/tnl models with Triton vs chunked attention (logits, bf16 autocast). Relative errors are
 ``|x - ref| / |ref|`` (Frobenius). Writes ``linear_parity.json`` to --out and prints one line per check.
 
-Usage: PYTHONPATH=. python3 scripts/gpu_linear_parity.py --out $OUT
+Usage: PYTHONPATH=. python3 scripts/gpu_linear_parity.py --out $OUT [--ops gsa lightning]
 """
 
 from __future__ import annotations
@@ -105,6 +105,7 @@ def check_model(architecture, overrides, T=2048) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--ops", nargs="+", default=["gsa", "lightning"], choices=["gsa", "lightning"])
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     shapes = [
@@ -118,17 +119,18 @@ def main() -> None:
         ("lightning", 2, 1000, 4, 128, 128, 0),
     ]
     records = []
-    for op, B, T, H, dk, dv, m in shapes:
+    for op, B, T, H, dk, dv, m in [s for s in shapes if s[0] in args.ops]:
         try:
             rec = check_op(op, B, T, H, dk, dv, m)
         except Exception as e:  # noqa: BLE001 -- report and go on to the next shape
             rec = {"op": op, "B": B, "T": T, "H": H, "dk": dk, "dv": dv, "error": f"{type(e).__name__}: {e}"[:500]}
         records.append(rec)
         print(json.dumps(rec), flush=True)
-    for arch, overrides in (
-        ("gsa", dict(vocab_size=50257, hidden_size=1024, num_layers=2, num_heads=4, num_slots=64)),
-        ("tnl", dict(vocab_size=50257, hidden_size=1024, num_layers=2, num_heads=8, glu_dim=2816)),
-    ):
+    models = {
+        "gsa": ("gsa", dict(vocab_size=50257, hidden_size=1024, num_layers=2, num_heads=4, num_slots=64)),
+        "lightning": ("tnl", dict(vocab_size=50257, hidden_size=1024, num_layers=2, num_heads=8, glu_dim=2816)),
+    }
+    for arch, overrides in (models[op] for op in args.ops):
         try:
             rec = check_model(arch, overrides)
         except Exception as e:  # noqa: BLE001
