@@ -103,9 +103,14 @@ def plot_linear_bench(records, path, env=None) -> None:
 
     timing = [r for r in records if r.get("kind") == "op" and "ms" in r]
     panels = sorted({(r["op"], r["mode"]) for r in timing if r["op"] != "sdpa"}, key=lambda p: (OPS.index(p[0]), p[1]))
+    dec = [r for r in records if r.get("kind") == "decode" and "ms" in r]
+    mem = [r for r in records if r.get("kind") == "state_memory" and "state_nbytes" in r]
     n = max(2, len(panels))
-    fig = Figure(figsize=(4.2 * n, 10.5))
-    axes = fig.subplots(3, n, squeeze=False)
+    n_rows = (2 if panels else 0) + (1 if dec or mem else 0)  # only the rows the run measured
+    fig = Figure(figsize=(4.2 * n, 3.5 * max(n_rows, 1)), layout="constrained")
+    axes = fig.subplots(max(n_rows, 1), n, squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
     colors = {p: f"C{i}" for i, p in enumerate(PROVIDERS)}
     for col, (op, mode) in enumerate(panels):
         ax_t, ax_s = axes[0][col], axes[1][col]
@@ -117,6 +122,7 @@ def plot_linear_bench(records, path, env=None) -> None:
             ax_t.plot([r["T"] for r in rs], [r["ms"] for r in rs], **style)
             ax_s.plot([r["T"] for r in rs], [r["tokens_per_s"] for r in rs], **style)
         for ax, ylabel in ((ax_t, "median time (ms)"), (ax_s, "tokens / s")):
+            ax.axis("on")
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_ylabel(ylabel)
@@ -124,31 +130,26 @@ def plot_linear_bench(records, path, env=None) -> None:
             ax.grid(True, which="both", alpha=0.3)
         ax_t.set_title(f"{op}, {mode}")
         ax_t.legend(fontsize=7)
-    for col in range(len(panels), n):
-        axes[0][col].axis("off")
-        axes[1][col].axis("off")
-    ax_d, ax_m = axes[2][0], axes[2][1]
-    dec = [r for r in records if r.get("kind") == "decode" and "ms" in r]
-    for op, p in dict.fromkeys((r["op"], r["provider"]) for r in dec):
-        rs = sorted(_get(dec, op=op, provider=p), key=lambda r: r["batch"])
-        ax_d.plot([r["batch"] for r in rs], [r["ms"] for r in rs], marker="o", color=colors[p], label=f"{op}: {p}")
-    ax_d.set(xscale="log", yscale="log", title="decode step", xlabel="batch", ylabel="ms per step")
-    ax_d.set_xscale("log", base=2)
-    mem = [r for r in records if r.get("kind") == "state_memory" and "state_nbytes" in r]
-    for i, arch in enumerate(dict.fromkeys(r["arch"] for r in mem)):
-        rs = sorted(_get(mem, arch=arch), key=lambda r: r["context"])
-        ax_m.plot([r["context"] for r in rs], [r["state_nbytes"] / 2**20 for r in rs], marker="o", color=f"C{i}",
-                  label=f"{arch} ({rs[0]['state_kind']})")  # fmt: skip
-    ax_m.set(yscale="log", title="decode state (model level)", xlabel="context length", ylabel="state MiB")
-    ax_m.set_xscale("log", base=2)
-    for ax in (ax_d, ax_m):
-        ax.grid(True, which="both", alpha=0.3)
-        if ax.lines:
-            ax.legend(fontsize=7)
-    for col in range(2, n):
-        axes[2][col].axis("off")
+    if dec or mem:
+        ax_d, ax_m = axes[-1][0], axes[-1][1]
+        for op, p in dict.fromkeys((r["op"], r["provider"]) for r in dec):
+            rs = sorted(_get(dec, op=op, provider=p), key=lambda r: r["batch"])
+            ax_d.plot([r["batch"] for r in rs], [r["ms"] for r in rs], marker="o", color=colors[p],
+                      label=f"{op}: {p}")  # fmt: skip
+        ax_d.set(yscale="log", title="decode step", xlabel="batch", ylabel="ms per step")
+        ax_d.set_xscale("log", base=2)
+        for i, arch in enumerate(dict.fromkeys(r["arch"] for r in mem)):
+            rs = sorted(_get(mem, arch=arch), key=lambda r: r["context"])
+            ax_m.plot([r["context"] for r in rs], [r["state_nbytes"] / 2**20 for r in rs], marker="o", color=f"C{i}",
+                      label=f"{arch} ({rs[0]['state_kind']})")  # fmt: skip
+        ax_m.set(yscale="log", title="decode state (model level)", xlabel="context length", ylabel="state MiB")
+        ax_m.set_xscale("log", base=2)
+        for ax, used in ((ax_d, dec), (ax_m, mem)):
+            if used:
+                ax.axis("on")
+                ax.grid(True, which="both", alpha=0.3)
+                ax.legend(fontsize=7)
     info = env or {}
     fig.suptitle(f"{info.get('device', '')}  torch {info.get('torch', '')}  triton {info.get('triton', '')}  "
                  f"fla {info.get('fla') or '-'}")  # fmt: skip
-    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.06, top=0.93, wspace=0.32, hspace=0.38)  # tight_layout: slow
     fig.savefig(path, dpi=120)
