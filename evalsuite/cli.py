@@ -200,10 +200,19 @@ def mqar(
     attention: BackendOpt = "auto",
     progress: Annotated[bool, typer.Option(help="Show a progress bar (else one line per finished cell).")] = True,
     report: Annotated[bool, typer.Option(help="Write tables and plots into the run directory.")] = True,
+    settings: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            "-s",
+            help="Any sweep field KEY=VALUE (YAML value; e.g. tie_head=true, "
+            "grad_clip=null, schedule=epoch-cosine); repeatable, applied last.",
+        ),
+    ] = None,
 ):
     """Train models on multi-query associative recall (Zoology's MQAR) over a sweep; table and plots."""
     from evalsuite.report.mqar import best_over_lr, best_table, load_mqar, write_mqar_report
-    from evalsuite.tasks.mqar import check_best, default_run_dir, run_mqar, sweep_from_options
+    from evalsuite.tasks.mqar import MQARSweep, check_best, default_run_dir, run_mqar, sweep_from_options
 
     # the attention backend is checked against each model's family by the task, before anything is written
     sweep = sweep_from_options(
@@ -221,6 +230,8 @@ def mqar(
         batch_size=batch_size,
         seed=seed,
     )
+    if settings:
+        sweep = MQARSweep.from_dict({**sweep.to_dict(), **_key_values(settings)})
     run_dir = out or default_run_dir(sweep, preset)
     results = run_mqar(
         sweep,

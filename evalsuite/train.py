@@ -54,10 +54,20 @@ def build_model(card: ModelCard, overrides: dict | None = None, seed: int = 0) -
 # ------------------------------------------------------------------------------------------- config
 
 
+SCHEDULES = ("warmup-cosine", "epoch-cosine")
+# Fields added after records were keyed on TrainConfig.to_dict(): left out of it at these defaults, so the config
+# hashes of earlier runs (results/mqar/...) stay valid.
+_LATER_DEFAULTS = {"schedule": "warmup-cosine", "steps_per_epoch": None, "cosine_epochs": 64, "decay_all_params": False}
+
+
 @dataclass
 class TrainConfig:
-    """Optimisation settings. ``lr`` is the peak rate, reached after ``warmup_steps`` and annealed with a
-    cosine to ``lr * min_lr_ratio`` at ``max_steps``."""
+    """Optimisation settings. ``lr`` is the peak rate, reached after ``warmup_steps`` (linear) and then annealed
+    with a cosine to ``lr * min_lr_ratio``: at ``max_steps`` (``schedule="warmup-cosine"``), or stepped once per
+    epoch of ``steps_per_epoch`` steps over ``cosine_epochs`` epochs (``"epoch-cosine"``: Zoology's
+    ``CosineAnnealingLR(T_max=max_epochs)`` stepped per epoch, arXiv:2312.04927, so the rate stays near its peak
+    for thousands of steps). Weight decay applies to matrices and embeddings only, or to every parameter with
+    ``decay_all_params`` (Zoology's ``AdamW(model.parameters())``)."""
 
     lr: float = 1e-3
     max_steps: int = 1000
@@ -72,6 +82,10 @@ class TrainConfig:
     early_stop_metric: str = "accuracy"
     amp: str = "auto"  # "auto": bf16 autocast on CUDA, fp32 elsewhere; "bf16"; "none"
     log_every: int = 25
+    schedule: str = "warmup-cosine"
+    steps_per_epoch: int | None = None  # needed by "epoch-cosine"
+    cosine_epochs: int = 64
+    decay_all_params: bool = False
 
     def __post_init__(self):
         if self.max_steps < 1:
@@ -84,10 +98,17 @@ class TrainConfig:
             raise UserError("eval_every and log_every must be >= 1")
         if self.amp not in AMP_MODES:
             raise UserError(f"amp must be one of {', '.join(AMP_MODES)}, got {self.amp!r}")
+        if self.schedule not in SCHEDULES:
+            raise UserError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        if self.schedule == "epoch-cosine" and (not self.steps_per_epoch or self.steps_per_epoch < 1):
+            raise UserError("schedule 'epoch-cosine' needs steps_per_epoch >= 1")
+        if self.cosine_epochs < 1:
+            raise UserError(f"cosine_epochs must be >= 1, got {self.cosine_epochs}")
         self.betas = tuple(self.betas)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """All settings; the later-added ones only when they differ from their defaults (see _LATER_DEFAULTS)."""
+        return {k: v for k, v in asdict(self).items() if k not in _LATER_DEFAULTS or v != _LATER_DEFAULTS[k]}
 
 
 @dataclass
@@ -105,11 +126,15 @@ class TrainResult:
 
 
 def lr_at(step: int, config: TrainConfig) -> float:
-    """Learning rate for optimizer step ``step`` (0-based): linear warmup, then cosine to the floor."""
+    """Learning rate for optimizer step ``step`` (0-based): linear warmup, then cosine to the floor (over the run,
+    or per epoch, see :class:`TrainConfig`)."""
     if step < config.warmup_steps:
         return config.lr * (step + 1) / config.warmup_steps
-    span = max(config.max_steps - config.warmup_steps, 1)
-    progress = min((step - config.warmup_steps) / span, 1.0)
+    if config.schedule == "epoch-cosine":
+        progress = min((step // config.steps_per_epoch) / config.cosine_epochs, 1.0)
+    else:
+        span = max(config.max_steps - config.warmup_steps, 1)
+        progress = min((step - config.warmup_steps) / span, 1.0)
     floor = config.lr * config.min_lr_ratio
     return floor + (config.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
@@ -210,12 +235,16 @@ def fixed_batches(inputs: torch.Tensor, labels: torch.Tensor, batch_size: int):
 
 def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
     """AdamW; weight decay on matrices and embeddings only: decaying norm gains and biases pulls them towards
-    zero for no regularisation benefit."""
+    zero for no regularisation benefit (``decay_all_params``: on everything, as Zoology)."""
     params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.ndim >= 2], "weight_decay": config.weight_decay},
-        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
-    ]
+    groups = (
+        [{"params": params, "weight_decay": config.weight_decay}]
+        if config.decay_all_params
+        else [
+            {"params": [p for p in params if p.ndim >= 2], "weight_decay": config.weight_decay},
+            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+        ]
+    )
     fused = all(p.is_cuda for p in params)  # one kernel per step on the GPU
     return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, eps=config.eps, fused=fused or None)
 

@@ -85,6 +85,24 @@ def test_decay_time_init_matches_appendix_d():
     torch.testing.assert_close(torch.sigmoid(b) ** T, torch.full((4,), math.exp(-1), dtype=torch.float64))
 
 
+def test_full_gate_bias_init():
+    """The full gate's bias b_f starts at the Appendix D time scales when asked (zero by default, the paper's);
+    T_min == T_max gives one constant bias; a model without a gate refuses the option."""
+    assert tiny("fox-pro", perturb=False).blocks[0].attn.fgate_proj.bias.abs().max() == 0
+    model = tiny("fox-pro", perturb=False, decay_time_min=32.0, decay_time_max=1024.0)
+    for block in model.blocks:
+        torch.testing.assert_close(block.attn.fgate_proj.bias.detach(), decay_time_bias(4, 32.0, 1024.0))
+    x = torch.zeros(1, 3, 32)  # w_f.x = 0: the gate is sigmoid(b_f), so each head forgets 1/e over its T
+    T = torch.exp(torch.linspace(math.log(32.0), math.log(1024.0), 4))
+    torch.testing.assert_close(model.blocks[0].attn.log_forget(x)[0, 0] * T, torch.full((4,), -1.0))
+    const = tiny("fox-llama", perturb=False, decay_time_min=149.0, decay_time_max=149.0)
+    assert torch.allclose(const.blocks[1].attn.fgate_proj.bias, const.blocks[1].attn.fgate_proj.bias[0])
+    with pytest.raises(ValueError, match="has none"):
+        FoxConfig(fgate_type="none", decay_time_min=2.0, decay_time_max=8.0)
+    with pytest.raises(ValueError, match="both"):
+        FoxConfig(decay_time_min=2.0)
+
+
 @pytest.mark.parametrize("kind", ["bias_only", "fixed"])
 def test_data_independent_gates(kind):
     model = tiny("fox-llama", perturb=False, fgate_type=kind, decay_time_min=2.0, decay_time_max=64.0)

@@ -208,8 +208,26 @@ def test_gsa_paper_preset_grid():
     assert sorted({c.lr for c in cells}) == [1e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2]
     assert cells[0].lr == 1e-3 and cells[0].d_model == 512  # likeliest-best lr first, widest first
     overrides = sweep.overrides("fox-pro", 256)
-    assert overrides == dict(vocab_size=8192, hidden_size=256, num_layers=4, num_heads=4, use_mlp=False)
+    assert overrides == dict(vocab_size=8192, hidden_size=256, num_layers=4, num_heads=4, use_mlp=False,
+                             tie_word_embeddings=True)  # fmt: skip
     assert len({json.dumps(cell_config(sweep, c), sort_keys=True) for c in cells}) == len(cells)
+    # Zoology's recipe (issue #13): no warmup, a cosine stepped per epoch of 100k / 128 steps over 64 epochs,
+    # decay on every parameter, no clipping, fp32
+    train = cell_config(sweep, cells[0])["train"]
+    assert train["schedule"] == "epoch-cosine" and train["steps_per_epoch"] == 781 and train["warmup_steps"] == 0
+    assert train["decay_all_params"] and train["grad_clip"] is None and train["amp"] == "none"
+
+
+def test_recipe_fields_keep_old_cell_hashes():
+    """Fields added for the recipe are absent from a cell's config at their defaults, so run directories written
+    before them (results/mqar/...) still resume; set, they change the hash."""
+    sweep = MQARSweep(**TINY_SWEEP)
+    cell = sweep_cells(sweep)[0]
+    config = cell_config(sweep, cell)
+    assert not {"schedule", "steps_per_epoch", "cosine_epochs", "decay_all_params"} & set(config["train"])
+    assert "tie_word_embeddings" not in config["model"]["overrides"]
+    tied = MQARSweep(**{**TINY_SWEEP, "tie_head": True})
+    assert cell_config(tied, cell)["model"]["overrides"]["tie_word_embeddings"] is True
 
 
 def test_pairing_and_overrides():
@@ -421,6 +439,8 @@ def test_ci_preset_learns_on_cpu(tmp_path, monkeypatch, capsys):
         (["mqar", "--d-model", "big"], "--d-model takes comma-separated numbers"),
         (["mqar", "--models", "no-such-model"], "unknown model 'no-such-model'"),
         (["mqar", "--attention", "magic"], "attention backend 'magic' is not offered"),
+        (["mqar", "--set", "tie_heads=true"], "unknown MQAR sweep key(s): tie_heads"),
+        (["mqar", "--set", "schedule=linear"], "schedule must be one of"),
         (["plot", "mqar", "/nonexistent"], "does not exist"),
     ],
 )

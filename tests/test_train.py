@@ -43,7 +43,20 @@ def test_schedule_warmup_then_cosine_to_floor():
     assert lr_at(mid, cfg) == pytest.approx(1e-3 + 0.5 * (1e-2 - 1e-3))
 
 
-@pytest.mark.parametrize("bad", [dict(max_steps=0), dict(warmup_steps=11, max_steps=10), dict(amp="fp8"), dict(lr=0)])
+def test_schedule_cosine_stepped_per_epoch():
+    """Zoology's schedule: CosineAnnealingLR(T_max=64) stepped once per epoch -- constant within an epoch."""
+    cfg = TrainConfig(lr=1e-3, max_steps=10_000, schedule="epoch-cosine", steps_per_epoch=100, cosine_epochs=64)
+    assert lr_at(0, cfg) == lr_at(99, cfg) == pytest.approx(1e-3)
+    assert lr_at(100, cfg) == pytest.approx(1e-3 * 0.5 * (1 + math.cos(math.pi / 64)))
+    assert lr_at(32 * 100 + 5, cfg) == pytest.approx(0.5e-3)
+    assert lr_at(64 * 100, cfg) == pytest.approx(0.0) and lr_at(9_999, cfg) == pytest.approx(0.0)
+    with pytest.raises(UserError, match="steps_per_epoch"):
+        TrainConfig(schedule="epoch-cosine")
+    assert "schedule" not in TrainConfig().to_dict() and cfg.to_dict()["schedule"] == "epoch-cosine"
+
+
+@pytest.mark.parametrize("bad", [dict(max_steps=0), dict(warmup_steps=11, max_steps=10), dict(amp="fp8"), dict(lr=0),
+                                 dict(schedule="linear"), dict(cosine_epochs=0)])  # fmt: skip
 def test_config_errors(bad):
     with pytest.raises(UserError):
         TrainConfig(**bad)
@@ -108,6 +121,25 @@ def test_weight_decay_only_on_matrices():
     assert groups[0]["weight_decay"] == 0.1 and all(p.ndim >= 2 for p in groups[0]["params"])
     assert groups[1]["weight_decay"] == 0.0 and all(p.ndim < 2 for p in groups[1]["params"])
     assert len(groups[1]["params"]) > 0  # norms and the forget-gate bias
+
+
+def test_weight_decay_on_every_parameter():
+    model = build_model(tiny_card("fox-pro"), TINY, seed=0)
+    (group,) = make_optimizer(model, TrainConfig(weight_decay=0.1, decay_all_params=True)).param_groups
+    assert group["weight_decay"] == 0.1 and len(group["params"]) == len(list(model.parameters()))
+
+
+@pytest.mark.parametrize("arch", ["fox-pro", "transformer-llama", "gsa", "tnl"])
+def test_tied_head(arch):
+    """tie_word_embeddings: no separate head; logits = hidden @ embedding^T; the embedding learns from both ends."""
+    model = build_model(tiny_card(arch), {**TINY, "tie_word_embeddings": True}, seed=0)
+    assert not hasattr(model, "lm_head")
+    hidden = model(torch.randint(0, 32, (2, 5)))
+    torch.testing.assert_close(model.logits(hidden), hidden @ model.input_embedding.weight.T)
+    model.logits(hidden[:, -1]).sum().backward()
+    assert model.input_embedding.weight.grad.abs().sum() > 0
+    untied = build_model(tiny_card(arch), {**TINY, "tie_word_embeddings": False}, seed=0)
+    assert hasattr(untied, "lm_head")
 
 
 def test_build_model_uses_card_registry_and_overrides():

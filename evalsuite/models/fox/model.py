@@ -12,7 +12,8 @@ Transformer (LLaMA)    "none"       θ=5e5   no
 Transformer (Pro)      "none"       θ=5e5   yes
 =====================  ===========  ======  ====================================================
 
-Block (pre-norm): ``h = x + Attn(RMSNorm(x)); y = h + SwiGLU(RMSNorm(h))``; final RMSNorm; untied head.
+Block (pre-norm): ``h = x + Attn(RMSNorm(x)); y = h + SwiGLU(RMSNorm(h))``; final RMSNorm; untied head (or tied:
+``tie_word_embeddings``).
 Attention per head: ``o_i = softmax_j(q_i.k_j/sqrt(d) + c_i - c_j) v_j`` with ``c = cumsum(log f)`` and
 ``f_t = sigmoid(w_f.x_t + b_f)`` (``fgate_type="full"``), ``sigmoid(b)`` (``"bias_only"``, learnable, or
 ``"fixed"``, a buffer: ALiBi-equivalent), or no gate (``"none"``).
@@ -50,7 +51,10 @@ class FoxConfig:
     intermediate_size: int | None = None  # overrides hidden_ratio when set
     use_mlp: bool = True  # False: attention-only blocks (e.g. the MQAR setups of GSA/Zoology)
     fgate_type: str = "full"  # "full" | "bias_only" | "fixed" | "none"
-    decay_time_min: float | None = None  # Appendix D init of bias_only/fixed gates: T_min, T_max
+    # Appendix D init of the gate bias: per-head time scales log-spaced over [T_min, T_max]. For bias_only/fixed
+    # gates it is the paper's init; for the full gate it initialises b_f of w_f.x + b_f (None: zero, the paper's
+    # default for the full gate; the official code's fgate_bias_init option). T_min == T_max: one constant bias.
+    decay_time_min: float | None = None
     decay_time_max: float | None = None
     use_rope: bool = False
     rope_base: float = 500000.0
@@ -63,14 +67,21 @@ class FoxConfig:
     norm_eps: float = 1e-6
     qk_norm_eps: float = 1e-5  # the official layer's constructor default, not norm_eps
     initializer_range: float = 0.02
+    tie_word_embeddings: bool = False  # True: the LM head is the input embedding (Zoology's MQAR models)
 
     def __post_init__(self):
         if self.fgate_type not in FGATE_TYPES:
             raise ValueError(f"fgate_type must be one of {FGATE_TYPES}, got {self.fgate_type!r}")
         if self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
-        if self.fgate_type in ("bias_only", "fixed") and (self.decay_time_min is None) != (self.decay_time_max is None):
+        if (self.decay_time_min is None) != (self.decay_time_max is None):
             raise ValueError("give both decay_time_min and decay_time_max, or neither")
+        if self.decay_time_min is not None:
+            if self.fgate_type == "none":
+                raise ValueError("decay_time_min/max initialise a forget gate; this model has none (fgate_type='none')")
+            if not 0 < self.decay_time_min <= self.decay_time_max:
+                raise ValueError(f"need 0 < decay_time_min <= decay_time_max, got {self.decay_time_min}, "
+                                 f"{self.decay_time_max}")  # fmt: skip
 
     @property
     def head_dim(self) -> int:
@@ -259,7 +270,8 @@ class Block(nn.Module):
 
 
 class ForgettingTransformer(CausalLM):
-    """Decoder-only LM. ``forward`` returns final hidden states; ``logits`` applies the (untied) LM head.
+    """Decoder-only LM. ``forward`` returns final hidden states; ``logits`` applies the LM head (untied, as the
+    paper's; tied to the embedding with ``tie_word_embeddings``).
 
     Keeping the head separate lets callers compute the loss in chunks, so a 64K x 50K logit matrix is
     never built.
@@ -274,7 +286,8 @@ class ForgettingTransformer(CausalLM):
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
     @property
     def vocab_size(self) -> int:
@@ -287,7 +300,8 @@ class ForgettingTransformer(CausalLM):
     @torch.no_grad()
     def init_weights(self, seed: int = 0) -> None:
         """HF-LLaMA init used by the paper: N(0, 0.02^2) for linear/embedding weights, zero biases, unit
-        norms; Appendix D decay-time biases for bias_only/fixed gates. Seeded, no global RNG touched."""
+        norms; Appendix D decay-time biases for the gate when ``decay_time_min/max`` are set (any gate type).
+        Seeded, no global RNG touched."""
         gen = torch.Generator().manual_seed(seed)
         for name, p in self.named_parameters():
             if name.endswith("norm.weight"):
@@ -296,14 +310,14 @@ class ForgettingTransformer(CausalLM):
                 p.zero_()
             else:
                 p.copy_(torch.randn(p.shape, generator=gen) * self.cfg.initializer_range)
-        if self.cfg.fgate_type in ("bias_only", "fixed") and self.cfg.decay_time_min is not None:
+        if self.cfg.decay_time_min is not None:
             bias = decay_time_bias(self.cfg.num_heads, self.cfg.decay_time_min, self.cfg.decay_time_max)
             for block in self.blocks:
-                block.attn.fgate_bias.copy_(bias)
+                attn = block.attn
+                (attn.fgate_proj.bias if self.cfg.fgate_type == "full" else attn.fgate_bias).copy_(bias)
 
     def new_state(self, batch: int, capacity: int, start: torch.Tensor | None = None) -> KVCache:
-        p = self.lm_head.weight
-        return KVCache(self.cfg, batch, capacity, p.device, self.state_dtype(), start)
+        return KVCache(self.cfg, batch, capacity, self.embed.weight.device, self.state_dtype(), start)
 
     def forward(self, input_ids: torch.Tensor, state: KVCache | None = None, start: torch.Tensor | None = None):
         """input_ids: ``[B, T]`` -> hidden ``[B, T, D]`` after the final norm.
@@ -336,7 +350,8 @@ class ForgettingTransformer(CausalLM):
         return self.norm(h)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+        weight = self.embed.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
+        return F.linear(hidden, weight)
 
     def decode_state_size(self, length: int, dtype: torch.dtype) -> dict:
         """What a :class:`KVCache` holds per sequence after ``length`` tokens (attention has no fixed state:

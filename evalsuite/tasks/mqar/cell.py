@@ -48,7 +48,7 @@ def run_cell(
     overrides = config["model"]["overrides"]
     model = build_model(card, overrides, seed=sweep.seed).to(device)
     model.set_attention_backend(attention)
-    tcfg = sweep.train_config(cell.lr)
+    tcfg = sweep.train_config(cell.lr, cell.seq_len)
     amp_dtype = autocast_dtype(tcfg.amp, device)
     train_x, train_y = data["train"]
     test_x, test_y = data["test"]

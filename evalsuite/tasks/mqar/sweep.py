@@ -34,6 +34,12 @@ class MQARSweep:
     with ``num_kv_pairs`` elementwise; ``"product"`` crosses them (invalid pairs skipped). ``num_heads`` or
     ``head_dim`` sets the head count (``head_dim`` wins: heads = d_model / head_dim); ``model_overrides[name]`` adds
     config keys for one model. ``batch_size`` may map seq_len -> batch.
+
+    The training recipe: ours by default (warmup then cosine over ``max_steps``, decay on matrices only, clipping,
+    bf16 on CUDA) or, field by field, Zoology's (arXiv:2312.04927, the GSA authors' fork): ``tie_head: true``
+    (the LM head is the embedding; None keeps each family's default), ``schedule: epoch-cosine`` with
+    ``cosine_epochs: 64`` (epochs of ``num_train // batch`` steps), ``warmup_steps: 0``, ``decay_all_params:
+    true``, ``grad_clip: null``, ``amp: none`` (fp32). Each family keeps its own block.
     """
 
     models: list[str] = field(default_factory=lambda: ["all"])
@@ -62,6 +68,10 @@ class MQARSweep:
     eval_every: int = 100
     early_stop: float | None = 0.99
     amp: str = "auto"
+    schedule: str = "warmup-cosine"
+    cosine_epochs: int = 64
+    decay_all_params: bool = False
+    tie_head: bool | None = None
     seed: int = 123
     check_accuracy: float | None = None  # fail the command unless each model's best cell exceeds this
     cpu_threads: int | None = None  # torch threads on a CPU device (1 suits tiny models on shared machines)
@@ -79,7 +89,8 @@ class MQARSweep:
             raise UserError("MQAR sweep: pairing 'zip' needs as many seq_lens as num_kv_pairs")
         if isinstance(self.batch_size, dict):
             self.batch_size = {int(k): int(v) for k, v in self.batch_size.items()}
-        self.train_config(1e-3)  # validate the training settings early
+        for seq_len, _ in self.settings():
+            self.train_config(1e-3, seq_len)  # validate the training settings early
 
     @classmethod
     def from_dict(cls, d: dict) -> MQARSweep:
@@ -125,7 +136,8 @@ class MQARSweep:
             return self.batch_size[seq_len]
         return int(self.batch_size)
 
-    def train_config(self, lr: float) -> TrainConfig:
+    def train_config(self, lr: float, seq_len: int) -> TrainConfig:
+        """The training settings of a cell at ``lr`` and ``seq_len`` (whose batch size sets the epoch length)."""
         return TrainConfig(
             lr=lr,
             max_steps=self.max_steps,
@@ -135,6 +147,10 @@ class MQARSweep:
             eval_every=self.eval_every,
             early_stop=self.early_stop,
             amp=self.amp,
+            schedule=self.schedule,
+            steps_per_epoch=self.num_train // self.batch_for(seq_len) if self.schedule == "epoch-cosine" else None,
+            cosine_epochs=self.cosine_epochs,
+            decay_all_params=self.decay_all_params,
         )
 
     def overrides(self, model: str, d_model: int) -> dict:
@@ -146,6 +162,8 @@ class MQARSweep:
             heads = d_model // self.head_dim
         out = dict(vocab_size=self.vocab_size, hidden_size=d_model, num_layers=self.num_layers, num_heads=heads)
         out["use_mlp"] = self.use_mlp
+        if self.tie_head is not None:
+            out["tie_word_embeddings"] = self.tie_head
         return {**out, **self.model_overrides.get(model, {})}
 
 
@@ -203,7 +221,7 @@ def cell_config(sweep: MQARSweep, cell: Cell, card: ModelCard | None = None) -> 
             "overrides": sweep.overrides(cell.model, cell.d_model),
         },
         "data": data_config(sweep, cell.seq_len, cell.num_kv_pairs),
-        "train": sweep.train_config(cell.lr).to_dict(),
+        "train": sweep.train_config(cell.lr, cell.seq_len).to_dict(),
         "batch_size": sweep.batch_for(cell.seq_len),
         "eval_batch_size": sweep.eval_batch_size,
         "init_seed": sweep.seed,
