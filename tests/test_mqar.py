@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -218,6 +219,24 @@ def test_gsa_paper_preset_grid():
     assert train["decay_all_params"] and train["grad_clip"] is None and train["amp"] == "none"
 
 
+def test_forget_gate_stats():
+    """Per layer: the mean forget gate and its time scale; the Appendix D init opens the gates (longer time
+    scales than the zero bias's sigmoid(0) = 0.5, i.e. 1/ln 2 = 1.44 tokens); models without a gate give {}."""
+    from evalsuite.tasks.mqar.cell import forget_gate_stats
+    from evalsuite.tasks.mqar.sweep import resolve_model
+    from evalsuite.train import build_model
+
+    over = dict(vocab_size=64, hidden_size=32, num_layers=3, num_heads=2, use_mlp=False)
+    ids = torch.randint(0, 64, (4, 16))
+    zero = forget_gate_stats(build_model(resolve_model("fox-pro"), over), ids)
+    opened = forget_gate_stats(build_model(resolve_model("fox-pro-timescale-init"), over), ids)
+    assert len(zero["forget_gate_mean"]) == len(opened["forget_time_scale"]) == 3
+    assert all(abs(g - 0.5) < 0.05 and abs(t - 1 / math.log(2)) < 0.2
+               for g, t in zip(zero["forget_gate_mean"], zero["forget_time_scale"], strict=True))  # fmt: skip
+    assert all(t > 30 for t in opened["forget_time_scale"]) and all(g > 0.95 for g in opened["forget_gate_mean"])
+    assert forget_gate_stats(build_model(resolve_model("transformer-llama"), over), ids) == {}
+
+
 def test_recipe_fields_keep_old_cell_hashes():
     """Fields added for the recipe are absent from a cell's config at their defaults, so run directories written
     before them (results/mqar/...) still resume; set, they change the hash."""
@@ -418,14 +437,15 @@ def test_ci_preset_learns_on_cpu(tmp_path, monkeypatch, capsys):
     out = cli(*args, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     records = [json.loads(line) for line in (tmp_path / "run" / "records.jsonl").read_text().splitlines()]
-    assert len(records) == 4 and "cells in run" in out.stdout and "d=32 |" in out.stdout
+    assert len(records) == 4 and "cells in run" in out.stdout and "d=64 |" in out.stdout
     assert len({r["config_hash"] for r in records}) == 4  # every cell recorded once, by the parent alone
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["summary"]["errors"] == [] and results["summary"]["cells"]["finished"] == 4
     best = {}
     for r in records:
         best[r["model"]] = max(best.get(r["model"], 0.0), r["value"])
-    assert min(best.values()) > 0.9  # both attention models learn the task
+    assert min(best.values()) > 0.9  # all four attention blocks learn the task (LLaMA ones too: issue #13)
+    assert len(best) == 4 and {"transformer-llama", "fox-llama-timescale-init"} <= set(best)
     assert (tmp_path / "run" / "accuracy_vs_dmodel.png").is_file()
     assert (tmp_path / "run" / "best.md").is_file()
     code, _, _ = cli_in_process(["plot", "mqar", "run", "--out", "plots"], tmp_path, monkeypatch, capsys)

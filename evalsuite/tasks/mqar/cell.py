@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from evalsuite.data.mqar import mqar_data
 from evalsuite.provenance import device_name, provenance
@@ -19,6 +20,33 @@ from evalsuite.tasks.mqar.sweep import Cell, MQARSweep, cell_config, data_config
 from evalsuite.train import autocast_dtype, build_model, fixed_batches, masked_accuracy, shuffled_batches, train
 
 PROGRESS_EVERY = 10  # optimizer steps per progress report from a cell (a worker's reports cross a process queue)
+GATE_STATS_EXAMPLES = 64  # test examples the forget-gate statistics are taken on at each evaluation
+
+
+@torch.no_grad()
+def forget_gate_stats(model: torch.nn.Module, inputs: torch.Tensor) -> dict:
+    """Per layer (in call order), the mean forget gate ``f = sigmoid(w_f.x + b_f)`` over positions and heads and the
+    memory time scale it implies, ``-1 / mean(log f)`` (the distance over which the average gate decays a key by
+    1/e, as the FoX paper's Appendix D counts it), on ``inputs [B, T]``. Data-dependent gates only (modules named
+    ``fgate_proj``, FoX's full gate); ``{}`` for models without one."""
+    log_f: list[torch.Tensor] = []
+    hooks = [module.register_forward_hook(lambda _m, _i, out: log_f.append(F.logsigmoid(out.float())))
+             for name, module in model.named_modules() if name.endswith("fgate_proj")]  # fmt: skip
+    if not hooks:
+        return {}
+    was_training = model.training
+    model.eval()
+    try:
+        model(inputs)
+    finally:
+        for hook in hooks:
+            hook.remove()
+        model.train(was_training)
+    means = [lf.mean().item() for lf in log_f]
+    return {
+        "forget_gate_mean": [round(lf.exp().mean().item(), 6) for lf in log_f],
+        "forget_time_scale": [round(-1.0 / m, 3) if m < 0 else None for m in means],  # None: gates fully open
+    }
 
 
 def decode_state_size(model: torch.nn.Module, length: int, dtype: torch.dtype) -> dict | None:
@@ -56,8 +84,8 @@ def run_cell(
     batches = shuffled_batches(train_x, train_y, sweep.batch_for(cell.seq_len), order_rng)
     test_batches = fixed_batches(test_x, test_y, sweep.eval_batch_size)
 
-    def evaluate(m):
-        return masked_accuracy(m, test_batches(), amp_dtype)
+    def evaluate(m):  # accuracy, and how open FoX's forget gates are (issue #13: the gates' role in learning)
+        return {**masked_accuracy(m, test_batches(), amp_dtype), **forget_gate_stats(m, test_x[:GATE_STATS_EXAMPLES])}
 
     result = train(model, batches, tcfg, evaluate=evaluate, on_step=on_step)
     state = decode_state_size(model, cell.seq_len, amp_dtype or torch.float32)
