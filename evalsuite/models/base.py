@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from evalsuite.errors import UserError
@@ -142,3 +143,27 @@ class CausalLM(nn.Module, ABC):
         """Parameter count; papers' "params" usually exclude the input embedding (an untied head counts)."""
         n = sum(p.numel() for p in self.parameters())
         return n - self.input_embedding.weight.numel() if non_embedding else n
+
+
+class EmbeddingHeadLM(CausalLM):
+    """A :class:`CausalLM` with an input embedding ``embed`` and an LM head that is its own ``lm_head`` or, with
+    ``config.tie_word_embeddings``, the embedding itself (the FoX, GSA and TNL families). Subclasses call
+    :meth:`_init_embedding_and_head` in ``__init__`` after setting ``self.cfg`` (with ``vocab_size``,
+    ``hidden_size``, ``tie_word_embeddings``)."""
+
+    def _init_embedding_and_head(self, cfg) -> None:
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.cfg.vocab_size
+
+    @property
+    def input_embedding(self) -> nn.Embedding:
+        return self.embed
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.embed.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
+        return F.linear(hidden, weight)

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from evalsuite.kernels.forgetting import BACKENDS, attention, cumsum_over_time
-from evalsuite.models.base import CausalLM, DecodeState
+from evalsuite.models.base import DecodeState, EmbeddingHeadLM
 from evalsuite.models.layers import HeadRMSNorm, RMSNorm, ShiftProjection, SwiGLU, rope
 
 FGATE_TYPES = ("full", "bias_only", "fixed", "none")
@@ -269,7 +269,7 @@ class Block(nn.Module):
         return h + self.mlp(self.mlp_norm(h)) if hasattr(self, "mlp") else h
 
 
-class ForgettingTransformer(CausalLM):
+class ForgettingTransformer(EmbeddingHeadLM):
     """Decoder-only LM. ``forward`` returns final hidden states; ``logits`` applies the LM head (untied, as the
     paper's; tied to the embedding with ``tie_word_embeddings``).
 
@@ -283,19 +283,9 @@ class ForgettingTransformer(CausalLM):
     def __init__(self, cfg: FoxConfig):
         super().__init__()
         self.cfg = self.config = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self._init_embedding_and_head(cfg)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
-        if not cfg.tie_word_embeddings:
-            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-
-    @property
-    def vocab_size(self) -> int:
-        return self.cfg.vocab_size
-
-    @property
-    def input_embedding(self) -> nn.Embedding:
-        return self.embed
 
     @torch.no_grad()
     def init_weights(self, seed: int = 0) -> None:
@@ -348,10 +338,6 @@ class ForgettingTransformer(CausalLM):
         if cache is not None:
             cache.length += T
         return self.norm(h)
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.embed.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
-        return F.linear(hidden, weight)
 
     def decode_state_size(self, length: int, dtype: torch.dtype) -> dict:
         """What a :class:`KVCache` holds per sequence after ``length`` tokens (attention has no fixed state:

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from evalsuite.kernels.gated_slot import BACKENDS, gated_slot_attention
-from evalsuite.models.base import CausalLM, RecurrentState
+from evalsuite.models.base import EmbeddingHeadLM, RecurrentState
 from evalsuite.models.layers import RMSNorm, SwiGLU, rms_norm
 
 FEATURE_MAPS = ("swish", "relu", "identity")
@@ -167,7 +167,7 @@ class Block(nn.Module):
         return (h + self.mlp(self.mlp_norm(h)) if hasattr(self, "mlp") else h), new_state
 
 
-class GSAForCausalLM(CausalLM):
+class GSAForCausalLM(EmbeddingHeadLM):
     """Decoder-only GSA LM. ``forward`` returns final hidden states; ``logits`` applies the LM head."""
 
     backends = BACKENDS  # "auto" (Triton on CUDA, chunked PyTorch elsewhere), "triton", "chunked", "recurrent"
@@ -176,19 +176,9 @@ class GSAForCausalLM(CausalLM):
     def __init__(self, cfg: GSAConfig):
         super().__init__()
         self.cfg = self.config = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self._init_embedding_and_head(cfg)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
-        if not cfg.tie_word_embeddings:
-            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-
-    @property
-    def vocab_size(self) -> int:
-        return self.cfg.vocab_size
-
-    @property
-    def input_embedding(self) -> nn.Embedding:
-        return self.embed
 
     @torch.no_grad()
     def init_weights(self, seed: int = 0) -> None:
@@ -233,10 +223,6 @@ class GSAForCausalLM(CausalLM):
         if state is not None:
             state.length += T
         return self.norm(h)
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.embed.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
-        return F.linear(hidden, weight)
 
     def decode_state_size(self, length: int, dtype: torch.dtype) -> dict:
         """The fixed float32 slot state: per layer and head ``dk m + m dv`` elements, independent of ``length``."""

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from evalsuite.kernels.lightning import BACKENDS, lightning_attention
-from evalsuite.models.base import CausalLM, RecurrentState
+from evalsuite.models.base import EmbeddingHeadLM, RecurrentState
 from evalsuite.models.layers import rms_norm
 
 DECAY_SCHEDULES = ("code", "paper")
@@ -187,7 +187,7 @@ class Block(nn.Module):
         return h, new_state
 
 
-class TransNormerLLM(CausalLM):
+class TransNormerLLM(EmbeddingHeadLM):
     """Decoder-only TNL. ``forward`` returns final hidden states; ``logits`` applies the (tied) LM head."""
 
     backends = BACKENDS  # "auto" (Triton on CUDA, chunked PyTorch elsewhere), "triton", "chunked", "recurrent"
@@ -196,19 +196,9 @@ class TransNormerLLM(CausalLM):
     def __init__(self, cfg: TNLConfig):
         super().__init__()
         self.cfg = self.config = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self._init_embedding_and_head(cfg)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
-        if not cfg.tie_word_embeddings:
-            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.embed_scale = 1.0 if cfg.no_scale_embedding else math.sqrt(cfg.hidden_size)
-
-    @property
-    def vocab_size(self) -> int:
-        return self.cfg.vocab_size
-
-    @property
-    def input_embedding(self) -> nn.Embedding:
-        return self.embed
 
     @torch.no_grad()
     def init_weights(self, seed: int = 0) -> None:
@@ -247,10 +237,6 @@ class TransNormerLLM(CausalLM):
         if state is not None:
             state.length += T
         return rms_norm(h, None, self.cfg.norm_eps)
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.embed.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
-        return F.linear(hidden, weight)
 
     def decode_state_size(self, length: int, dtype: torch.dtype) -> dict:
         """The fixed float32 ``kv`` per layer and head (``2 hd x hd`` on LRPE layers), independent of ``length``."""
