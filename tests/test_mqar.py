@@ -345,7 +345,8 @@ def test_pre_manifest_run_dir_resumes(tmp_path):
 # --------------------------------------------------------------------------------------------- report
 
 
-def fake_records(run_dir: Path) -> None:
+def fake_records(run_dir: Path, history: bool = False) -> None:
+    """Records of a 2-model x 2-width x 2-lr sweep; ``history``: with training histories (FoX's with gate stats)."""
     run_dir.mkdir(parents=True)
     lines = []
     for model, d, lr in itertools.product(["fox-pro", "transformer-llama"], [64, 128], [1e-3, 1e-2]):
@@ -369,6 +370,13 @@ def fake_records(run_dir: Path) -> None:
                 provenance={"device": "NVIDIA H100 80GB HBM3"},
             )
         )
+        if history:
+            gated = model == "fox-pro"
+            lines[-1]["history"] = [
+                {"step": t, "loss": 8.0 / t, "eval_accuracy": acc * t / 3}
+                | ({"eval_forget_time_scale": [1.4, 2.0 + t]} if gated else {})
+                for t in (1, 2, 3)
+            ]
     (run_dir / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
 
 
@@ -396,6 +404,14 @@ def test_report_files(tmp_path):
     assert pd.read_csv(tmp_path / "out" / "best.csv", index_col=0).shape == (2, 2)
     with pytest.raises(UserError, match="no MQAR records"):
         load_mqar([tmp_path / "out"])
+
+
+def test_training_curves(tmp_path):
+    """Records with histories add training_curves.{png,pdf} (accuracy, loss, FoX's gate time scale per step)."""
+    fake_records(tmp_path / "run", history=True)
+    names = {p.name for p in write_mqar_report([tmp_path / "run"], tmp_path / "out")}
+    assert {"training_curves.png", "training_curves.pdf"} <= names
+    assert (tmp_path / "out" / "training_curves.png").stat().st_size > 10_000
 
 
 def test_check_best():

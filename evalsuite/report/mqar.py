@@ -5,7 +5,9 @@
 * accuracy vs decoding-state size (log bytes): the recall-memory trade-off of the Zoology/Based plots. An
   attention model has no fixed state; its point is its KV cache at the sequence length (hollow markers);
 * the best accuracy per model and d_model (CSV / Markdown / LaTeX), and a long table with the best learning
-  rate and state size of every point.
+  rate and state size of every point;
+* training curves of each point's best cell: test accuracy, training loss and, for FoX, the forget gates' mean
+  memory time scale against the step (which models learn, how fast, and how open their gates are).
 
 The best-over-learning-rate logic itself lives with the task (:mod:`evalsuite.tasks.mqar_summary`), which writes
 the same numbers into ``results.json``.
@@ -161,14 +163,63 @@ def plot_accuracy_vs_state(best: pd.DataFrame, out_stem: Path | str) -> list[Pat
     return save_figure(fig, out_stem)
 
 
+def plot_training_curves(records: Iterable[dict], best: pd.DataFrame, out_stem: Path | str) -> list[Path]:
+    """One column per (setting, d_model): test accuracy, training loss and the forget gates' time scale (mean over
+    layers of ``-1 / mean log f``, log scale; FoX models only) against the optimizer step, for the best-lr cell of
+    every model (``best``: :func:`best_over_lr`). PNG + PDF."""
+    chosen = {(r["model"], r["length"], r["num_kv_pairs"], r["d_model"], r["lr"]) for _, r in best.iterrows()}
+    cells = [r for r in records if (r.get("model"), r.get("length"), r.get("num_kv_pairs"), r.get("d_model"),
+                                    r.get("lr")) in chosen and r.get("history")]  # fmt: skip
+    if not cells:
+        raise UserError("no MQAR records with a training history to plot")
+    columns = sorted({(r["length"], r["num_kv_pairs"], r["d_model"]) for r in cells})
+    has_gates = any(h.get("eval_forget_time_scale") for r in cells for h in r["history"])
+    rows = 3 if has_gates else 2
+    fig = Figure(figsize=(4.2 * len(columns) + 0.6, 2.8 * rows))
+    axes = fig.subplots(rows, len(columns), squeeze=False, sharex="col")
+    # one colour per model (variants of one family, e.g. two gate inits, must be told apart here)
+    colors = {m: f"C{i % 10}" for i, m in enumerate(sorted({r["model"] for r in cells}))}
+    for col, (length, kv, d) in enumerate(columns):
+        ax_acc, ax_loss, ax_gate = axes[0][col], axes[1][col], axes[rows - 1][col]
+        for r in sorted((r for r in cells if (r["length"], r["num_kv_pairs"], r["d_model"]) == (length, kv, d)),
+                        key=lambda r: r["model"]):  # fmt: skip
+            style = dict(color=colors[r["model"]], label=f"{r['model']} (lr {r['lr']:g})")
+            evals = [h for h in r["history"] if "eval_accuracy" in h]
+            ax_acc.plot([h["step"] for h in evals], [h["eval_accuracy"] for h in evals], marker=".", **style)
+            ax_loss.plot([h["step"] for h in r["history"]], [h["loss"] for h in r["history"]], **style)
+            gates = [(h["step"], np.mean(h["eval_forget_time_scale"])) for h in evals
+                     if h.get("eval_forget_time_scale") and None not in h["eval_forget_time_scale"]]  # fmt: skip
+            if gates and has_gates:
+                ax_gate.plot(*zip(*gates, strict=True), marker=".", **style)
+        ax_acc.set_title(f"{_setting_title(length, kv)}, d={d}")
+        ax_acc.set_ylim(-0.02, 1.02)
+        ax_loss.set_yscale("log")
+        if has_gates:
+            ax_gate.set_yscale("log")
+        axes[rows - 1][col].set_xlabel("Optimizer step")
+        for ax in axes[:, col]:
+            ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("Test accuracy")
+    axes[1][0].set_ylabel("Training loss")
+    if has_gates:
+        axes[2][0].set_ylabel("Forget time scale (tokens)")
+    _legend(fig, axes.flat)
+    return save_figure(fig, out_stem)
+
+
 def write_mqar_report(paths: Iterable[Path | str], out_dir: Path | str) -> list[Path]:
     """All MQAR outputs for the runs under ``paths`` into ``out_dir``: ``best.{csv,md,tex}`` (wide),
-    ``best_long.csv``, ``accuracy_vs_dmodel.{png,pdf}``, ``accuracy_vs_state.{png,pdf}``."""
+    ``best_long.csv``, ``accuracy_vs_dmodel.{png,pdf}``, ``accuracy_vs_state.{png,pdf}``,
+    ``training_curves.{png,pdf}``."""
     out_dir = Path(out_dir)
-    best = best_over_lr(load_mqar(list(paths)))
+    paths = list(paths)
+    best = best_over_lr(load_mqar(paths))
     written = write_table(best_table(best), out_dir / "best", floatfmt=".3f")
     written += write_table(best, out_dir / "best_long", formats=("csv",))
     written += plot_accuracy_vs_dmodel(best, out_dir / "accuracy_vs_dmodel")
     if best["state_bytes"].notna().any():
         written += plot_accuracy_vs_state(best, out_dir / "accuracy_vs_state")
+    records = [r for run in find_runs(paths) for r in read_jsonl(run / RECORDS_FILE)]
+    if any(r.get("history") for r in records):
+        written += plot_training_curves(records, best, out_dir / "training_curves")
     return written
