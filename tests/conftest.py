@@ -1,5 +1,7 @@
-"""Shared test helpers: the CLI run in this process; NaN-poisoned Triton kernel outputs."""
+"""Shared test helpers: the CLI run in this process; NaN-poisoned Triton kernel outputs; kernel modules rebuilt
+for the Triton interpreter; relative error."""
 
+import importlib
 import math
 import sys
 
@@ -51,3 +53,22 @@ def poisoned_kernel_outputs(monkeypatch):
         return flat[KERNEL_GUARD : KERNEL_GUARD + n].view(shape)
 
     monkeypatch.setattr(triton_utils, "empty", nan_empty)
+
+
+def interpreted_kernel_modules(package: str, kernels: dict) -> dict:
+    """``{name: package.<name>}`` for every name of ``kernels`` (in dependency order, helpers first), built for the
+    Triton interpreter. ``kernels[name]`` is a kernel of that module, or None for a module that only binds other
+    modules' kernels. A module imported earlier without ``TRITON_INTERPRET=1`` holds compiled kernels (triton.jit
+    reads the setting when decorating), so if any listed kernel is not interpreted, every module is reloaded."""
+    modules = {name: importlib.import_module(f"{package}.{name}") for name in kernels}
+    if any(k and type(getattr(modules[n], k)).__name__ != "InterpretedFunction" for n, k in kernels.items()):
+        modules = {name: importlib.reload(m) for name, m in modules.items()}
+    return modules
+
+
+def rel_err(out, ref) -> float:
+    """``|out - ref| / |ref|`` (Frobenius, float64; the absolute error when ref is zero); out must be finite."""
+    out, ref = out.double(), ref.double()
+    assert out.isfinite().all(), "non-finite values (unwritten or overflowed)"
+    den = ref.norm()
+    return ((out - ref).norm() / den).item() if den > 0 else (out - ref).norm().item()

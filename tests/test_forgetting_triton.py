@@ -20,12 +20,13 @@ import torch  # noqa: E402
 
 pytest.importorskip("triton")
 
+from conftest import interpreted_kernel_modules, rel_err  # noqa: E402
+
 from evalsuite.kernels import triton_utils  # noqa: E402
 from evalsuite.kernels.forgetting import cumsum_over_time, reference  # noqa: E402
 
-# One kernel per module, in dependency order: a module imported earlier without the interpreter holds compiled
-# kernels (triton.jit reads TRITON_INTERPRET when decorating), so all of them are reloaded, helpers first. (Triton's
-# own jit'd library functions, tl.zeros and such, follow the setting at triton's import, which no reload here fixes.)
+# One kernel per module, in dependency order (conftest.interpreted_kernel_modules). Triton's own jit'd library
+# functions, tl.zeros and such, follow the setting at triton's import, which no reload here fixes.
 _KERNELS = {
     "common": "_mm",
     "backward_dkdv": "_bwd_dkdv_kernel",
@@ -35,9 +36,7 @@ _KERNELS = {
     "decode": "_decode_kernel",
     "cumsum": "_time_scan_kernel",
 }
-_modules = {name: importlib.import_module(f"evalsuite.kernels.forgetting.{name}") for name in _KERNELS}
-if any(type(getattr(m, _KERNELS[name])).__name__ != "InterpretedFunction" for name, m in _modules.items()):
-    _modules = {name: importlib.reload(m) for name, m in _modules.items()}
+_modules = interpreted_kernel_modules("evalsuite.kernels.forgetting", _KERNELS)
 common, backward, forward, decode, cumsum = (_modules[n] for n in ("common", "backward", "forward", "decode", "cumsum"))
 
 # bf16 keeps 8 mantissa bits; gradients also go through the bf16-rounded output (Dvec = rowsum(dO * O)),
@@ -46,13 +45,6 @@ TOL = {torch.float16: (3e-3, 5e-3), torch.bfloat16: (1e-2, 2.5e-2)}  # (forward,
 
 
 pytestmark = pytest.mark.usefixtures("poisoned_kernel_outputs")  # conftest: NaN outputs, guard bands
-
-
-def rel_err(out, ref):
-    out, ref = out.double(), ref.double()
-    assert torch.isfinite(out).all(), "non-finite values (unwritten or overflowed)"
-    den = ref.norm()
-    return ((out - ref).norm() / den).item() if den > 0 else (out - ref).norm().item()
 
 
 def make_inputs(B, T, H, D, dtype, gate, seed=0):

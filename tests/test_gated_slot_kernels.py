@@ -12,26 +12,19 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"  # must precede the kernels' decoration (import) below
 
-import importlib  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 pytest.importorskip("triton")
 
+from conftest import interpreted_kernel_modules, rel_err  # noqa: E402
+
 from evalsuite.kernels.gated_slot import gated_slot_attention, reference  # noqa: E402
 
-# A module imported earlier without the interpreter holds compiled kernels (triton.jit reads TRITON_INTERPRET when
-# decorating), so all of them are reloaded, helpers first.
-_KERNELS = {
-    "common": "_load_u",
-    "chunk_kernels": "_read_kernel",
-    "chunk": None,
-    "decode": "_decode_kernel",
-}
-_modules = {name: importlib.import_module(f"evalsuite.kernels.gated_slot.{name}") for name in _KERNELS}
-if any(k and type(getattr(_modules[n], k)).__name__ != "InterpretedFunction" for n, k in _KERNELS.items()):
-    _modules = {name: importlib.reload(m) for name, m in _modules.items()}
+# One kernel per module (None: binds the others'), in dependency order (conftest.interpreted_kernel_modules).
+_KERNELS = {"common": "_load_u", "chunk_kernels": "_read_kernel", "chunk": None, "decode": "_decode_kernel"}
+_modules = interpreted_kernel_modules("evalsuite.kernels.gated_slot", _KERNELS)
 common, chunk, decode = _modules["common"], _modules["chunk"], _modules["decode"]
 
 # (forward, gradients). bf16 keeps 8 mantissa bits and the interpreter rounds toward zero (common.py). In float32
@@ -41,13 +34,6 @@ TOL = {torch.float32: (1e-5, 1e-4), torch.float16: (3e-3, 5e-3), torch.bfloat16:
 
 
 pytestmark = pytest.mark.usefixtures("poisoned_kernel_outputs")  # conftest: NaN outputs, guard bands
-
-
-def rel_err(out, ref):
-    out, ref = out.double(), ref.double()
-    assert torch.isfinite(out).all(), "non-finite values (unwritten or overflowed)"
-    den = ref.norm()
-    return ((out - ref).norm() / den).item() if den > 0 else (out - ref).norm().item()
 
 
 def make_inputs(B, T, H, dk, dv, m, dtype, gate, init, seed=0):

@@ -33,23 +33,16 @@ import torch  # noqa: E402
 pytest.importorskip("triton")
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+from conftest import interpreted_kernel_modules, rel_err  # noqa: E402
 
 from evalsuite.kernels import triton_utils  # noqa: E402
 from evalsuite.kernels.lightning import lightning_attention, reference  # noqa: E402
 
-# One kernel per module, in dependency order: a module imported earlier without the interpreter holds compiled
-# kernels (triton.jit reads TRITON_INTERPRET when decorating), so all of them are reloaded, helpers first.
-_KERNELS = {
-    "common": "_mm",
-    "walk": "_walk_kernel",
-    "scan": "_segment_scan_kernel",
-    "decode": "_decode_kernel",
-}
-_modules = {name: importlib.import_module(f"evalsuite.kernels.lightning.{name}") for name in _KERNELS}
-if any(type(getattr(m, _KERNELS[name])).__name__ != "InterpretedFunction" for name, m in _modules.items()):
-    _modules = {name: importlib.reload(m) for name, m in _modules.items()}
-common, decode = _modules["common"], _modules["decode"]
-chunk = importlib.reload(importlib.import_module("evalsuite.kernels.lightning.chunk"))  # binds the reloaded walks
+# One kernel per module (None: binds the others'), in dependency order (conftest.interpreted_kernel_modules).
+_KERNELS = {"common": "_mm", "walk": "_walk_kernel", "scan": "_segment_scan_kernel", "decode": "_decode_kernel",
+            "chunk": None}  # fmt: skip
+_modules = interpreted_kernel_modules("evalsuite.kernels.lightning", _KERNELS)
+common, chunk, decode = _modules["common"], _modules["chunk"], _modules["decode"]
 
 # The interpreter truncates float32 -> bf16 (no round-to-nearest), which doubles bf16 rounding errors there; the
 # bf16 bounds leave room for that. fp32 runs use full-precision dots, so their bounds catch any logic error.
@@ -64,13 +57,6 @@ def bounds_checked():
     """No lane of any load or store leaves its buffer (see the module doc)."""
     with triton_utils.interpreter_bounds_check():
         yield
-
-
-def rel_err(out, ref):
-    out, ref = out.double(), ref.double()
-    assert torch.isfinite(out).all(), "non-finite values (unwritten or overflowed)"
-    den = ref.norm()
-    return ((out - ref).norm() / den).item() if den > 0 else (out - ref).norm().item()
 
 
 def ref64(q, k, v, slope, h0=None):
