@@ -17,17 +17,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from evalsuite.bench.attention import rel_error
 from evalsuite.kernels.gated_slot import gated_slot_attention
 from evalsuite.kernels.lightning import lightning_attention
 from evalsuite.models.registry import resolve_architecture
 from evalsuite.models.tnl.model import alibi_slopes
 
 LIMIT = 2e-2  # bf16 inputs; fp32 accumulation on both sides
-
-
-def rel(a, b) -> float:
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
 def _inputs(op, B, T, H, dk, dv, m, seed):
@@ -63,11 +59,13 @@ def check_op(op, B, T, H, dk, dv, m=64, seed=0) -> dict:
         grads[backend] = torch.autograd.grad(o, xs, do.to(o.dtype))
         outs[backend] = (o, state)
     rec = {"op": op, "B": B, "T": T, "H": H, "dk": dk, "dv": dv, "m": m if op == "gsa" else None}
-    rec["rel_out"] = rel(outs["triton"][0], outs["chunked"][0])
+    rec["rel_out"] = rel_error(outs["triton"][0], outs["chunked"][0])
     s_tri, s_ref = outs["triton"][1], outs["chunked"][1]
-    rec["rel_state"] = max(rel(a, b) for a, b in zip(s_tri, s_ref, strict=True)) if op == "gsa" else rel(s_tri, s_ref)
+    rec["rel_state"] = (
+        max(rel_error(a, b) for a, b in zip(s_tri, s_ref, strict=True)) if op == "gsa" else rel_error(s_tri, s_ref)
+    )
     for name, a, b in zip(("dq", "dk", "dv", "dlog_alpha"), grads["triton"], grads["chunked"], strict=False):
-        rec[f"rel_{name}"] = rel(a, b)
+        rec[f"rel_{name}"] = rel_error(a, b)
     # decode: prefill with the kernel, then single tokens (decode kernel) vs the token loop from the same state
     with torch.no_grad():
         n = min(T, 256)
@@ -81,7 +79,7 @@ def check_op(op, B, T, H, dk, dv, m=64, seed=0) -> dict:
             o_ref, ref_state = _call(op, *step, backend="recurrent", state=ref_state, final=True)
             outs_dec.append(o_dec)
             outs_ref.append(o_ref)
-        rec["rel_decode"] = rel(torch.cat(outs_dec, 1), torch.cat(outs_ref, 1))
+        rec["rel_decode"] = rel_error(torch.cat(outs_dec, 1), torch.cat(outs_ref, 1))
     rec["max_rel"] = max(v for key, v in rec.items() if key.startswith("rel_"))
     rec["ok"] = rec["max_rel"] < LIMIT
     return rec
@@ -98,8 +96,8 @@ def check_model(architecture, overrides, T=2048) -> dict:
         model.set_attention_backend(backend)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             logits[backend] = model.logits(model(ids)).float()
-    return {"model": architecture, "T": T, "rel_logits": rel(logits["triton"], logits["chunked"]),
-            "ok": rel(logits["triton"], logits["chunked"]) < LIMIT}  # fmt: skip
+    return {"model": architecture, "T": T, "rel_logits": rel_error(logits["triton"], logits["chunked"]),
+            "ok": rel_error(logits["triton"], logits["chunked"]) < LIMIT}  # fmt: skip
 
 
 def main() -> None:

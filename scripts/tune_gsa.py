@@ -31,8 +31,8 @@ from pathlib import Path
 
 import torch
 import triton
-import triton.testing
 
+from evalsuite.bench.attention import rel_error, timed_median
 from evalsuite.kernels.gated_slot import chunk, common, reference
 from evalsuite.kernels.gated_slot.chunk import gsa_chunk_triton
 
@@ -52,10 +52,8 @@ def save() -> None:
     (args.out / "tune_gsa.json").write_text(json.dumps(report, indent=1))
 
 
-def median_ms(fn, rep: int = 60) -> float:
-    fn()
-    torch.cuda.synchronize()
-    return float(triton.testing.do_bench(fn, warmup=10, rep=rep, return_mode="median"))
+def median_ms(fn) -> float:
+    return timed_median(fn, [], warmup=10, rep=60)[0]
 
 
 def inputs(B, T, H, D, M, dtype, seed=0):
@@ -64,11 +62,6 @@ def inputs(B, T, H, D, M, dtype, seed=0):
     g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, M, device=DEV, generator=gen)) / 8
     do = torch.randn(B, T, H, D, device=DEV, generator=gen).to(dtype)
     return q, k, v, g.contiguous(), do
-
-
-def rel(a, b) -> float:
-    a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -82,7 +75,7 @@ def parity(dtype) -> dict:
     ref_leaves = [x.detach().float().clone().requires_grad_(True) for x in (q, k, v, g)]
     o_ref, _ = reference.gsa_chunked(*ref_leaves, 0.125)
     want = [o_ref, *torch.autograd.grad(o_ref, ref_leaves, do.float())]
-    return {name: rel(a, b) for name, a, b in zip(("o", "dq", "dk", "dv", "dlog_alpha"), got, want, strict=True)}
+    return {name: rel_error(a, b) for name, a, b in zip(("o", "dq", "dk", "dv", "dlog_alpha"), got, want, strict=True)}
 
 
 report["parity_fp32"] = parity(torch.float32)

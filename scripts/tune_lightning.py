@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 import triton
-import triton.testing
 
+from evalsuite.bench.attention import timed_median
 from evalsuite.bench.linear import alibi_slopes
 from evalsuite.kernels.lightning import common, lightning_attention
 
@@ -57,9 +57,7 @@ def fwdbwd():
 
 
 def median_ms(fn) -> float:
-    fn()
-    torch.cuda.synchronize()
-    return float(triton.testing.do_bench(fn, warmup=10, rep=60, grad_to_none=[q, k, v], return_mode="median"))
+    return timed_median(fn, [q, k, v], warmup=10, rep=60)[0]
 
 
 default_walk_config = common.walk_config
