@@ -1,9 +1,9 @@
 """Milliseconds per MQAR training step, per model, precision and attention backend (issue #13, part 5).
 
 One process, one cell at a time, the ``gsa-paper`` preset's cell (or ``--preset``) at ``--d-model``: the model the
-sweep would build (its overrides: tied head, 4 layers, no MLP, ...), the sweep's optimizer, a batch of the preset's
-size drawn from its data. Each combination runs ``--warmup`` steps, then ``--steps`` timed steps (CUDA synchronised
-at both ends); prints one JSON line per combination and writes them to ``--out`` (JSON list).
+sweep would build (its overrides: tied head, 4 layers, no MLP, ...), trained by the sweep's loop and settings on a
+batch of the preset's size drawn from its data. Each combination runs ``--warmup`` steps, then ``--steps`` timed
+steps (CUDA synchronised at both ends); prints one JSON line per combination and writes them to ``--out``.
 
 Usage (GPU machine): PYTHONPATH=. python3 scripts/mqar_step_time.py --out step_time.json \
     [--models fox-pro,transformer-llama,gsa,tnl] [--amp none,auto] [--attention auto,dense]
@@ -12,6 +12,7 @@ Usage (GPU machine): PYTHONPATH=. python3 scripts/mqar_step_time.py --out step_t
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import time
 from pathlib import Path
@@ -21,7 +22,7 @@ import torch
 from evalsuite.data.mqar import mqar_data
 from evalsuite.provenance import provenance
 from evalsuite.tasks.mqar.sweep import data_config, load_preset, resolve_model
-from evalsuite.train import autocast, autocast_dtype, build_model, make_optimizer, masked_cross_entropy
+from evalsuite.train import build_model, train
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--out", type=Path, required=True)
@@ -41,26 +42,20 @@ data = mqar_data({**data_config(sweep, seq_len, kv), "num_train": sweep.batch_fo
 x, y = (torch.from_numpy(a).to(device) for a in data["train"])
 
 
-def time_steps(model, optimizer, dtype, x, y) -> float:
-    """ms per training step of ``model`` on the batch (x, y), after ``--warmup`` untimed steps."""
+def time_steps(model, tcfg, x, y) -> float:
+    """ms per step of the sweep's own training loop (:func:`evalsuite.train.train`: the same loss, clipping, lr
+    schedule and optimizer) on the batch (x, y), over ``--steps`` steps after ``--warmup`` untimed ones."""
+    marks = []
 
-    def step():
-        with autocast(dtype, device):
-            loss = masked_cross_entropy(model, x, y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+    def on_step(step: int) -> None:
+        if step in (args.warmup, args.warmup + args.steps):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            marks.append(time.perf_counter())
 
-    for _ in range(args.warmup):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(args.steps):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return round((time.perf_counter() - start) * 1e3 / args.steps, 3)
+    tcfg.max_steps, tcfg.warmup_steps, tcfg.log_every = args.warmup + args.steps, 0, 10**9
+    train(model, itertools.repeat((x, y)), tcfg, on_step=on_step)
+    return round((marks[1] - marks[0]) * 1e3 / args.steps, 3)
 
 
 records = []
@@ -76,7 +71,7 @@ for name in args.models.split(","):
             tcfg = sweep.train_config(1e-3, seq_len)
             tcfg.amp = amp
             try:
-                rec["ms_per_step"] = time_steps(model, make_optimizer(model, tcfg), autocast_dtype(amp, device), x, y)
+                rec["ms_per_step"] = time_steps(model, tcfg, x, y)
             except Exception as e:  # noqa: BLE001 -- record and go on
                 rec["error"] = f"{type(e).__name__}: {e}"[:300]
             records.append(rec)
