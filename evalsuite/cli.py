@@ -192,7 +192,11 @@ def mqar(
     mlp: Annotated[bool | None, typer.Option("--mlp/--no-mlp", help="MLP in every block.")] = None,
     max_steps: Annotated[int | None, typer.Option(min=1, help="Training steps per cell (early stop > 0.99).")] = None,
     batch_size: Annotated[int | None, typer.Option(min=1, help="Training batch size.")] = None,
-    workers: Annotated[int, typer.Option(min=1, help="Cells trained at once (subprocesses on one device).")] = 1,
+    workers: Annotated[int, typer.Option(min=1, help="Subprocesses training cells at once on one device.")] = 1,
+    threads: Annotated[int, typer.Option(min=1, help="Cells trained at once in each worker (CUDA streams).")] = 1,
+    cuda_graph: Annotated[
+        bool | None, typer.Option("--cuda-graph/--no-cuda-graph", help="Replay training steps as CUDA graphs.")
+    ] = None,
     time_limit: Annotated[float | None, typer.Option(help="Seconds after which no new cell starts.")] = None,
     device: DeviceOpt = "auto",
     seed: SeedOpt = None,
@@ -239,6 +243,8 @@ def mqar(
         device=device,
         attention=attention,
         workers=workers,
+        threads=threads,
+        cuda_graph=cuda_graph,
         time_limit=time_limit,
         progress=progress,
         preset=preset,

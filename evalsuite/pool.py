@@ -12,17 +12,20 @@ sweep's throughput (the MQAR sweep, ``evalsuite/tasks/mqar/``). The pool knows n
 * The parent receives ``on_start(index)``, ``on_progress(index, n)``, ``on_result(index, result)`` and
   ``on_error(index, message)`` calls, in its own process, so only it ever writes files (no locking).
 
-A ``deadline`` (``time.time()`` seconds) stops new items from starting; items already running finish. Items left
-on the queue then must not keep the parent from exiting (``cancel_join_thread``).
+``threads`` > 1 runs that many items at once in each worker process, one per thread (a CUDA handler gives each
+its own stream, so several small models share one GPU context and their kernels overlap; the handler must then be
+thread-safe). A ``deadline`` (``time.time()`` seconds) stops new items from starting; items already running
+finish. Items left on the queue then must not keep the parent from exiting (``cancel_join_thread``).
 
-With ``workers <= 1`` (or a single item) everything runs in this process with the same callbacks, and a failing
-item raises as a plain loop would.
+With ``workers <= 1`` and ``threads <= 1`` (or a single item) everything runs in this process with the same
+callbacks, and a failing item raises as a plain loop would.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import queue
+import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -34,6 +37,7 @@ def run_pool(
     make_handler: Callable[[], Handler],
     *,
     workers: int = 1,
+    threads: int = 1,
     deadline: float | None = None,
     torch_threads: int | None = None,
     on_start: Callable[[int], None] | None = None,
@@ -53,7 +57,7 @@ def run_pool(
     }
     if not items or _past(deadline):
         return []
-    if workers <= 1 or len(items) <= 1:
+    if (workers <= 1 and threads <= 1) or len(items) <= 1:
         handler = make_handler()
         for index, item in items:
             if _past(deadline):
@@ -67,8 +71,8 @@ def run_pool(
     for pair in items:
         todo.put(pair)
     procs = [
-        ctx.Process(target=_worker, args=(make_handler, todo, events, deadline, torch_threads), daemon=True)
-        for _ in range(min(workers, len(items)))
+        ctx.Process(target=_worker, args=(make_handler, todo, events, deadline, torch_threads, threads), daemon=True)
+        for _ in range(min(max(workers, 1), len(items)))
     ]
     for p in procs:
         p.start()
@@ -104,22 +108,31 @@ def _past(deadline: float | None) -> bool:
     return deadline is not None and time.time() >= deadline
 
 
-def _worker(make_handler, todo, events, deadline, torch_threads) -> None:
-    """Subprocess: pull items until none are left (or the deadline passed); report progress, results, errors."""
+def _worker(make_handler, todo, events, deadline, torch_threads, threads) -> None:
+    """Subprocess: pull items until none are left (or the deadline passed), in ``threads`` threads; report progress,
+    results, errors (multiprocessing queues are thread-safe)."""
     if torch_threads:
         import torch
 
         torch.set_num_threads(torch_threads)
     handler = make_handler()
-    while not _past(deadline):
-        try:
-            index, item = todo.get(timeout=1)
-        except queue.Empty:
-            break
-        events.put(("start", index, None))
-        try:
-            result = handler(item, lambda n, i=index: events.put(("progress", i, n)))
-            events.put(("result", index, result))
-        except Exception as e:  # noqa: BLE001 - the parent reports it; other items go on
-            events.put(("error", index, f"{type(e).__name__}: {e}"))
+
+    def pull() -> None:
+        while not _past(deadline):
+            try:
+                index, item = todo.get(timeout=1)
+            except queue.Empty:
+                break
+            events.put(("start", index, None))
+            try:
+                result = handler(item, lambda n, i=index: events.put(("progress", i, n)))
+                events.put(("result", index, result))
+            except Exception as e:  # noqa: BLE001 - the parent reports it; other items go on
+                events.put(("error", index, f"{type(e).__name__}: {e}"))
+
+    pullers = [threading.Thread(target=pull) for _ in range(max(threads, 1))]
+    for t in pullers:
+        t.start()
+    for t in pullers:
+        t.join()
     events.put(("done", None, None))

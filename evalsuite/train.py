@@ -30,6 +30,7 @@ from torch import nn
 from evalsuite.cards import ModelCard
 from evalsuite.errors import UserError
 from evalsuite.models.base import CausalLM
+from evalsuite.train_step import EagerStep, GraphedStep
 
 IGNORE_INDEX = -100
 AMP_MODES = ("auto", "bf16", "none")
@@ -165,6 +166,24 @@ def masked_cross_entropy(model: nn.Module, inputs: torch.Tensor, labels: torch.T
     return F.cross_entropy(logits.float(), labels[mask])
 
 
+def gathered_cross_entropy(
+    model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, labels_per_row: int
+) -> torch.Tensor:
+    """:func:`masked_cross_entropy` with static shapes, so a CUDA graph can capture it: the first ``labels_per_row``
+    labelled positions of each row (at least as many as any row has) are gathered by a stable sort on the mask
+    instead of boolean indexing, whose output size the host must read. Rows with fewer labels pad with ignored
+    positions; the mean is over labelled positions, as the masked version's.
+
+    inputs, labels: ``[B, T]`` long; builds ``[B, labels_per_row, V]`` logits, never ``[B, T, V]``.
+    """
+    hidden = model(inputs)  # [B, T, D]
+    mask = (labels != IGNORE_INDEX).to(torch.uint8)
+    positions = torch.sort(mask, dim=1, descending=True, stable=True).indices[:, :labels_per_row]  # [B, K]
+    picked = hidden.gather(1, positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))  # [B, K, D]
+    logits = model.logits(picked).float()  # [B, K, V]
+    return F.cross_entropy(logits.flatten(0, 1), labels.gather(1, positions).flatten(), ignore_index=IGNORE_INDEX)
+
+
 @torch.no_grad()
 def masked_accuracy(
     model: nn.Module, batches: Iterator[tuple[torch.Tensor, torch.Tensor]], amp_dtype: torch.dtype | None = None
@@ -233,9 +252,10 @@ def fixed_batches(inputs: torch.Tensor, labels: torch.Tensor, batch_size: int):
 # -------------------------------------------------------------------------------------------- loop
 
 
-def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
+def make_optimizer(model: nn.Module, config: TrainConfig, capturable: bool = False) -> torch.optim.AdamW:
     """AdamW; weight decay on matrices and embeddings only: decaying norm gains and biases pulls them towards
-    zero for no regularisation benefit (``decay_all_params``: on everything, as Zoology)."""
+    zero for no regularisation benefit (``decay_all_params``: on everything, as Zoology). ``capturable``: state and
+    learning rate as device tensors, so the step can be captured in a CUDA graph (:mod:`evalsuite.train_step`)."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = (
         [{"params": params, "weight_decay": config.weight_decay}]
@@ -246,6 +266,11 @@ def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
         ]
     )
     fused = all(p.is_cuda for p in params)  # one kernel per step on the GPU
+    if capturable:
+        lr = torch.tensor(config.lr, device=params[0].device)
+        for group in groups:
+            group["lr"] = lr.clone()  # one tensor per group: the step fills each in place
+        return torch.optim.AdamW(groups, lr=lr, betas=config.betas, eps=config.eps, fused=fused, capturable=True)
     return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, eps=config.eps, fused=fused or None)
 
 
@@ -257,22 +282,26 @@ def train(
     evaluate: Callable[[nn.Module], dict] | None = None,
     loss_fn: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] = masked_cross_entropy,
     on_step: Callable[[int], None] | None = None,
+    cuda_graph: bool = False,
 ) -> TrainResult:
     """Train ``model`` in place for up to ``config.max_steps`` optimizer steps.
 
     ``on_step(step)`` is called after every step (progress bars). Evaluation runs every ``eval_every`` steps
     and after the last step; training stops early once ``eval[early_stop_metric] > early_stop``, and stops
     as diverged when the training loss stops being finite. The host syncs with the GPU only at log and eval
-    steps, so the loop does not stall a fast device.
+    steps, so the loop does not stall a fast device. ``cuda_graph``: replay each step as one CUDA graph
+    (:class:`evalsuite.train_step.GraphedStep`; a CUDA model, a capture-safe ``loss_fn`` such as
+    :func:`gathered_cross_entropy`, batches of one shape).
     """
     device = next(model.parameters()).device
     amp_dtype = autocast_dtype(config.amp, device)
-    optimizer = make_optimizer(model, config)
+    if cuda_graph and device.type != "cuda":
+        raise UserError(f"cuda_graph needs a CUDA model, got one on {device}")
+    optimizer = make_optimizer(model, config, capturable=cuda_graph)
+    stepper = (GraphedStep if cuda_graph else EagerStep)(model, optimizer, loss_fn, config.grad_clip, amp_dtype)
     result = TrainResult(steps=0, seconds=0.0)
     start = time.perf_counter()
-    loss_acc = torch.zeros((), device=device)
     loss_count = 0
-    grad_norm = torch.zeros((), device=device)
     metric = config.early_stop_metric
     model.train()
 
@@ -287,18 +316,8 @@ def train(
 
     for step in range(config.max_steps):
         lr = lr_at(step, config)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
         inputs, labels = next(batches)
-        inputs, labels = inputs.to(device, non_blocking=True), labels.to(device, non_blocking=True)
-        with autocast(amp_dtype, device):
-            loss = loss_fn(model, inputs, labels)
-        loss.backward()
-        if config.grad_clip is not None:
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        loss_acc += loss.detach()
+        stepper(inputs.to(device, non_blocking=True), labels.to(device, non_blocking=True), lr)
         loss_count += 1
         result.steps = step + 1
         if on_step is not None:
@@ -308,9 +327,9 @@ def train(
         do_eval = evaluate is not None and ((step + 1) % config.eval_every == 0 or last)
         if not ((step + 1) % config.log_every == 0 or do_eval or last):
             continue
-        mean_loss = (loss_acc / loss_count).item()  # the one host-device sync per log step
-        entry = {"step": step + 1, "lr": lr, "loss": mean_loss, "grad_norm": float(grad_norm)}
-        loss_acc.zero_()
+        mean_loss = (stepper.loss_sum / loss_count).item()  # the one host-device sync per log step
+        entry = {"step": step + 1, "lr": lr, "loss": mean_loss, "grad_norm": float(stepper.grad_norm)}
+        stepper.loss_sum.zero_()
         loss_count = 0
         stop = False
         if not math.isfinite(mean_loss):

@@ -1,79 +1,119 @@
-"""Milliseconds per MQAR training step, per model, precision and attention backend (issue #13, part 5).
+"""Milliseconds per MQAR training step, per model, precision, attention backend, CUDA graph or not, and number of
+cells training at once (issue #13, part 5).
 
-One process, one cell at a time, the ``gsa-paper`` preset's cell (or ``--preset``) at ``--d-model``: the model the
-sweep would build (its overrides: tied head, 4 layers, no MLP, ...), trained by the sweep's loop and settings on a
-batch of the preset's size drawn from its data. Each combination runs ``--warmup`` steps, then ``--steps`` timed
-steps (CUDA synchronised at both ends); prints one JSON line per combination and writes them to ``--out``.
+The ``gsa-paper`` preset's cell (or ``--preset``) at ``--d-model``: the model the sweep would build (its overrides:
+tied head, 4 layers, no MLP, ...), trained by the sweep's loop (:func:`evalsuite.train.train`, with the sweep's
+loss, schedule, optimizer and clipping) on batches of the preset's size drawn from its data. ``--cells N`` trains N
+such models at once in threads of this process, each on its own CUDA stream (as ``evalsuite mqar --threads N``):
+after ``--warmup`` steps they meet at a barrier, then each times ``--steps`` steps. Reported per combination:
+``ms_per_step`` (the window from the barrier to the last cell's end, over the steps one cell made: the step time a
+cell sees with N cells sharing the GPU) and ``cell_steps_per_s`` (all cells' steps per second). One JSON line per
+combination, all written to ``--out``.
 
 Usage (GPU machine): PYTHONPATH=. python3 scripts/mqar_step_time.py --out step_time.json \
-    [--models fox-pro,transformer-llama,gsa,tnl] [--amp none,auto] [--attention auto,dense]
+    [--models fox-pro,gsa] [--amp none,tf32,auto] [--graph eager,graph] [--cells 1,8] [--attention auto,dense]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import itertools
 import json
+import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from evalsuite.data.mqar import mqar_data
 from evalsuite.provenance import provenance
 from evalsuite.tasks.mqar.sweep import data_config, load_preset, resolve_model
-from evalsuite.train import build_model, train
+from evalsuite.train import IGNORE_INDEX, build_model, gathered_cross_entropy, shuffled_batches, train
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--out", type=Path, required=True)
 ap.add_argument("--preset", default="gsa-paper")
 ap.add_argument("--models", default="fox-pro,fox-llama,transformer-llama,transformer-pro,gsa,tnl")
 ap.add_argument("--d-model", type=int, default=128)
-ap.add_argument("--amp", default="none,auto", help="comma-separated: none (fp32), auto (bf16 on CUDA)")
-ap.add_argument("--attention", default="auto,dense", help="comma-separated backends (skipped where not offered)")
-ap.add_argument("--steps", type=int, default=20)
+ap.add_argument("--amp", default="none,auto", help="none (fp32), tf32 (fp32 with TF32 matmuls), auto (bf16 on CUDA)")
+ap.add_argument("--attention", default="auto", help="comma-separated backends (skipped where not offered)")
+ap.add_argument("--graph", default="eager,graph", help="comma-separated: eager, graph (CUDA graph per step)")
+ap.add_argument("--cells", default="1", help="comma-separated numbers of cells training at once (threads)")
+ap.add_argument("--steps", type=int, default=30)
 ap.add_argument("--warmup", type=int, default=5)
 args = ap.parse_args()
 
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 sweep = load_preset(args.preset)
 seq_len, kv = sweep.settings()[0]
-data = mqar_data({**data_config(sweep, seq_len, kv), "num_train": sweep.batch_for(seq_len), "num_test": 1})
+batch = sweep.batch_for(seq_len)
+data = mqar_data({**data_config(sweep, seq_len, kv), "num_train": 8 * batch, "num_test": 1})
 x, y = (torch.from_numpy(a).to(device) for a in data["train"])
+loss_fn = functools.partial(gathered_cross_entropy, labels_per_row=int((y != IGNORE_INDEX).sum(1).max()))
 
 
-def time_steps(model, tcfg, x, y) -> float:
-    """ms per step of the sweep's own training loop (:func:`evalsuite.train.train`: the same loss, clipping, lr
-    schedule and optimizer) on the batch (x, y), over ``--steps`` steps after ``--warmup`` untimed ones."""
-    marks = []
+def train_cell(name, amp, backend, graph, barrier, times, seed):
+    """Train one model for warmup + steps steps on its own stream; append (start, end) of the timed steps."""
+    stream = torch.cuda.Stream() if device.type == "cuda" else None
+    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        model = build_model(resolve_model(name), sweep.overrides(name, args.d_model), seed=seed).to(device)
+        model.set_attention_backend(backend)
+        tcfg = sweep.train_config(1e-3, seq_len)
+        tcfg.amp = "none" if amp == "tf32" else amp
+        tcfg.max_steps, tcfg.warmup_steps, tcfg.log_every = args.warmup + args.steps, 0, 10**9
+        marks = []
 
-    def on_step(step: int) -> None:
-        if step in (args.warmup, args.warmup + args.steps):
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            marks.append(time.perf_counter())
+        def on_step(step: int) -> None:
+            if step in (args.warmup, args.warmup + args.steps):
+                if stream is not None:
+                    stream.synchronize()
+                if step == args.warmup:
+                    barrier.wait()
+                marks.append(time.perf_counter())
 
-    tcfg.max_steps, tcfg.warmup_steps, tcfg.log_every = args.warmup + args.steps, 0, 10**9
-    train(model, itertools.repeat((x, y)), tcfg, on_step=on_step)
-    return round((marks[1] - marks[0]) * 1e3 / args.steps, 3)
+        batches = shuffled_batches(x, y, batch, np.random.default_rng(seed))
+        train(model, batches, tcfg, loss_fn=loss_fn, on_step=on_step, cuda_graph=graph == "graph")
+        times.append(tuple(marks))
+
+
+def measure(name, amp, backend, graph, cells) -> dict:
+    torch.backends.cuda.matmul.allow_tf32 = amp == "tf32"
+    barrier, times, errors = threading.Barrier(cells), [], []
+
+    def run(i):
+        try:
+            train_cell(name, amp, backend, graph, barrier, times, seed=i)
+        except Exception as e:  # noqa: BLE001 -- recorded
+            errors.append(f"{type(e).__name__}: {e}"[:300])
+            barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(cells)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        return {"error": errors[0]}
+    window = max(end for _, end in times) - min(start for start, _ in times)
+    return {"ms_per_step": round(window * 1e3 / args.steps, 3), "cell_steps_per_s": round(cells * args.steps / window)}
 
 
 records = []
-for name in args.models.split(","):
-    for amp in args.amp.split(","):
-        for backend in args.attention.split(","):
-            rec = {"model": name, "d_model": args.d_model, "seq_len": seq_len, "batch": x.shape[0], "amp": amp,
-                   "attention": backend}  # fmt: skip
-            model = build_model(resolve_model(name), sweep.overrides(name, args.d_model)).to(device)
-            if backend not in model.available_backends(device):
-                continue
-            model.set_attention_backend(backend)
-            tcfg = sweep.train_config(1e-3, seq_len)
-            tcfg.amp = amp
-            try:
-                rec["ms_per_step"] = time_steps(model, tcfg, x, y)
-            except Exception as e:  # noqa: BLE001 -- record and go on
-                rec["error"] = f"{type(e).__name__}: {e}"[:300]
-            records.append(rec)
-            print(json.dumps(rec), flush=True)
+for name, amp, backend, graph, cells in itertools.product(
+    args.models.split(","), args.amp.split(","), args.attention.split(","), args.graph.split(","),
+    [int(c) for c in args.cells.split(",")],
+):  # fmt: skip
+    if graph == "eager" and cells > 1:
+        continue  # eager steps are launch-bound on the host: threads would only share its one interpreter
+    probe = build_model(resolve_model(name), sweep.overrides(name, args.d_model))
+    if backend not in probe.available_backends(device):
+        continue
+    rec = {"model": name, "d_model": args.d_model, "seq_len": seq_len, "batch": batch, "amp": amp,
+           "attention": backend, "graph": graph, "cells": cells}  # fmt: skip
+    rec.update(measure(name, amp, backend, graph, cells))
+    records.append(rec)
+    print(json.dumps(rec), flush=True)
 args.out.write_text(json.dumps({"provenance": provenance(device=str(device)), "records": records}, indent=1))

@@ -14,8 +14,9 @@ Numerics:
   ``8 * max|log alpha|`` (finite down to log alpha = -10 per token; :mod:`.chunk_kernels`).
 * The write strength ``s = 1 - exp(g) = -expm1(g)`` is computed with a Taylor series near 0 (Triton has no
   ``expm1``), so weak gates keep full relative precision.
-* ``tl.dot`` takes operands in the input dtype (bf16/fp16: tensor cores, fp32 accumulation; fp32 inputs: IEEE
-  fp32 products, not tf32), see :func:`dot_flags`. The gate-scaled products of the per-chunk kernels carry factors
+* ``tl.dot`` takes operands in the input dtype (bf16/fp16: tensor cores, fp32 accumulation; fp32 inputs: 3xTF32,
+  about fp32 accuracy on tensor cores; IEEE FMA dots made an fp32 MQAR training step 10x slower than bf16 on an H100,
+  results/mqar/step_time/), see :func:`dot_flags`. The gate-scaled products of the per-chunk kernels carry factors
   up to ``exp(8 * |log alpha|)`` (sub-chunk reference points, :mod:`.chunk_kernels`); bf16 holds them, fp16 does
   not, so for fp16 inputs those take float32 operands as tf32 (``dot_flags(dtype, gated=True)``). Under
   ``TRITON_INTERPRET=1`` the interpreter's ``tl.dot`` mishandles bf16 storage, so operands are rounded to the
@@ -89,14 +90,15 @@ def config() -> dict:
 def dot_flags(dtype: torch.dtype, gated: bool = False) -> dict:
     """Constexpr kwargs of every kernel that multiplies. Every plain ``tl.dot`` there reads
     ``tl.dot(a.to(DT).to(MT), b.to(DT).to(MT), acc, input_precision=PREC)``: operands rounded to the input dtype
-    DT, multiplied as MT (= DT on a GPU; float32 under the interpreter), IEEE fp32 products for fp32 inputs.
+    DT, multiplied as MT (= DT on a GPU; float32 under the interpreter), 3xTF32 products for fp32 inputs.
     With ``gated`` (the per-chunk kernels) also GT, GMT, GPREC for the gate-scaled products, whose operands may
-    reach ``exp(+80)``: bf16 as DT; fp16 -> float32 operands as tf32 (fp16 overflows at 65504); fp32 -> IEEE."""
+    reach ``exp(+80)``: bf16 as DT; fp16 -> float32 operands as tf32 (fp16 overflows at 65504); fp32 -> 3xTF32
+    (TF32 keeps fp32's exponent range)."""
     emulate = interpreting()
     flags = {
         "DT": _TL_DTYPES[dtype],
         "MT": tl.float32 if emulate else _TL_DTYPES[dtype],
-        "PREC": "ieee" if dtype == torch.float32 else "tf32",
+        "PREC": "tf32x3" if dtype == torch.float32 else "tf32",
     }
     if gated:
         gt = tl.float32 if dtype == torch.float16 else _TL_DTYPES[dtype]

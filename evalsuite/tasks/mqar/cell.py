@@ -7,6 +7,9 @@ learning rate, state size) and the training history; ``key`` and ``config_hash``
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -17,7 +20,16 @@ from evalsuite.data.mqar import mqar_data
 from evalsuite.provenance import device_name, provenance
 from evalsuite.store import config_hash
 from evalsuite.tasks.mqar.sweep import Cell, MQARSweep, cell_config, data_config, resolve_model
-from evalsuite.train import autocast_dtype, build_model, fixed_batches, masked_accuracy, shuffled_batches, train
+from evalsuite.train import (
+    IGNORE_INDEX,
+    autocast_dtype,
+    build_model,
+    fixed_batches,
+    gathered_cross_entropy,
+    masked_accuracy,
+    shuffled_batches,
+    train,
+)
 
 PROGRESS_EVERY = 10  # optimizer steps per progress report from a cell (a worker's reports cross a process queue)
 GATE_STATS_EXAMPLES = 64  # test examples the forget-gate statistics are taken on at each evaluation
@@ -67,9 +79,11 @@ def run_cell(
     data: dict[str, tuple[torch.Tensor, torch.Tensor]],
     attention: str = "auto",
     on_step: Callable[[int], None] | None = None,
+    cuda_graph: bool = False,
 ) -> dict:
     """Train one fresh model on one cell's data (``{"train"|"test": (inputs, labels)}``, each ``[N, seq_len]``
-    long on ``device``); return its record."""
+    long on ``device``); return its record. ``cuda_graph``: each training step replayed as one CUDA graph
+    (:mod:`evalsuite.train_step`; the same updates, without the launch overhead)."""
     card = resolve_model(cell.model)
     config = cell_config(sweep, cell, card)
     chash = config_hash(config)
@@ -87,7 +101,9 @@ def run_cell(
     def evaluate(m):  # accuracy, and how open FoX's forget gates are (issue #13: the gates' role in learning)
         return {**masked_accuracy(m, test_batches(), amp_dtype), **forget_gate_stats(m, test_x[:GATE_STATS_EXAMPLES])}
 
-    result = train(model, batches, tcfg, evaluate=evaluate, on_step=on_step)
+    # Static shapes for the graph: every MQAR row has its kv pairs' queries labelled, the same count per setting.
+    loss_fn = functools.partial(gathered_cross_entropy, labels_per_row=int((train_y != IGNORE_INDEX).sum(1).max()))
+    result = train(model, batches, tcfg, evaluate=evaluate, loss_fn=loss_fn, on_step=on_step, cuda_graph=cuda_graph)
     state = decode_state_size(model, cell.seq_len, amp_dtype or torch.float32)
     final = result.final_eval or {}
     return {
@@ -125,31 +141,38 @@ def run_cell(
             dtype="bfloat16 autocast" if amp_dtype is not None else "float32",
             attention=attention,
             seed=sweep.seed,
+            cuda_graph=cuda_graph,
         ),
     }
 
 
 class DataCache:
-    """Generated data per data config, on the device, kept for the process (cells share their data)."""
+    """Generated data per data config, on the device, kept for the process (its cells share their data; a sweep has
+    a few settings). Thread-safe: cells may train in threads of one process (:func:`evalsuite.pool.run_pool`)."""
 
     def __init__(self, device: torch.device):
-        self.device, self._data = device, {}
+        self.device, self._data, self._lock = device, {}, threading.Lock()
 
     def get(self, config: dict) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         key = config_hash(config)
-        if key not in self._data:
-            self._data.clear()  # one setting at a time: cells run setting by setting
-            arrays = mqar_data(config)
-            self._data[key] = {
-                split: (torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device))
-                for split, (x, y) in arrays.items()
-            }
-        return self._data[key]
+        with self._lock:
+            if key not in self._data:
+                arrays = mqar_data(config)
+                self._data[key] = {
+                    split: (torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device))
+                    for split, (x, y) in arrays.items()
+                }
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)  # other threads read it on their own streams
+            return self._data[key]
 
 
-def cell_handler(sweep_dict: dict, device: str, attention: str) -> Callable[[Cell, Callable[[int], None]], dict]:
+def cell_handler(
+    sweep_dict: dict, device: str, attention: str, cuda_graph: bool = False
+) -> Callable[[Cell, Callable[[int], None]], dict]:
     """A :func:`evalsuite.pool.run_pool` handler (built once per process): ``handler(cell, report) -> record``,
-    reporting progress every ``PROGRESS_EVERY`` steps. Takes plain values so it pickles into a worker."""
+    reporting progress every ``PROGRESS_EVERY`` steps. Takes plain values so it pickles into a worker. On CUDA each
+    cell runs on a stream of its own, so cells in threads of one process overlap on the GPU."""
     sweep = MQARSweep.from_dict(sweep_dict)
     dev = torch.device(device)
     cache = DataCache(dev)
@@ -160,6 +183,8 @@ def cell_handler(sweep_dict: dict, device: str, attention: str) -> Callable[[Cel
                 report(PROGRESS_EVERY)
 
         data = cache.get(data_config(sweep, cell.seq_len, cell.num_kv_pairs))
-        return run_cell(sweep, cell, dev, data, attention, on_step=on_step)
+        stream = torch.cuda.stream(torch.cuda.Stream(dev)) if dev.type == "cuda" else contextlib.nullcontext()
+        with stream:
+            return run_cell(sweep, cell, dev, data, attention, on_step=on_step, cuda_graph=cuda_graph)
 
     return handle

@@ -35,9 +35,10 @@ from evalsuite.tasks.mqar_summary import best_records, finished_keys, latest_cel
 @register_task
 class MQARTask(Task):
     """A sweep of MQAR cells (``Config`` = :class:`MQARSweep`) and how to run it: ``device``, ``attention`` (checked
-    against each model's family), ``workers`` (cells trained at once in subprocesses on the device),
-    ``time_limit`` (seconds, after which no new cell starts), ``preset`` (its name, for the default directory and
-    the summary) and ``on_record(record)`` (called after each finished cell, e.g. a log line)."""
+    against each model's family), ``workers`` (subprocesses training cells on the device), ``threads`` (cells trained
+    at once in each worker, each on its own CUDA stream), ``cuda_graph`` (each training step replayed as one CUDA
+    graph; default: on CUDA devices), ``time_limit`` (seconds, after which no new cell starts), ``preset`` (its name,
+    for the default directory and the summary) and ``on_record(record)`` (called after each finished cell)."""
 
     name = "mqar"
     needs = frozenset()
@@ -51,12 +52,15 @@ class MQARTask(Task):
         device: str = "auto",
         attention: str = "auto",
         workers: int = 1,
+        threads: int = 1,
+        cuda_graph: bool | None = None,
         time_limit: float | None = None,
         preset: str | None = None,
         on_record=None,
     ):
         super().__init__(config)
-        self.device, self.attention, self.workers = device, attention, workers
+        self.device, self.attention, self.workers, self.threads = device, attention, workers, threads
+        self.cuda_graph = cuda_graph
         self.time_limit, self.preset, self.on_record = time_limit, preset, on_record
         self._errors: list[str] = []
         self._shared: dict = {}
@@ -67,6 +71,10 @@ class MQARTask(Task):
         """``{}``: a run directory collects cells of any sweep (see the module docstring). Validates the plan: the
         device, every model (a meta-device build at each width) and the attention backend of each family."""
         self._device = resolve_device(self.device)
+        if self.cuda_graph is None:
+            self.cuda_graph = self._device.type == "cuda"
+        elif self.cuda_graph and self._device.type != "cuda":
+            raise UserError(f"CUDA graphs need a CUDA device, not {self._device}")
         sweep = self.config
         self._cells = sweep_cells(sweep)
         cards = {name: resolve_model(name) for name in dict.fromkeys(c.model for c in self._cells)}
@@ -132,10 +140,13 @@ class MQARTask(Task):
 
             return run_pool(
                 pending,
-                functools.partial(cell_handler, self.config.to_dict(), str(self._device), self.attention),
+                functools.partial(
+                    cell_handler, self.config.to_dict(), str(self._device), self.attention, self.cuda_graph
+                ),
                 workers=self.workers,
+                threads=self.threads,
                 deadline=deadline,
-                torch_threads=max(1, torch.get_num_threads() // max(1, self.workers)),
+                torch_threads=max(1, torch.get_num_threads() // max(1, self.workers * self.threads)),
                 on_start=on_start,
                 on_progress=on_progress,
                 on_result=on_result,
@@ -162,6 +173,8 @@ def run_mqar(
     device: str = "auto",
     attention: str = "auto",
     workers: int = 1,
+    threads: int = 1,
+    cuda_graph: bool | None = None,
     time_limit: float | None = None,
     progress: bool = True,
     preset: str | None = None,
@@ -174,6 +187,8 @@ def run_mqar(
         device=device,
         attention=attention,
         workers=workers,
+        threads=threads,
+        cuda_graph=cuda_graph,
         time_limit=time_limit,
         preset=preset,
         on_record=on_record,
