@@ -67,7 +67,10 @@ def backend_parity(name: str) -> float:
 
 records = []
 for name in args.models.split(","):
-    rec = {"model": name, "fp32_triton_vs_reference": backend_parity(name)}
+    try:
+        rec = {"model": name, "fp32_triton_vs_reference": backend_parity(name)}
+    except TypeError as e:  # FoX's kernel takes bf16/fp16 only; fp32 runs its reference
+        rec = {"model": name, "fp32_triton_vs_reference": str(e)[:120]}
     for amp in ("none", "auto"):
         try:
             eager_losses, eager_w = trained(name, amp, graph=False)

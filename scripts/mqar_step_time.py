@@ -34,7 +34,7 @@ from evalsuite.tasks.mqar.sweep import data_config, load_preset, resolve_model
 from evalsuite.train import IGNORE_INDEX, build_model, gathered_cross_entropy, shuffled_batches, train
 
 ap = argparse.ArgumentParser()
-ap.add_argument("--out", type=Path, required=True)
+ap.add_argument("--out", type=Path, required=True, help="JSON file, rewritten after every combination")
 ap.add_argument("--preset", default="gsa-paper")
 ap.add_argument("--models", default="fox-pro,fox-llama,transformer-llama,transformer-pro,gsa,tnl")
 ap.add_argument("--d-model", type=int, default=128)
@@ -44,6 +44,7 @@ ap.add_argument("--graph", default="eager,graph", help="comma-separated: eager, 
 ap.add_argument("--cells", default="1", help="comma-separated numbers of cells training at once (threads)")
 ap.add_argument("--steps", type=int, default=30)
 ap.add_argument("--warmup", type=int, default=5)
+ap.add_argument("--profile", type=int, default=0, help="print the N kernels with most GPU time (one eager cell)")
 args = ap.parse_args()
 
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -75,8 +76,13 @@ def train_cell(name, amp, backend, graph, barrier, times, seed):
                 marks.append(time.perf_counter())
 
         batches = shuffled_batches(x, y, batch, np.random.default_rng(seed))
-        train(model, batches, tcfg, loss_fn=loss_fn, on_step=on_step, cuda_graph=graph == "graph")
+        profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) if args.profile else None
+        with profiler or contextlib.nullcontext():
+            train(model, batches, tcfg, loss_fn=loss_fn, on_step=on_step, cuda_graph=graph == "graph")
         times.append(tuple(marks))
+        if profiler is not None:  # GPU time per step by kernel, over all warmup + timed steps
+            table = profiler.key_averages().table(sort_by="self_device_time_total", row_limit=args.profile)
+            print(f"{name} amp={amp} {graph}: {args.warmup + args.steps} steps\n{table}", flush=True)
 
 
 def measure(name, amp, backend, graph, cells) -> dict:
@@ -116,4 +122,4 @@ for name, amp, backend, graph, cells in itertools.product(
     rec.update(measure(name, amp, backend, graph, cells))
     records.append(rec)
     print(json.dumps(rec), flush=True)
-args.out.write_text(json.dumps({"provenance": provenance(device=str(device)), "records": records}, indent=1))
+    args.out.write_text(json.dumps({"provenance": provenance(device=str(device)), "records": records}, indent=1))

@@ -30,6 +30,7 @@ import contextlib
 import functools
 import importlib.util
 import os
+import threading
 from collections.abc import Iterator, Mapping
 from typing import TypeVar
 
@@ -73,12 +74,17 @@ def _tma_scratch(size: int, alignment: int, stream) -> torch.Tensor:
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
-@functools.cache
-def install_tma_allocator() -> None:
-    """Give triton the scratch allocator that in-kernel descriptors need (once per process; GPU only)."""
-    import triton
+_THREAD = threading.local()
 
-    triton.set_allocator(_tma_scratch)
+
+def install_tma_allocator() -> None:
+    """Give triton the scratch allocator that in-kernel descriptors need (GPU only). Triton keeps it in a context
+    variable, so once per thread: cells may train in threads (evalsuite/pool.py)."""
+    if not getattr(_THREAD, "tma_allocator", False):
+        import triton
+
+        triton.set_allocator(_tma_scratch)
+        _THREAD.tma_allocator = True
 
 
 class OutOfBounds(AssertionError):
