@@ -197,6 +197,9 @@ def mqar(
     cuda_graph: Annotated[
         bool | None, typer.Option("--cuda-graph/--no-cuda-graph", help="Replay training steps as CUDA graphs.")
     ] = None,
+    compile: Annotated[
+        bool | None, typer.Option("--compile/--no-compile", help="torch.compile the forward (default: on CUDA).")
+    ] = None,
     time_limit: Annotated[float | None, typer.Option(help="Seconds after which no new cell starts.")] = None,
     device: DeviceOpt = "auto",
     seed: SeedOpt = None,
@@ -245,6 +248,7 @@ def mqar(
         workers=workers,
         threads=threads,
         cuda_graph=cuda_graph,
+        compile=compile,
         time_limit=time_limit,
         progress=progress,
         preset=preset,

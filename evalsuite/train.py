@@ -274,6 +274,18 @@ def make_optimizer(model: nn.Module, config: TrainConfig, capturable: bool = Fal
     return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, eps=config.eps, fused=fused or None)
 
 
+def compiled(fn: Callable) -> Callable:
+    """``torch.compile(fn)``, with room for many models: each cell of a sweep compiles its own model through the
+    same loss function, and dynamo's default limit of 8 compiled versions per function would silently fall back to
+    eager after the eighth."""
+    import torch._dynamo
+
+    for limit in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, limit):
+            setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 256))
+    return torch.compile(fn)
+
+
 def train(
     model: nn.Module,
     batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
@@ -283,6 +295,7 @@ def train(
     loss_fn: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] = masked_cross_entropy,
     on_step: Callable[[int], None] | None = None,
     cuda_graph: bool = False,
+    compile: bool = False,
 ) -> TrainResult:
     """Train ``model`` in place for up to ``config.max_steps`` optimizer steps.
 
@@ -291,13 +304,16 @@ def train(
     as diverged when the training loss stops being finite. The host syncs with the GPU only at log and eval
     steps, so the loop does not stall a fast device. ``cuda_graph``: replay each step as one CUDA graph
     (:class:`evalsuite.train_step.GraphedStep`; a CUDA model, a capture-safe ``loss_fn`` such as
-    :func:`gathered_cross_entropy`, batches of one shape).
+    :func:`gathered_cross_entropy`, batches of one shape). ``compile``: the forward and loss through
+    ``torch.compile``, which fuses the chains of elementwise kernels that dominate a small model's step on a GPU.
     """
     device = next(model.parameters()).device
     amp_dtype = autocast_dtype(config.amp, device)
     if cuda_graph and device.type != "cuda":
         raise UserError(f"cuda_graph needs a CUDA model, got one on {device}")
     optimizer = make_optimizer(model, config, capturable=cuda_graph)
+    if compile:
+        loss_fn = compiled(loss_fn)
     stepper = (GraphedStep if cuda_graph else EagerStep)(model, optimizer, loss_fn, config.grad_clip, amp_dtype)
     result = TrainResult(steps=0, seconds=0.0)
     start = time.perf_counter()

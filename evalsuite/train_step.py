@@ -52,14 +52,17 @@ class EagerStep:
         self.update(inputs, labels)
         self.optimizer.zero_grad(set_to_none=True)
 
-    def autocast(self, cache_enabled: bool = True) -> torch.autocast:
+    autocast_cache = True  # autocast's cache of weights cast to amp_dtype, kept for one forward/backward
+
+    def autocast(self) -> torch.autocast:
         """Autocast to ``amp_dtype`` (a no-op context without one)."""
         dtype = self.amp_dtype or torch.bfloat16
-        return torch.autocast(self.device.type, dtype, enabled=self.amp_dtype is not None, cache_enabled=cache_enabled)
+        enabled = self.amp_dtype is not None
+        return torch.autocast(self.device.type, dtype, enabled=enabled, cache_enabled=self.autocast_cache)
 
-    def update(self, inputs: torch.Tensor, labels: torch.Tensor, autocast_cache: bool = True) -> None:
+    def update(self, inputs: torch.Tensor, labels: torch.Tensor) -> None:
         """Forward, backward, clip, optimizer step; the loss is added to ``loss_sum``."""
-        with self.autocast(cache_enabled=autocast_cache):
+        with self.autocast():
             loss = self.loss_fn(self.model, inputs, labels)
         loss.backward()
         if self.grad_clip is not None:
@@ -78,6 +81,9 @@ class GraphedStep(EagerStep):
     """
 
     graph: torch.cuda.CUDAGraph | None = None
+    # Casts cached by autocast would go stale across replays. Off in the warmup too, so that a torch.compile'd loss
+    # sees one autocast state (it guards on it) and compiles once.
+    autocast_cache = False
 
     def __call__(self, inputs: torch.Tensor, labels: torch.Tensor, lr: float) -> None:
         if self.graph is None:
@@ -115,4 +121,4 @@ class GraphedStep(EagerStep):
         torch.cuda.current_stream(self.device).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with _CAPTURE_LOCK, torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
-            self.update(self.inputs, self.labels, autocast_cache=False)  # cached casts would go stale across replays
+            self.update(self.inputs, self.labels)

@@ -40,7 +40,11 @@ ap.add_argument("--models", default="fox-pro,fox-llama,transformer-llama,transfo
 ap.add_argument("--d-model", type=int, default=128)
 ap.add_argument("--amp", default="none,auto", help="none (fp32), tf32 (fp32 with TF32 matmuls), auto (bf16 on CUDA)")
 ap.add_argument("--attention", default="auto", help="comma-separated backends (skipped where not offered)")
-ap.add_argument("--graph", default="eager,graph", help="comma-separated: eager, graph (CUDA graph per step)")
+ap.add_argument(
+    "--graph",
+    default="eager,graph",
+    help="comma-separated: eager, graph (CUDA graph per step), compile (torch.compile'd loss + graph)",
+)
 ap.add_argument("--cells", default="1", help="comma-separated numbers of cells training at once (threads)")
 ap.add_argument("--steps", type=int, default=30)
 ap.add_argument("--warmup", type=int, default=5)
@@ -56,7 +60,7 @@ x, y = (torch.from_numpy(a).to(device) for a in data["train"])
 loss_fn = functools.partial(gathered_cross_entropy, labels_per_row=int((y != IGNORE_INDEX).sum(1).max()))
 
 
-def train_cell(name, amp, backend, graph, barrier, times, seed):
+def train_cell(name, amp, backend, graph, barrier, times, seed, setup):
     """Train one model for warmup + steps steps on its own stream; append (start, end) of the timed steps."""
     stream = torch.cuda.Stream() if device.type == "cuda" else None
     with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
@@ -65,9 +69,11 @@ def train_cell(name, amp, backend, graph, barrier, times, seed):
         tcfg = sweep.train_config(1e-3, seq_len)
         tcfg.amp = "none" if amp == "tf32" else amp
         tcfg.max_steps, tcfg.warmup_steps, tcfg.log_every = args.warmup + args.steps, 0, 10**9
-        marks = []
+        marks, begin = [], time.perf_counter()
 
         def on_step(step: int) -> None:
+            if step == 1:
+                setup.append(time.perf_counter() - begin)  # build + compile + capture + first step
             if step in (args.warmup, args.warmup + args.steps):
                 if stream is not None:
                     stream.synchronize()
@@ -78,7 +84,8 @@ def train_cell(name, amp, backend, graph, barrier, times, seed):
         batches = shuffled_batches(x, y, batch, np.random.default_rng(seed))
         profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) if args.profile else None
         with profiler or contextlib.nullcontext():
-            train(model, batches, tcfg, loss_fn=loss_fn, on_step=on_step, cuda_graph=graph == "graph")
+            train(model, batches, tcfg, loss_fn=loss_fn, on_step=on_step, cuda_graph=graph != "eager",
+                  compile=graph == "compile")  # fmt: skip
         times.append(tuple(marks))
         if profiler is not None:  # GPU time per step by kernel, over all warmup + timed steps
             table = profiler.key_averages().table(sort_by="self_device_time_total", row_limit=args.profile)
@@ -87,11 +94,11 @@ def train_cell(name, amp, backend, graph, barrier, times, seed):
 
 def measure(name, amp, backend, graph, cells) -> dict:
     torch.backends.cuda.matmul.allow_tf32 = amp == "tf32"
-    barrier, times, errors = threading.Barrier(cells), [], []
+    barrier, times, errors, setup = threading.Barrier(cells), [], [], []
 
     def run(i):
         try:
-            train_cell(name, amp, backend, graph, barrier, times, seed=i)
+            train_cell(name, amp, backend, graph, barrier, times, seed=i, setup=setup)
         except Exception as e:  # noqa: BLE001 -- recorded
             errors.append(f"{type(e).__name__}: {e}"[:300])
             barrier.abort()
@@ -104,7 +111,11 @@ def measure(name, amp, backend, graph, cells) -> dict:
     if errors:
         return {"error": errors[0]}
     window = max(end for _, end in times) - min(start for start, _ in times)
-    return {"ms_per_step": round(window * 1e3 / args.steps, 3), "cell_steps_per_s": round(cells * args.steps / window)}
+    return {
+        "ms_per_step": round(window * 1e3 / args.steps, 3),
+        "cell_steps_per_s": round(cells * args.steps / window),
+        "setup_s": round(max(setup), 2),
+    }
 
 
 records = []
@@ -112,7 +123,7 @@ for name, amp, backend, graph, cells in itertools.product(
     args.models.split(","), args.amp.split(","), args.attention.split(","), args.graph.split(","),
     [int(c) for c in args.cells.split(",")],
 ):  # fmt: skip
-    if graph == "eager" and cells > 1:
+    if graph != "graph" and cells > 1:
         continue  # eager steps are launch-bound on the host: threads would only share its one interpreter
     probe = build_model(resolve_model(name), sweep.overrides(name, args.d_model))
     if backend not in probe.available_backends(device):

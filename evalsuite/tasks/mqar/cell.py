@@ -80,10 +80,12 @@ def run_cell(
     attention: str = "auto",
     on_step: Callable[[int], None] | None = None,
     cuda_graph: bool = False,
+    compile: bool = False,
 ) -> dict:
     """Train one fresh model on one cell's data (``{"train"|"test": (inputs, labels)}``, each ``[N, seq_len]``
     long on ``device``); return its record. ``cuda_graph``: each training step replayed as one CUDA graph
-    (:mod:`evalsuite.train_step`; the same updates, without the launch overhead)."""
+    (:mod:`evalsuite.train_step`; the same updates, without the launch overhead); ``compile``: the forward and
+    loss through ``torch.compile`` (fused elementwise kernels; :func:`evalsuite.train.train`)."""
     card = resolve_model(cell.model)
     config = cell_config(sweep, cell, card)
     chash = config_hash(config)
@@ -103,7 +105,9 @@ def run_cell(
 
     # Static shapes for the graph: every MQAR row has its kv pairs' queries labelled, the same count per setting.
     loss_fn = functools.partial(gathered_cross_entropy, labels_per_row=int((train_y != IGNORE_INDEX).sum(1).max()))
-    result = train(model, batches, tcfg, evaluate=evaluate, loss_fn=loss_fn, on_step=on_step, cuda_graph=cuda_graph)
+    result = train(
+        model, batches, tcfg, evaluate=evaluate, loss_fn=loss_fn, on_step=on_step, cuda_graph=cuda_graph, compile=compile
+    )
     state = decode_state_size(model, cell.seq_len, amp_dtype or torch.float32)
     final = result.final_eval or {}
     return {
@@ -142,6 +146,7 @@ def run_cell(
             attention=attention,
             seed=sweep.seed,
             cuda_graph=cuda_graph,
+            compile=compile,
         ),
     }
 
@@ -168,7 +173,7 @@ class DataCache:
 
 
 def cell_handler(
-    sweep_dict: dict, device: str, attention: str, cuda_graph: bool = False
+    sweep_dict: dict, device: str, attention: str, cuda_graph: bool = False, compile: bool = False
 ) -> Callable[[Cell, Callable[[int], None]], dict]:
     """A :func:`evalsuite.pool.run_pool` handler (built once per process): ``handler(cell, report) -> record``,
     reporting progress every ``PROGRESS_EVERY`` steps. Takes plain values so it pickles into a worker. On CUDA each
@@ -185,6 +190,6 @@ def cell_handler(
         data = cache.get(data_config(sweep, cell.seq_len, cell.num_kv_pairs))
         stream = torch.cuda.stream(torch.cuda.Stream(dev)) if dev.type == "cuda" else contextlib.nullcontext()
         with stream:
-            return run_cell(sweep, cell, dev, data, attention, on_step=on_step, cuda_graph=cuda_graph)
+            return run_cell(sweep, cell, dev, data, attention, on_step=on_step, cuda_graph=cuda_graph, compile=compile)
 
     return handle

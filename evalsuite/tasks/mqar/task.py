@@ -37,7 +37,8 @@ class MQARTask(Task):
     """A sweep of MQAR cells (``Config`` = :class:`MQARSweep`) and how to run it: ``device``, ``attention`` (checked
     against each model's family), ``workers`` (subprocesses training cells on the device), ``threads`` (cells trained
     at once in each worker, each on its own CUDA stream), ``cuda_graph`` (each training step replayed as one CUDA
-    graph; default: on CUDA devices), ``time_limit`` (seconds, after which no new cell starts), ``preset`` (its name,
+    graph; default: on CUDA devices), ``compile`` (the forward and loss through ``torch.compile``; default: on CUDA
+    devices), ``time_limit`` (seconds, after which no new cell starts), ``preset`` (its name,
     for the default directory and the summary) and ``on_record(record)`` (called after each finished cell)."""
 
     name = "mqar"
@@ -54,13 +55,14 @@ class MQARTask(Task):
         workers: int = 1,
         threads: int = 1,
         cuda_graph: bool | None = None,
+        compile: bool | None = None,
         time_limit: float | None = None,
         preset: str | None = None,
         on_record=None,
     ):
         super().__init__(config)
         self.device, self.attention, self.workers, self.threads = device, attention, workers, threads
-        self.cuda_graph = cuda_graph
+        self.cuda_graph, self.compile = cuda_graph, compile
         self.time_limit, self.preset, self.on_record = time_limit, preset, on_record
         self._errors: list[str] = []
         self._shared: dict = {}
@@ -71,9 +73,10 @@ class MQARTask(Task):
         """``{}``: a run directory collects cells of any sweep (see the module docstring). Validates the plan: the
         device, every model (a meta-device build at each width) and the attention backend of each family."""
         self._device = resolve_device(self.device)
-        if self.cuda_graph is None:
-            self.cuda_graph = self._device.type == "cuda"
-        elif self.cuda_graph and self._device.type != "cuda":
+        on_cuda = self._device.type == "cuda"
+        self.cuda_graph = on_cuda if self.cuda_graph is None else self.cuda_graph
+        self.compile = on_cuda if self.compile is None else self.compile
+        if self.cuda_graph and not on_cuda:
             raise UserError(f"CUDA graphs need a CUDA device, not {self._device}")
         sweep = self.config
         self._cells = sweep_cells(sweep)
@@ -141,7 +144,12 @@ class MQARTask(Task):
             return run_pool(
                 pending,
                 functools.partial(
-                    cell_handler, self.config.to_dict(), str(self._device), self.attention, self.cuda_graph
+                    cell_handler,
+                    self.config.to_dict(),
+                    str(self._device),
+                    self.attention,
+                    self.cuda_graph,
+                    self.compile,
                 ),
                 workers=self.workers,
                 threads=self.threads,
@@ -175,6 +183,7 @@ def run_mqar(
     workers: int = 1,
     threads: int = 1,
     cuda_graph: bool | None = None,
+    compile: bool | None = None,
     time_limit: float | None = None,
     progress: bool = True,
     preset: str | None = None,
@@ -189,6 +198,7 @@ def run_mqar(
         workers=workers,
         threads=threads,
         cuda_graph=cuda_graph,
+        compile=compile,
         time_limit=time_limit,
         preset=preset,
         on_record=on_record,
