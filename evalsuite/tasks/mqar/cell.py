@@ -105,9 +105,8 @@ def run_cell(
 
     # Static shapes for the graph: every MQAR row has its kv pairs' queries labelled, the same count per setting.
     loss_fn = functools.partial(gathered_cross_entropy, labels_per_row=int((train_y != IGNORE_INDEX).sum(1).max()))
-    result = train(
-        model, batches, tcfg, evaluate=evaluate, loss_fn=loss_fn, on_step=on_step, cuda_graph=cuda_graph, compile=compile
-    )
+    result = train(model, batches, tcfg, evaluate=evaluate, loss_fn=loss_fn, on_step=on_step,
+                   cuda_graph=cuda_graph, compile=compile)  # fmt: skip
     state = decode_state_size(model, cell.seq_len, amp_dtype or torch.float32)
     final = result.final_eval or {}
     return {
