@@ -19,8 +19,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-# Graph capture is serialised within a process (cells may train in threads, evalsuite/pool.py): a capture must not
-# see another thread's allocations on its private memory pool.
+# Warmup and capture are serialised within a process (cells may train in threads, evalsuite/pool.py): a capture must
+# not see another thread's allocations on its private memory pool, and torch.compile runs one compile at a time.
 _CAPTURE_LOCK = threading.Lock()
 
 
@@ -100,6 +100,10 @@ class GraphedStep(EagerStep):
             group["lr"].fill_(lr)
 
     def _capture(self, inputs: torch.Tensor, labels: torch.Tensor) -> None:
+        with _CAPTURE_LOCK:
+            self._warm_up_and_capture(inputs, labels)
+
+    def _warm_up_and_capture(self, inputs: torch.Tensor, labels: torch.Tensor) -> None:
         self.inputs, self.labels = inputs.clone(), labels.clone()
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
@@ -120,5 +124,5 @@ class GraphedStep(EagerStep):
             self.grad_norm.zero_()
         torch.cuda.current_stream(self.device).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with _CAPTURE_LOCK, torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
             self.update(self.inputs, self.labels)

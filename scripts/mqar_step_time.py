@@ -123,7 +123,7 @@ for name, amp, backend, graph, cells in itertools.product(
     args.models.split(","), args.amp.split(","), args.attention.split(","), args.graph.split(","),
     [int(c) for c in args.cells.split(",")],
 ):  # fmt: skip
-    if graph != "graph" and cells > 1:
+    if graph == "eager" and cells > 1:
         continue  # eager steps are launch-bound on the host: threads would only share its one interpreter
     probe = build_model(resolve_model(name), sweep.overrides(name, args.d_model))
     if backend not in probe.available_backends(device):
