@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import threading
 from collections.abc import Iterator
 from typing import Generic, TypeVar
 
@@ -46,7 +47,8 @@ class Registry(Generic[T]):
     def __init__(self, kind: str, builtins: tuple[str, ...] = ()):
         self.kind = kind
         self._builtins = builtins
-        self._loaded = False
+        self._loaded = self._loading = False
+        self._lock = threading.RLock()  # threads of one process (evalsuite/pool.py) must not see a half-loaded registry
         self._entries: dict[str, T] = {}
 
     def register(self, name: str, entry: T, *, replace: bool = False) -> T:
@@ -60,11 +62,18 @@ class Registry(Generic[T]):
         self._entries.pop(name, None)
 
     def _load(self) -> None:
-        if not self._loaded:
-            self._loaded = True
-            for module in self._builtins:
-                importlib.import_module(module)
-            load_plugins()
+        if self._loaded:
+            return
+        with self._lock:
+            if self._loaded or self._loading:  # loaded meanwhile, or a lookup from a builtin module being imported
+                return
+            self._loading = True
+            try:
+                for module in self._builtins:
+                    importlib.import_module(module)
+                load_plugins()
+            finally:
+                self._loading, self._loaded = False, True
 
     def get(self, name: str) -> T:
         """The entry named ``name``; UserError listing the known names otherwise."""

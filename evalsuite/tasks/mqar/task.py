@@ -13,6 +13,7 @@ what the records share (device, dtype, versions, ...) and, under ``summary``, wh
 from __future__ import annotations
 
 import functools
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -124,20 +125,30 @@ class MQARTask(Task):
         advanced: dict[int, int] = {}
         finished = (len(cells) - len(pending)) * steps
         with progress_bar(len(cells) * steps, "mqar", enabled=progress, completed=finished) as bar:
+            heartbeat = {"last": time.time(), "steps": finished}
 
             def on_start(index: int) -> None:
                 c = cells[index]
                 bar.update(description=f"mqar {c.model} d={c.d_model} T={c.seq_len} lr={c.lr:g}")
+                if not progress:  # a log instead of a bar: which cells run, and a heartbeat per minute below
+                    print(f"mqar: start {c.model} T={c.seq_len} d={c.d_model} lr={c.lr:g}", file=sys.stderr, flush=True)
 
             def on_progress(index: int, n: int) -> None:
                 advanced[index] = advanced.get(index, 0) + n
                 bar.advance(n)
+                heartbeat["steps"] += n
+                if not progress and time.time() - heartbeat["last"] > 60:
+                    heartbeat["last"] = time.time()
+                    message = f"mqar: {heartbeat['steps']}/{len(cells) * steps} steps, {len(advanced)} cells running"
+                    print(message, file=sys.stderr, flush=True)
 
             def on_result(index: int, record: dict) -> None:
                 run.append(record)
                 if self.on_record is not None:
                     self.on_record(record)
-                bar.advance(steps - advanced.pop(index, 0))
+                left = steps - advanced.pop(index, 0)
+                bar.advance(left)
+                heartbeat["steps"] += left
                 c = cells[index]
                 bar.update(description=f"mqar {c.model} d={c.d_model} lr={c.lr:g}: {record['value']:.3f}")
 
