@@ -45,10 +45,21 @@ def triton_available(t: torch.Tensor) -> bool:
     return triton_installed()  # checked once: this runs in every layer of every decoding step
 
 
+def _autocast_inputs(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The inputs in the autocast dtype while autocast is on (as autocast casts a matmul's): the kernels are opaque
+    to autocast, and torch.compile's graphs may hand them float32 activations where eager code gives bf16."""
+    device = tensors[0].device.type
+    if not torch.is_autocast_enabled(device):
+        return tensors
+    dtype = torch.get_autocast_dtype(device)
+    return tuple(t.to(dtype) if t.is_floating_point() else t for t in tensors)
+
+
 def attention(q, k, v, cum_q=None, cum_k=None, *, key_start=None, scale=None, backend: str = "auto"):
     """Causal (Forgetting) attention with the chosen backend; see the module docstring for shapes."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown attention backend {backend!r}; choose from {', '.join(BACKENDS)}")
+    q, k, v = _autocast_inputs(q, k, v)
     if backend == "auto":
         backend = "triton" if triton_available(q) else "reference"
     if backend == "dense":

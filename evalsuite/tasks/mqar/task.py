@@ -169,6 +169,7 @@ class MQARTask(Task):
                 on_start=on_start,
                 on_progress=on_progress,
                 on_result=on_result,
+                on_error=lambda index, _message: index is not None and advanced.pop(index, None),
             )
 
     def aggregate(self, rows: list[dict], adapter, run: RunDir) -> tuple[list[dict], dict]:
