@@ -2,7 +2,8 @@
 
 For each model at the ``gsa-paper`` preset's cell (d = ``--d-model``) and each precision: train ``--steps`` steps
 eagerly and again with every step replayed as a CUDA graph (:class:`evalsuite.train_step.GraphedStep`), from the
-same initial weights on the same batches, and compare the per-step losses and the final weights (relative error,
+same initial weights on the same batches, and a third time with the forward and loss also through torch.compile
+(``train(compile=True)``: fused kernels, so close rather than equal), and compare the per-step losses and the final weights (relative error,
 Frobenius over all parameters). Also every model's fp32 logits and gradients with its Triton backend against its
 PyTorch reference backend (GSA's fp32 dots are 3xTF32). Writes ``train_graph_check.json`` to ``--out``.
 
@@ -30,6 +31,8 @@ ap.add_argument("--out", type=Path, required=True)
 ap.add_argument("--models", default="fox-pro,fox-llama,transformer-llama,transformer-pro,gsa,tnl")
 ap.add_argument("--d-model", type=int, default=128)
 ap.add_argument("--steps", type=int, default=20)
+ap.add_argument("--amp", default="none,auto")
+ap.add_argument("--no-parity", action="store_true", help="skip the fp32 Triton-vs-reference check")
 args = ap.parse_args()
 
 device = torch.device("cuda")
@@ -41,12 +44,12 @@ x, y = (torch.from_numpy(a).to(device) for a in data["train"])
 loss_fn = functools.partial(gathered_cross_entropy, labels_per_row=int((y != IGNORE_INDEX).sum(1).max()))
 
 
-def trained(name: str, amp: str, graph: bool):
+def trained(name: str, amp: str, graph: bool, compile: bool = False):
     model = build_model(resolve_model(name), sweep.overrides(name, args.d_model), seed=0).to(device)
     tcfg = sweep.train_config(1e-3, seq_len)
     tcfg.amp, tcfg.max_steps, tcfg.log_every = amp, args.steps, 1
     result = train(model, shuffled_batches(x, y, batch, np.random.default_rng(0)), tcfg, loss_fn=loss_fn,
-                   cuda_graph=graph)  # fmt: skip
+                   cuda_graph=graph, compile=compile)  # fmt: skip
     return [h["loss"] for h in result.history], torch.cat([p.detach().flatten().float() for p in model.parameters()])
 
 
@@ -68,16 +71,21 @@ def backend_parity(name: str) -> float:
 records = []
 for name in args.models.split(","):
     try:
-        rec = {"model": name, "fp32_triton_vs_reference": backend_parity(name)}
+        rec = {"model": name, "fp32_triton_vs_reference": None if args.no_parity else backend_parity(name)}
     except TypeError as e:  # FoX's kernel takes bf16/fp16 only; fp32 runs its reference
         rec = {"model": name, "fp32_triton_vs_reference": str(e)[:120]}
-    for amp in ("none", "auto"):
+    for amp in args.amp.split(","):
         try:
             eager_losses, eager_w = trained(name, amp, graph=False)
             graph_losses, graph_w = trained(name, amp, graph=True)
             rec[f"{amp}_max_loss_diff"] = max(abs(a - b) for a, b in zip(eager_losses, graph_losses, strict=True))
             rec[f"{amp}_weights_rel"] = rel_error(graph_w, eager_w)
-            rec[f"{amp}_loss_first_last"] = [eager_losses[0], eager_losses[-1], graph_losses[-1]]
+            compiled_losses, compiled_w = trained(name, amp, graph=True, compile=True)
+            rec[f"{amp}_compiled_max_loss_diff"] = max(
+                abs(a - b) for a, b in zip(eager_losses, compiled_losses, strict=True)
+            )
+            rec[f"{amp}_compiled_weights_rel"] = rel_error(compiled_w, eager_w)
+            rec[f"{amp}_loss_first_last"] = [eager_losses[0], eager_losses[-1], graph_losses[-1], compiled_losses[-1]]
         except Exception as e:  # noqa: BLE001 -- recorded
             rec[f"{amp}_error"] = f"{type(e).__name__}: {e}"[:400]
     records.append(rec)
