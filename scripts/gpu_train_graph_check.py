@@ -3,7 +3,8 @@
 For each model at the ``gsa-paper`` preset's cell (d = ``--d-model``) and each precision: train ``--steps`` steps
 eagerly and again with every step replayed as a CUDA graph (:class:`evalsuite.train_step.GraphedStep`), from the
 same initial weights on the same batches, and a third time with the forward and loss also through torch.compile
-(``train(compile=True)``: fused kernels, so close rather than equal), and compare the per-step losses and the final weights (relative error,
+(``train(compile=True)``: fused kernels, so close rather than equal), and compare the per-step losses and the
+final weights (relative error,
 Frobenius over all parameters). Also every model's fp32 logits and gradients with its Triton backend against its
 PyTorch reference backend (GSA's fp32 dots are 3xTF32). Writes ``train_graph_check.json`` to ``--out``.
 
