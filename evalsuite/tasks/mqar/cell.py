@@ -22,6 +22,7 @@ from evalsuite.store import config_hash
 from evalsuite.tasks.mqar.sweep import Cell, MQARSweep, cell_config, data_config, resolve_model
 from evalsuite.train import (
     IGNORE_INDEX,
+    autocast,
     autocast_dtype,
     build_model,
     fixed_batches,
@@ -101,7 +102,9 @@ def run_cell(
     test_batches = fixed_batches(test_x, test_y, sweep.eval_batch_size)
 
     def evaluate(m):  # accuracy, and how open FoX's forget gates are (issue #13: the gates' role in learning)
-        return {**masked_accuracy(m, test_batches(), amp_dtype), **forget_gate_stats(m, test_x[:GATE_STATS_EXAMPLES])}
+        with autocast(amp_dtype, device):  # as the accuracy is measured (FoX's Triton kernel takes bf16 only)
+            gates = forget_gate_stats(m, test_x[:GATE_STATS_EXAMPLES])
+        return {**masked_accuracy(m, test_batches(), amp_dtype), **gates}
 
     # Static shapes for the graph: every MQAR row has its kv pairs' queries labelled, the same count per setting.
     loss_fn = functools.partial(gathered_cross_entropy, labels_per_row=int((train_y != IGNORE_INDEX).sum(1).max()))
