@@ -265,3 +265,33 @@ def test_plugins_load_from_the_environment(tmp_path):
     env["EVALSUITE_PLUGINS"] = "no_such_plugin_module"
     out = subprocess.run([sys.executable, "-m", "evalsuite.cli", "tasks"], capture_output=True, text=True, env=env)
     assert out.returncode == 2 and "cannot import plugin 'no_such_plugin_module'" in out.stderr
+
+
+def test_registry_loads_builtins_once_across_threads(tmp_path, monkeypatch):
+    """Threads (cells trained in threads of one process, evalsuite/pool.py) that look up a registry while its builtin
+    modules are still importing wait for them, instead of seeing it half-loaded."""
+    import sys
+    import threading
+
+    from evalsuite.registry import Registry
+
+    registry = Registry("widget", builtins=("slow_widgets",))
+    (tmp_path / "slow_widgets.py").write_text(
+        "import time\nimport test_extension\ntime.sleep(0.3)\ntest_extension.SLOW_REGISTRY.register('w', 1)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys.modules[__name__], "SLOW_REGISTRY", registry, raising=False)
+    found, errors = [], []
+
+    def look_up():
+        try:
+            found.append(registry.get("w"))
+        except Exception as e:  # noqa: BLE001 -- collected for the assertion
+            errors.append(e)
+
+    threads = [threading.Thread(target=look_up) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and found == [1, 1, 1, 1]

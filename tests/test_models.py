@@ -145,3 +145,18 @@ def test_attention_only_blocks():
         [model(ids[:, :4], state=cache)] + [model(ids[:, t : t + 1], state=cache) for t in range(4, 9)], 1
     )
     torch.testing.assert_close(steps, model(ids), rtol=1e-5, atol=1e-5)
+
+
+def test_forgetting_attention_takes_autocast_dtype():
+    """Under autocast the attention entry point hands its kernels q, k, v in the autocast dtype, as autocast does for
+    a matmul (FoX's Triton kernel takes bf16/fp16 only)."""
+    from evalsuite.kernels.forgetting import attention
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 8, 2, 16, generator=gen) for _ in range(3))
+    cum = -torch.rand(1, 8, 2, generator=gen).cumsum(1)
+    exact = attention(q, k, v, cum, cum, backend="reference")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cast = attention(q, k, v, cum, cum, backend="reference")
+    assert exact.dtype == torch.float32 and cast.dtype == torch.bfloat16
+    assert (cast.float() - exact).abs().max() < 3e-2

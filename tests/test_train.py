@@ -16,6 +16,7 @@ from evalsuite.train import (
     TrainConfig,
     build_model,
     fixed_batches,
+    gathered_cross_entropy,
     lr_at,
     make_optimizer,
     masked_accuracy,
@@ -84,6 +85,25 @@ def test_masked_cross_entropy_matches_full_logits():
     labels[0, 1], labels[2, 4], labels[2, 0] = 3, 7, 1
     full = F.cross_entropy(model.logits(model(ids)).reshape(-1, 8), labels.reshape(-1), ignore_index=-100)
     assert masked_cross_entropy(model, ids, labels).item() == pytest.approx(full.item(), rel=1e-6)
+
+
+def test_gathered_cross_entropy_equals_masked():
+    """The capture-safe loss (static shapes, for CUDA graphs) is the masked loss: rows with several, one or no labels,
+    labels anywhere in the row; ``labels_per_row`` above the most any row has only pads with ignored positions."""
+    gen = torch.Generator().manual_seed(1)
+    model = Lookup(torch.randn(8, 8, generator=gen))
+    ids = torch.randint(0, 8, (4, 9), generator=gen)
+    labels = torch.full((4, 9), -100)
+    labels[0, [0, 4, 8]] = torch.tensor([1, 2, 3])
+    labels[1, 5] = 6
+    labels[3, [2, 3]] = torch.tensor([0, 7])
+    masked = masked_cross_entropy(model, ids, labels)
+    for k in (3, 5):
+        assert gathered_cross_entropy(model, ids, labels, labels_per_row=k).item() == pytest.approx(
+            masked.item(), rel=1e-6
+        )
+    grad = torch.autograd.grad(gathered_cross_entropy(model, ids, labels, 3), model.table)[0]
+    assert torch.allclose(grad, torch.autograd.grad(masked_cross_entropy(model, ids, labels), model.table)[0])
 
 
 def test_masked_accuracy_is_a_mean_over_examples():
@@ -187,6 +207,28 @@ def test_train_is_deterministic_on_cpu():
     a, b = run(), run()
     assert [h["loss"] for h in a.history] == [h["loss"] for h in b.history]
     assert a.final_eval == b.final_eval and a.steps == 12 and not a.stopped_early
+
+
+def test_compiled_training_follows_eager():
+    """``train(compile=True)`` (torch.compile'd forward and loss; Inductor's C++ backend on CPU) trains as eager does:
+    the same losses up to fused-kernel rounding."""
+
+    def run(compile: bool):
+        model = build_model(tiny_card("fox-pro"), TINY, seed=1)
+        x, y = successor_data(128, 32, 8, seed=0)
+        cfg = TrainConfig(lr=1e-2, max_steps=6, log_every=1, early_stop=None)
+        batches = shuffled_batches(x, y, 16, np.random.default_rng(5))
+        return [h["loss"] for h in train(model, batches, cfg, compile=compile).history]
+
+    eager, compiled = run(False), run(True)
+    assert compiled == pytest.approx(eager, rel=1e-4) and compiled[-1] < compiled[0]
+
+
+def test_cuda_graph_needs_a_cuda_model():
+    model = build_model(tiny_card(), TINY, seed=0)
+    x, y = successor_data(32, 32, 8, seed=0)
+    with pytest.raises(UserError, match="CUDA"):
+        train(model, shuffled_batches(x, y, 16, np.random.default_rng(0)), TrainConfig(max_steps=1), cuda_graph=True)
 
 
 def test_train_stops_when_loss_is_not_finite():

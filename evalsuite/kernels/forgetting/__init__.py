@@ -46,8 +46,9 @@ def triton_available(t: torch.Tensor) -> bool:
 
 
 def _autocast_inputs(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The inputs in the autocast dtype while autocast is on (as autocast casts a matmul's): the kernels are opaque
-    to autocast, and torch.compile's graphs may hand them float32 activations where eager code gives bf16."""
+    """The inputs in the autocast dtype while autocast is on, as autocast casts a matmul's: the kernels are opaque to
+    autocast, so float32 activations reaching them under autocast would fail the Triton kernel's dtype check (with
+    ``backend="triton"``) or send ``"auto"`` to the float32 reference."""
     device = tensors[0].device.type
     if not torch.is_autocast_enabled(device):
         return tensors
