@@ -33,7 +33,8 @@ class MQARSweep:
     run time (so rerunning after a new architecture lands adds its rows). ``pairing``: ``"zip"`` pairs ``seq_lens``
     with ``num_kv_pairs`` elementwise; ``"product"`` crosses them (invalid pairs skipped). ``num_heads`` or
     ``head_dim`` sets the head count (``head_dim`` wins: heads = d_model / head_dim); ``model_overrides[name]`` adds
-    config keys for one model, a value given as ``{d_model: value}`` per width (e.g. GSA's slots = d_model / 4). ``batch_size`` may map seq_len -> batch.
+    config keys for one model, a value given as ``{d_model: value}`` per width (e.g. GSA's slots = d_model / 4).
+    ``batch_size`` may map seq_len -> batch.
 
     The training recipe: ours by default (warmup then cosine over ``max_steps``, decay on matrices only, clipping,
     bf16 on CUDA) or, field by field, Zoology's (arXiv:2312.04927, the GSA authors' fork): ``tie_head: true``
