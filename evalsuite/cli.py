@@ -272,8 +272,10 @@ def mqar(
 
 
 def _echo_mqar_cell(r: dict) -> None:
+    variant = f" [{r['variant']}]" if r.get("variant") else ""
+    seed = f" seed={r['seed']}" if r.get("seed") is not None else ""
     typer.echo(
-        f"  {r['model']} T={r['length']} kv={r['num_kv_pairs']} d={r['d_model']} lr={r['lr']:g}: "
+        f"  {r['model']}{variant} T={r['length']} kv={r['num_kv_pairs']} d={r['d_model']} lr={r['lr']:g}{seed}: "
         f"accuracy {r['value']:.4f} after {r['steps']} steps ({r['train_seconds']:.0f} s)",
         err=True,
     )

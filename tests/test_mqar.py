@@ -19,7 +19,8 @@ import torch
 from evalsuite.cards import architecture_card
 from evalsuite.data.mqar import multiquery_ar, power_law_weights, weighted_ordered_sample
 from evalsuite.errors import UserError
-from evalsuite.report.mqar import best_over_lr, best_table, load_mqar, write_mqar_report
+from evalsuite.report.mqar import best_over_lr, best_table, load_mqar, records_frame, write_mqar_report
+from evalsuite.store import config_hash
 from evalsuite.tasks.mqar import (
     MQARSweep,
     cell_config,
@@ -433,6 +434,54 @@ def test_report_files(tmp_path):
     assert pd.read_csv(tmp_path / "out" / "best.csv", index_col=0).shape == (2, 2)
     with pytest.raises(UserError, match="no MQAR records"):
         load_mqar([tmp_path / "out"])
+
+
+def test_variants_and_seeds_grid_and_hashes():
+    """Seeds and recipe variants multiply the cells; the base recipe at the sweep's seed keeps its old hash; a
+    variant changes only its fields; variants may not touch the grid or the data."""
+    base = MQARSweep(**TINY_SWEEP)
+    sweep = MQARSweep(**{**TINY_SWEEP, "seeds": [123, 7], "variants": {"untied": {"tie_head": False},
+                                                                      "clip": {"grad_clip": 0.5}}})  # fmt: skip
+    cells = sweep_cells(sweep)
+    assert len(cells) == 3 * 2 and {(c.variant, c.seed) for c in cells} == {
+        (v, s) for v in ("", "untied", "clip") for s in (123, 7)
+    }
+    hashes = {(c.variant, c.seed): config_hash(cell_config(sweep, c)) for c in cells}
+    assert hashes[("", 123)] == config_hash(cell_config(base, sweep_cells(base)[0]))
+    assert len(set(hashes.values())) == 6
+    untied = cell_config(sweep, next(c for c in cells if c.variant == "untied" and c.seed == 7))
+    assert untied["model"]["overrides"]["tie_word_embeddings"] is False and untied["init_seed"] == 7
+    assert untied["data"] == cell_config(base, sweep_cells(base)[0])["data"]  # seeds train differently, same data
+    for bad in ({"lrs": [1e-3]}, {"seed": 5}, {"vocab_size": 32}):
+        with pytest.raises(UserError, match="may not change"):
+            MQARSweep(**{**TINY_SWEEP, "variants": {"x": bad}})
+    with pytest.raises(UserError, match="unknown MQAR sweep key"):
+        MQARSweep(**{**TINY_SWEEP, "variants": {"x": {"nope": 1}}})
+    with pytest.raises(UserError, match="seeds"):
+        MQARSweep(**{**TINY_SWEEP, "seeds": []})
+
+
+def test_ablation_run_and_table(tmp_path):
+    """A sweep with a variant and two seeds trains every cell once, records variant and seed, and its report adds
+    ablation.{csv,md}: per model, variant and width, accuracy over seeds and how many solved."""
+    sweep = MQARSweep(**{**TINY_SWEEP, "seeds": [1, 2], "variants": {"untied": {"tie_head": False}}})
+    out = run_mqar(sweep, tmp_path / "run", device="cpu", progress=False)
+    assert out["summary"]["cells"]["finished"] == 4
+    records = [json.loads(line) for line in (tmp_path / "run" / "records.jsonl").read_text().splitlines()]
+    assert sorted((r["variant"] or "", r["seed"]) for r in records) == [("", 1), ("", 2), ("untied", 1), ("untied", 2)]
+    assert {r["model"] for r in out["records"]} == {"transformer-llama", "transformer-llama [untied]"}
+    written = write_mqar_report([tmp_path / "run"], tmp_path / "out")
+    assert {"ablation.csv", "ablation.md"} <= {p.name for p in written}
+    table = pd.read_csv(tmp_path / "out" / "ablation.csv")
+    assert list(table["variant"]) == ["base", "untied"] and (table["seeds"] == 2).all()
+    by_variant = {r["variant"]: r for r in records if r["seed"] == 1}
+    frame = records_frame(records)
+    assert (frame.groupby("model")["seed"].nunique() == 2).all()
+    best = best_over_lr(frame).set_index("model")
+    seed_values = [r["value"] for r in records if r["variant"] is None]
+    assert best.loc["transformer-llama", "accuracy"] == pytest.approx(sum(seed_values) / 2)
+    assert best.loc["transformer-llama", "accuracy_min"] == pytest.approx(min(seed_values))
+    assert table.set_index("variant").loc["untied", "min"] <= by_variant["untied"]["value"]
 
 
 def test_training_curves(tmp_path):

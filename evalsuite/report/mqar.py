@@ -6,6 +6,8 @@
   attention model has no fixed state; its point is its KV cache at the sequence length (hollow markers);
 * the best accuracy per model and d_model (CSV / Markdown / LaTeX), and a long table with the best learning
   rate and state size of every point;
+* for sweeps with recipe variants or several seeds, the ablation table: per model, variant and width, the best
+  accuracy over learning rates as mean / min / max over seeds, how many seeds solved the task and in how many steps;
 * training curves of each point's best cell: test accuracy, training loss and, for FoX, the forget gates' mean
   memory time scale against the step (which models learn, how fast, and how open their gates are).
 
@@ -30,7 +32,7 @@ from evalsuite.report.tables import write_table
 from evalsuite.store import RECORDS_FILE, read_jsonl
 from evalsuite.tasks.mqar_summary import POINT, best_over_lr, records_frame
 
-__all__ = ["POINT", "best_over_lr", "best_table", "load_mqar", "records_frame", "write_mqar_report"]
+__all__ = ["POINT", "ablation_table", "best_over_lr", "best_table", "load_mqar", "records_frame", "write_mqar_report"]
 
 SETTING = ["length", "num_kv_pairs"]
 
@@ -207,14 +209,41 @@ def plot_training_curves(records: Iterable[dict], best: pd.DataFrame, out_stem: 
     return save_figure(fig, out_stem)
 
 
+def ablation_table(df: pd.DataFrame, solved_above: float = 0.99) -> pd.DataFrame:
+    """Per (model, variant, setting, d_model): the best accuracy over learning rates of each training seed, as
+    ``mean``, ``min``, ``max`` over seeds; ``solved`` ("k/n": seeds whose best cell exceeded ``solved_above``) and
+    ``steps_to_solve`` (median over solved seeds of the best cell's steps; the sweep stops a cell early once solved).
+
+    ``df``: a :func:`records_frame`; ``variant`` "base" for the base recipe."""
+    key = ["model_name", "variant", *SETTING, "d_model"]
+    df = df.assign(variant=df["variant"].fillna("base").replace("", "base"), seed=df["seed"].fillna(-1))
+    ordered = df.sort_values(["value", "lr"], ascending=[False, True], kind="stable")
+    per_seed = ordered.groupby([*key, "seed"], sort=False).head(1)
+    rows = []
+    for values, g in per_seed.groupby(key, sort=False):
+        solved = g[g["value"] > solved_above]
+        rows.append({**dict(zip(key, values, strict=True)), "seeds": len(g), "mean": g["value"].mean(),
+                     "min": g["value"].min(), "max": g["value"].max(), "solved": f"{len(solved)}/{len(g)}",
+                     "steps_to_solve": solved["steps"].median() if len(solved) else None,
+                     "best_lrs": ", ".join(f"{lr:g}" for lr in sorted(g["lr"].unique()))})  # fmt: skip
+    out = pd.DataFrame(rows).rename(columns={"model_name": "model"})
+    order = {v: i for i, v in enumerate(["base", *sorted(set(out["variant"]) - {"base"})])}
+    out = out.sort_values(["model", *SETTING, "d_model"], kind="stable")
+    return out.sort_values("variant", key=lambda v: v.map(order), kind="stable").sort_values("model", kind="stable")
+
+
 def write_mqar_report(paths: Iterable[Path | str], out_dir: Path | str) -> list[Path]:
     """All MQAR outputs for the runs under ``paths`` into ``out_dir``: ``best.{csv,md,tex}`` (wide),
     ``best_long.csv``, ``accuracy_vs_dmodel.{png,pdf}``, ``accuracy_vs_state.{png,pdf}``,
-    ``training_curves.{png,pdf}``."""
+    ``training_curves.{png,pdf}`` and, for sweeps with variants or several seeds, ``ablation.{csv,md}``."""
     out_dir = Path(out_dir)
     paths = list(paths)
-    best = best_over_lr(load_mqar(paths))
+    frame = load_mqar(paths)
+    best = best_over_lr(frame)
     written = write_table(best_table(best), out_dir / "best", floatfmt=".3f")
+    seeds_per_cell = frame.groupby(["model", *SETTING, "d_model", "lr"])["seed"].nunique().max()
+    if frame["variant"].notna().any() or seeds_per_cell > 1:
+        written += write_table(ablation_table(frame), out_dir / "ablation", formats=("csv", "md"), floatfmt=".3f")
     written += write_table(best, out_dir / "best_long", formats=("csv",))
     written += plot_accuracy_vs_dmodel(best, out_dir / "accuracy_vs_dmodel")
     if best["state_bytes"].notna().any():

@@ -35,6 +35,8 @@ _FIELDS = (
     "diverged",
     "train_seconds",
     "config_hash",
+    "variant",
+    "seed",
 )
 
 
@@ -58,7 +60,10 @@ def latest_cells(records: Iterable[dict]) -> list[dict]:
 def records_frame(records: Iterable[dict], run_dir: Path | str = ""):
     """A pandas DataFrame, one row per trained cell (``task == "mqar"``, ``metric == "accuracy"``) of ``records``.
 
-    Columns: ``_FIELDS`` plus ``device`` (from provenance) and ``run_dir``; ``value`` is the query accuracy.
+    Columns: ``_FIELDS`` plus ``model_name``, ``device`` (from provenance) and ``run_dir``; ``value`` is the query
+    accuracy. A cell of a recipe variant is labelled ``"model [variant]"`` in ``model`` (``model_name``: the model),
+    so tables and plots show it as a row of its own; ``seed`` is the cell's training seed (older records: their
+    config's ``init_seed``).
     """
     import pandas as pd
 
@@ -66,10 +71,15 @@ def records_frame(records: Iterable[dict], run_dir: Path | str = ""):
     for r in records:
         if r.get("task") == "mqar" and r.get("metric") == "accuracy" and r.get("value") is not None:
             row = {k: r.get(k) for k in _FIELDS}
+            row["model_name"] = row["model"]
+            if row["variant"]:
+                row["model"] = f"{row['model']} [{row['variant']}]"
+            if row["seed"] is None:
+                row["seed"] = (r.get("config") or {}).get("init_seed")
             row["device"] = (r.get("provenance") or {}).get("device")
             row["run_dir"] = str(run_dir)
             rows.append(row)
-    df = pd.DataFrame(rows, columns=[*_FIELDS, "device", "run_dir"])
+    df = pd.DataFrame(rows, columns=[*_FIELDS, "model_name", "device", "run_dir"])
     for column in ("length", "num_kv_pairs", "d_model"):
         df[column] = df[column].astype(int)
     df["value"] = df["value"].astype(float)
@@ -79,16 +89,24 @@ def records_frame(records: Iterable[dict], run_dir: Path | str = ""):
 
 
 def best_over_lr(df):
-    """The best cell over learning rates for each (model, length, kv pairs, d_model); ties go to the smaller lr.
+    """The best cell over learning rates for each (model, length, kv pairs, d_model) and training seed (ties go to
+    the smaller lr), then the mean over seeds.
 
-    ``df``: a :func:`records_frame`. Columns: ``POINT``, ``accuracy``, ``n`` (test examples), ``lr`` (the best
-    one), ``lrs`` (how many were tried), ``state_kind``, ``state_bytes``, ``steps`` (of the best cell), ``device``.
+    ``df``: a :func:`records_frame`. Columns: ``POINT``, ``accuracy`` (mean over seeds of the best accuracy),
+    ``accuracy_min`` and ``accuracy_max`` (over seeds), ``seeds``, ``n`` (test examples), ``lr`` (the best one, of
+    the first seed), ``lrs`` (how many were tried), ``state_kind``, ``state_bytes``, ``steps`` (of the best cells,
+    mean over seeds), ``device``.
     """
-    ordered = df.sort_values(["value", "lr"], ascending=[False, True], kind="stable")
-    best = ordered.groupby(POINT, sort=True).head(1).set_index(POINT)
+    ordered = df.assign(seed=df["seed"].fillna(-1)).sort_values(["value", "lr"], ascending=[False, True], kind="stable")
+    per_seed = ordered.groupby([*POINT, "seed"], sort=True).head(1)
+    first = per_seed.sort_values([*POINT, "seed"], kind="stable").groupby(POINT, sort=True).head(1)
+    first = first.set_index(POINT).drop(columns=["steps"])
+    spread = per_seed.groupby(POINT)["value"].agg(accuracy="mean", accuracy_min="min", accuracy_max="max", seeds="size")
+    steps = per_seed.groupby(POINT)["steps"].mean()
     tried = df.groupby(POINT)["lr"].nunique().rename("lrs")
-    out = best.join(tried).reset_index().rename(columns={"value": "accuracy"})
-    columns = [*POINT, "accuracy", "n", "lr", "lrs", "state_kind", "state_bytes", "steps", "device"]
+    out = first.join([spread, steps, tried]).reset_index()
+    columns = [*POINT, "accuracy", "n", "lr", "lrs", "state_kind", "state_bytes", "steps", "device", "accuracy_min",
+               "accuracy_max", "seeds"]  # fmt: skip
     return out[columns].sort_values(POINT, kind="stable").reset_index(drop=True)
 
 

@@ -89,15 +89,16 @@ def run_cell(
     loss through ``torch.compile`` (fused elementwise kernels; :func:`evalsuite.train.train`)."""
     card = resolve_model(cell.model)
     config = cell_config(sweep, cell, card)
+    sweep, seed = sweep.for_variant(cell.variant), cell.training_seed(sweep)
     chash = config_hash(config)
     overrides = config["model"]["overrides"]
-    model = build_model(card, overrides, seed=sweep.seed).to(device)
+    model = build_model(card, overrides, seed=seed).to(device)
     model.set_attention_backend(attention)
     tcfg = sweep.train_config(cell.lr, cell.seq_len)
     amp_dtype = autocast_dtype(tcfg.amp, device)
     train_x, train_y = data["train"]
     test_x, test_y = data["test"]
-    order_rng = np.random.default_rng([sweep.seed, cell.seq_len, cell.num_kv_pairs, 2])
+    order_rng = np.random.default_rng([seed, cell.seq_len, cell.num_kv_pairs, 2])
     batches = shuffled_batches(train_x, train_y, sweep.batch_for(cell.seq_len), order_rng)
     test_batches = fixed_batches(test_x, test_y, sweep.eval_batch_size)
 
@@ -115,12 +116,16 @@ def run_cell(
     return {
         "model": cell.model,
         "task": "mqar",
-        "subtask": f"kv{cell.num_kv_pairs}/d{cell.d_model}/lr{cell.lr:g}",
+        "subtask": f"kv{cell.num_kv_pairs}/d{cell.d_model}/lr{cell.lr:g}"
+        + (f"/{cell.variant}" if cell.variant else "")
+        + (f"/seed{seed}" if cell.seed is not None else ""),
         "length": cell.seq_len,
         "metric": "accuracy",
         "value": final.get("accuracy"),
         "n": final.get("n"),
         "architecture": card.architecture,
+        "variant": cell.variant or None,
+        "seed": seed,
         "d_model": cell.d_model,
         "num_kv_pairs": cell.num_kv_pairs,
         "lr": cell.lr,
@@ -146,7 +151,7 @@ def run_cell(
             device=device_name(device),
             dtype="bfloat16 autocast" if amp_dtype is not None else "float32",
             attention=attention,
-            seed=sweep.seed,
+            seed=seed,
             cuda_graph=cuda_graph,
             compile=compile,
         ),

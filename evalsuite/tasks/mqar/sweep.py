@@ -41,6 +41,10 @@ class MQARSweep:
     (the LM head is the embedding; None keeps each family's default), ``schedule: epoch-cosine`` with
     ``cosine_epochs: 64`` (epochs of ``num_train // batch`` steps), ``warmup_steps: 0``, ``decay_all_params:
     true``, ``grad_clip: null``, ``amp: none`` (fp32). Each family keeps its own block.
+
+    Ablations and seeds: every cell runs once per entry of ``seeds`` (None: once, at ``seed``) and once per recipe
+    ``variants`` entry besides the base recipe (``{"untied": {"tie_head": False}, ...}``, any fields but the grid's
+    and the data's), so the differences are measured in one pool of cells (issue #13, part 1).
     """
 
     models: list[str] = field(default_factory=lambda: ["all"])
@@ -74,6 +78,8 @@ class MQARSweep:
     decay_all_params: bool = False
     tie_head: bool | None = None
     seed: int = 123
+    seeds: list[int] | None = None  # training seeds (model init, batch order) of every cell; data keeps ``seed``
+    variants: dict = field(default_factory=dict)  # name -> sweep fields it changes: a recipe ablation (see below)
     check_accuracy: float | None = None  # fail the command unless each model's best cell exceeds this
     cpu_threads: int | None = None  # torch threads on a CPU device (1 suits tiny models on shared machines)
     description: str = ""
@@ -90,6 +96,14 @@ class MQARSweep:
             raise UserError("MQAR sweep: pairing 'zip' needs as many seq_lens as num_kv_pairs")
         if isinstance(self.batch_size, dict):
             self.batch_size = {int(k): int(v) for k, v in self.batch_size.items()}
+        if self.seeds is not None and (not isinstance(self.seeds, list | tuple) or not self.seeds):
+            raise UserError("MQAR sweep: seeds must be a non-empty list (or null)")
+        for name, changes in self.variants.items():
+            fixed = sorted(set(changes) & (_GRID_FIELDS | set(_DATA_FIELDS) | {"variants", "seeds"}))
+            if not name or not isinstance(changes, dict) or fixed:
+                raise UserError(f"MQAR sweep: variant {name!r} must be a mapping of recipe fields; it may not change "
+                                f"{', '.join(fixed) or 'nothing else'}")  # fmt: skip
+            self.for_variant(name)  # validates its fields and values
         for seq_len, _ in self.settings():
             self.train_config(1e-3, seq_len)  # validate the training settings early
 
@@ -103,6 +117,14 @@ class MQARSweep:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def for_variant(self, variant: str) -> MQARSweep:
+        """The sweep with recipe variant ``variant`` applied ("" : the base recipe)."""
+        if not variant:
+            return self
+        if variant not in self.variants:
+            raise UserError(f"MQAR sweep: unknown variant {variant!r}; known: {', '.join(self.variants)}")
+        return MQARSweep.from_dict({**self.to_dict(), **self.variants[variant], "variants": {}})
 
     def settings(self) -> list[tuple[int, int]]:
         """(seq_len, num_kv_pairs) pairs of the grid."""
@@ -175,13 +197,25 @@ class MQARSweep:
         return out
 
 
+_GRID_FIELDS = {"models", "d_models", "seq_lens", "num_kv_pairs", "pairing", "lrs"}
+_DATA_FIELDS = ("vocab_size", "power_a", "random_non_queries", "num_passes", "num_train", "num_test", "seed")
+
+
 @dataclass(frozen=True)
 class Cell:
+    """One training run. ``seed``: its training seed (None: the sweep's ``seed``); ``variant``: its recipe variant
+    ("": the base recipe)."""
+
     model: str
     d_model: int
     seq_len: int
     num_kv_pairs: int
     lr: float
+    seed: int | None = None
+    variant: str = ""
+
+    def training_seed(self, sweep: MQARSweep) -> int:
+        return sweep.seed if self.seed is None else self.seed
 
 
 def sweep_cells(sweep: MQARSweep) -> list[Cell]:
@@ -195,11 +229,13 @@ def sweep_cells(sweep: MQARSweep) -> list[Cell]:
     middle = (min(logs) + max(logs)) / 2
     lrs = sorted(sweep.lrs, key=lambda lr: abs(math.log(lr) - middle))
     return [
-        Cell(m, d, t, kv, lr)
+        Cell(m, d, t, kv, lr, seed, variant)
         for t, kv in sweep.settings()
         for lr in lrs
         for d in sorted(sweep.d_models, reverse=True)
         for m in sweep.model_names()
+        for variant in ["", *sweep.variants]
+        for seed in sweep.seeds or [None]
     ]
 
 
@@ -212,14 +248,15 @@ def resolve_model(name: str) -> ModelCard:
 
 def data_config(sweep: MQARSweep, seq_len: int, num_kv_pairs: int) -> dict:
     """The settings of :func:`evalsuite.data.mqar.mqar_data` for one (seq_len, kv pairs) setting."""
-    keys = ("vocab_size", "power_a", "random_non_queries", "num_passes", "num_train", "num_test", "seed")
-    return {"seq_len": seq_len, "num_kv_pairs": num_kv_pairs, **{k: getattr(sweep, k) for k in keys}}
+    return {"seq_len": seq_len, "num_kv_pairs": num_kv_pairs, **{k: getattr(sweep, k) for k in _DATA_FIELDS}}
 
 
 def cell_config(sweep: MQARSweep, cell: Cell, card: ModelCard | None = None) -> dict:
     """Everything that defines a cell's result; its hash keys the cell's record. ``card``: the cell's model
-    (:func:`resolve_model`), when the caller has it already."""
+    (:func:`resolve_model`), when the caller has it already. A cell of the base recipe at the sweep's seed hashes
+    as it did before seeds and variants existed."""
     card = card or resolve_model(cell.model)
+    sweep = sweep.for_variant(cell.variant)
     return {
         "task": "mqar",
         "model": {
@@ -232,7 +269,7 @@ def cell_config(sweep: MQARSweep, cell: Cell, card: ModelCard | None = None) -> 
         "train": sweep.train_config(cell.lr, cell.seq_len).to_dict(),
         "batch_size": sweep.batch_for(cell.seq_len),
         "eval_batch_size": sweep.eval_batch_size,
-        "init_seed": sweep.seed,
+        "init_seed": cell.training_seed(sweep),
     }
 
 

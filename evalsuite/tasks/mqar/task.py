@@ -129,9 +129,9 @@ class MQARTask(Task):
 
             def on_start(index: int) -> None:
                 c = cells[index]
-                bar.update(description=f"mqar {c.model} d={c.d_model} T={c.seq_len} lr={c.lr:g}")
+                bar.update(description=f"mqar {cell_label(c)}")
                 if not progress:  # a log instead of a bar: which cells run, and a heartbeat per minute below
-                    print(f"mqar: start {c.model} T={c.seq_len} d={c.d_model} lr={c.lr:g}", file=sys.stderr, flush=True)
+                    print(f"mqar: start {cell_label(c)}", file=sys.stderr, flush=True)
 
             def on_progress(index: int, n: int) -> None:
                 advanced[index] = advanced.get(index, 0) + n
@@ -150,7 +150,7 @@ class MQARTask(Task):
                 bar.advance(left)
                 heartbeat["steps"] += left
                 c = cells[index]
-                bar.update(description=f"mqar {c.model} d={c.d_model} lr={c.lr:g}: {record['value']:.3f}")
+                bar.update(description=f"mqar {cell_label(c)}: {record['value']:.3f}")
 
             return run_pool(
                 pending,
@@ -184,6 +184,13 @@ class MQARTask(Task):
             "errors": self._errors,
         }
         return best_records(rows), summary
+
+
+def cell_label(c: Cell) -> str:
+    """``model [variant] T=.. d=.. lr=.. seed=..`` for logs and the progress bar."""
+    variant = f" [{c.variant}]" if c.variant else ""
+    seed = f" seed={c.seed}" if c.seed is not None else ""
+    return f"{c.model}{variant} T={c.seq_len} d={c.d_model} lr={c.lr:g}{seed}"
 
 
 def run_mqar(
