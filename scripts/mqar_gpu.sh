@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# The MQAR gsa-paper sweep on one CUDA GPU, from the repository root (no install needed):
+# An MQAR sweep preset (default gsa-paper) on one CUDA GPU, from the repository root (no install needed):
 #
-#   OUT=/some/dir bash scripts/mqar_gpu.sh [extra `evalsuite mqar` options]
+#   OUT=/some/dir [PRESET=recipe-ablation] bash scripts/mqar_gpu.sh [extra `evalsuite mqar` options]
 #
-# Writes $OUT/gsa-paper/{records.jsonl,results.json} (no plots: draw them anywhere with
-# `evalsuite plot mqar $OUT/gsa-paper --out results/mqar/gsa-paper`) and $OUT/log.txt. Resumable: rerun with the
-# same $OUT, or with RESUME=dir holding an earlier records.jsonl, and only the missing cells train.
-# Knobs: WORKERS (cells trained at once on the GPU, default 6), TIME_LIMIT (seconds after which no new cell
-# starts, default 420, so that a 9-minute session ends with every finished cell written).
+# Writes $OUT/$PRESET/{records.jsonl,results.json} (no plots: draw them anywhere with
+# `evalsuite plot mqar $OUT/$PRESET --out results/mqar/...`) and $OUT/log.txt. Resumable: rerun with the same
+# $OUT, or with RESUME=dir holding an earlier records.jsonl, and only the missing cells train. Training steps run
+# as CUDA graphs of torch.compile'd forwards (the defaults on CUDA; results/mqar/step_time/h100-graphs-compile).
+# Knobs: WORKERS (processes training cells at once on the GPU, default 4), TIME_LIMIT (seconds after which no new
+# cell starts, default 300, so that a 10-minute call ends with every finished cell written).
 set -euo pipefail
 OUT=${OUT:-/tmp/mqar_gpu}
-RUN="$OUT/gsa-paper"
+PRESET=${PRESET:-gsa-paper}
+RUN="$OUT/$PRESET"
 mkdir -p "$RUN"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 exec > >(tee -a "$OUT/log.txt") 2>&1
@@ -48,5 +50,5 @@ EOF
 )
 echo "attention backend: $ATTENTION"
 
-python3 -m evalsuite.cli mqar --preset gsa-paper --device cuda --attention "$ATTENTION" \
-    --workers "${WORKERS:-6}" --time-limit "${TIME_LIMIT:-420}" --out "$RUN" --no-progress --no-report "$@"
+python3 -m evalsuite.cli mqar --preset "$PRESET" --device cuda --attention "$ATTENTION" \
+    --workers "${WORKERS:-4}" --time-limit "${TIME_LIMIT:-300}" --out "$RUN" --no-progress --no-report "$@"
