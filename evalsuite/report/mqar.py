@@ -30,7 +30,7 @@ from evalsuite.report.plots import model_colors, save_figure
 from evalsuite.report.records import find_runs
 from evalsuite.report.tables import write_table
 from evalsuite.store import RECORDS_FILE, read_jsonl
-from evalsuite.tasks.mqar_summary import POINT, best_over_lr, records_frame
+from evalsuite.tasks.mqar_summary import POINT, best_cell_per_seed, best_over_lr, records_frame
 
 __all__ = ["POINT", "ablation_table", "best_over_lr", "best_table", "load_mqar", "records_frame", "write_mqar_report"]
 
@@ -216,9 +216,7 @@ def ablation_table(df: pd.DataFrame, solved_above: float = 0.99) -> pd.DataFrame
 
     ``df``: a :func:`records_frame`; ``variant`` "base" for the base recipe."""
     key = ["model_name", "variant", *SETTING, "d_model"]
-    df = df.assign(variant=df["variant"].fillna("base").replace("", "base"), seed=df["seed"].fillna(-1))
-    ordered = df.sort_values(["value", "lr"], ascending=[False, True], kind="stable")
-    per_seed = ordered.groupby([*key, "seed"], sort=False).head(1)
+    per_seed = best_cell_per_seed(df.assign(variant=df["variant"].fillna("base").replace("", "base")), key)
     rows = []
     for values, g in per_seed.groupby(key, sort=False):
         solved = g[g["value"] > solved_above]
@@ -227,9 +225,9 @@ def ablation_table(df: pd.DataFrame, solved_above: float = 0.99) -> pd.DataFrame
                      "steps_to_solve": solved["steps"].median() if len(solved) else None,
                      "best_lrs": ", ".join(f"{lr:g}" for lr in sorted(g["lr"].unique()))})  # fmt: skip
     out = pd.DataFrame(rows).rename(columns={"model_name": "model"})
-    order = {v: i for i, v in enumerate(["base", *sorted(set(out["variant"]) - {"base"})])}
-    out = out.sort_values(["model", *SETTING, "d_model"], kind="stable")
-    return out.sort_values("variant", key=lambda v: v.map(order), kind="stable").sort_values("model", kind="stable")
+    rank = {v: i for i, v in enumerate(["base", *sorted(set(out["variant"]) - {"base"})])}  # the base recipe first
+    out = out.assign(rank=out["variant"].map(rank)).sort_values(["model", "rank", *SETTING, "d_model"], kind="stable")
+    return out.drop(columns="rank").reset_index(drop=True)
 
 
 def write_mqar_report(paths: Iterable[Path | str], out_dir: Path | str) -> list[Path]:

@@ -88,6 +88,13 @@ def records_frame(records: Iterable[dict], run_dir: Path | str = ""):
     return df
 
 
+def best_cell_per_seed(df, point: list[str]):
+    """The rows of ``df`` (a :func:`records_frame`) holding the best cell over learning rates for each value of the
+    ``point`` columns and training seed; ties go to the smaller lr; a missing seed reads -1."""
+    ordered = df.assign(seed=df["seed"].fillna(-1)).sort_values(["value", "lr"], ascending=[False, True], kind="stable")
+    return ordered.groupby([*point, "seed"], sort=True).head(1)
+
+
 def best_over_lr(df):
     """The best cell over learning rates for each (model, length, kv pairs, d_model) and training seed (ties go to
     the smaller lr), then the mean over seeds.
@@ -97,8 +104,7 @@ def best_over_lr(df):
     the first seed), ``lrs`` (how many were tried), ``state_kind``, ``state_bytes``, ``steps`` (of the best cells,
     mean over seeds), ``device``.
     """
-    ordered = df.assign(seed=df["seed"].fillna(-1)).sort_values(["value", "lr"], ascending=[False, True], kind="stable")
-    per_seed = ordered.groupby([*POINT, "seed"], sort=True).head(1)
+    per_seed = best_cell_per_seed(df, POINT)
     first = per_seed.sort_values([*POINT, "seed"], kind="stable").groupby(POINT, sort=True).head(1)
     first = first.set_index(POINT).drop(columns=["steps"])
     spread = per_seed.groupby(POINT)["value"].agg(accuracy="mean", accuracy_min="min", accuracy_max="max", seeds="size")
