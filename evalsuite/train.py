@@ -16,7 +16,6 @@ with overrides, through the architecture registry.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -30,7 +29,7 @@ from torch import nn
 from evalsuite.cards import ModelCard
 from evalsuite.errors import UserError
 from evalsuite.models.base import CausalLM
-from evalsuite.train_step import EagerStep, GraphedStep
+from evalsuite.train_step import EagerStep, GraphedStep, autocast
 
 IGNORE_INDEX = -100
 AMP_MODES = ("auto", "bf16", "none")
@@ -145,10 +144,6 @@ def autocast_dtype(config_amp: str, device: torch.device) -> torch.dtype | None:
     if config_amp == "none" or (config_amp == "auto" and device.type != "cuda"):
         return None
     return torch.bfloat16
-
-
-def autocast(dtype: torch.dtype | None, device: torch.device):
-    return torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
 
 # -------------------------------------------------------------------------------------- loss / eval

@@ -1,10 +1,11 @@
 """The optimizer step of :func:`evalsuite.train.train`, eager or captured as one CUDA graph.
 
 A step of a few-million-parameter model (an MQAR cell) is hundreds of small kernel launches: forward, backward,
-clipping and AdamW. On a GPU the host's time to issue them, not the math, sets the step time (issue #13, part 5:
-30-80 ms per step where the kernels need a few). :class:`GraphedStep` records the whole step once as a CUDA graph
-and replays it per step, so a step costs one launch plus copying the batch and the learning rate into the graph's
-static inputs. Both steppers run the same :meth:`EagerStep.update`, so they train identically.
+clipping and AdamW. :class:`GraphedStep` records the whole step once as a CUDA graph and replays it per step, so a
+step costs one launch plus copying the batch and the learning rate into the graph's static inputs: 1.4-2.8x faster
+on an H100 at the gsa-paper MQAR cell, whose remaining time is the GPU's own memory-bound elementwise work, which
+``torch.compile`` fuses (results/mqar/step_time/h100-graphs-compile/). Both steppers run the same
+:meth:`EagerStep.update`, so they train identically (bit-identical there).
 
 Capture needs a ``loss_fn`` that never waits on the host and keeps its shapes (no boolean-mask indexing:
 :func:`evalsuite.train.gathered_cross_entropy`), batches of one shape, and an optimizer whose learning rate is a
@@ -13,6 +14,7 @@ device tensor (``make_optimizer(..., capturable=True)``).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 
@@ -22,6 +24,13 @@ from torch import nn
 # Warmup and capture are serialised within a process (cells may train in threads, evalsuite/pool.py): a capture must
 # not see another thread's allocations on its private memory pool, and torch.compile runs one compile at a time.
 _CAPTURE_LOCK = threading.Lock()
+
+
+def autocast(dtype: torch.dtype | None, device: torch.device, cache_enabled: bool = True):
+    """Autocast to ``dtype`` on ``device``; a no-op context for ``None`` (full precision)."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype, cache_enabled=cache_enabled)
 
 
 class EagerStep:
@@ -54,15 +63,9 @@ class EagerStep:
 
     autocast_cache = True  # autocast's cache of weights cast to amp_dtype, kept for one forward/backward
 
-    def autocast(self) -> torch.autocast:
-        """Autocast to ``amp_dtype`` (a no-op context without one)."""
-        dtype = self.amp_dtype or torch.bfloat16
-        enabled = self.amp_dtype is not None
-        return torch.autocast(self.device.type, dtype, enabled=enabled, cache_enabled=self.autocast_cache)
-
     def update(self, inputs: torch.Tensor, labels: torch.Tensor) -> None:
         """Forward, backward, clip, optimizer step; the loss is added to ``loss_sum``."""
-        with self.autocast():
+        with autocast(self.amp_dtype, self.device, self.autocast_cache):
             loss = self.loss_fn(self.model, inputs, labels)
         loss.backward()
         if self.grad_clip is not None:
@@ -101,28 +104,25 @@ class GraphedStep(EagerStep):
 
     def _capture(self, inputs: torch.Tensor, labels: torch.Tensor) -> None:
         with _CAPTURE_LOCK:
-            self._warm_up_and_capture(inputs, labels)
-
-    def _warm_up_and_capture(self, inputs: torch.Tensor, labels: torch.Tensor) -> None:
-        self.inputs, self.labels = inputs.clone(), labels.clone()
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                with self.autocast():
-                    loss = self.loss_fn(self.model, self.inputs, self.labels)
-                loss.backward()
+            self.inputs, self.labels = inputs.clone(), labels.clone()
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    with autocast(self.amp_dtype, self.device, self.autocast_cache):
+                        loss = self.loss_fn(self.model, self.inputs, self.labels)
+                    loss.backward()
+                    self.optimizer.zero_grad(set_to_none=True)
+                self._set_lr(0.0)
+                self.update(self.inputs, self.labels)
                 self.optimizer.zero_grad(set_to_none=True)
-            self._set_lr(0.0)
-            self.update(self.inputs, self.labels)
-            self.optimizer.zero_grad(set_to_none=True)
-            for state in self.optimizer.state.values():
-                for value in state.values():
-                    if torch.is_tensor(value):
-                        value.zero_()
-            self.loss_sum.zero_()
-            self.grad_norm.zero_()
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
-            self.update(self.inputs, self.labels)
+                for state in self.optimizer.state.values():
+                    for value in state.values():
+                        if torch.is_tensor(value):
+                            value.zero_()
+                self.loss_sum.zero_()
+                self.grad_norm.zero_()
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
+                self.update(self.inputs, self.labels)
