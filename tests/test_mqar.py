@@ -202,13 +202,14 @@ def test_zoology_constraints(seq_len, kv, vocab, message):
 def test_gsa_paper_preset_grid():
     sweep = load_preset("gsa-paper")
     cells = sweep_cells(sweep)
-    # every registered architecture (the four FoX-paper ones, GSA, TNL) and FoX with Appendix D gate init (issue #13)
+    # the four FoX-paper blocks, GSA, TNL and FoX with Appendix D gate init (issue #13)
     archs = {"fox-pro", "fox-llama", "transformer-pro", "transformer-llama", "gsa", "tnl"}
     assert {c.model for c in cells} == archs | {"fox-pro-timescale-init", "fox-llama-timescale-init"}
-    assert len(cells) == 8 * 4 * 3
+    assert len(cells) == 8 * 4 * 2 and sweep.max_steps == 16000
     assert {(c.seq_len, c.num_kv_pairs) for c in cells} == {(512, 64)}
     assert sorted({c.d_model for c in cells}) == [64, 128, 256, 512]
-    assert sorted({c.lr for c in cells}) == [3e-4, 1e-3, 3e-3]
+    assert sorted({c.lr for c in cells if c.model != "gsa"}) == [3e-4, 1e-3]
+    assert sorted({c.lr for c in cells if c.model == "gsa"}) == [3e-3, 1e-2]  # GSA learns only at high rates
     assert cells[0].lr == 1e-3 and cells[0].d_model == 512  # likeliest-best lr first, widest first
     overrides = sweep.overrides("fox-pro", 256)
     assert overrides == dict(vocab_size=8192, hidden_size=256, num_layers=4, num_heads=4, use_mlp=False,
@@ -335,6 +336,41 @@ def test_resume_skips_finished_cells(tmp_path):
     more = MQARSweep(**{**TINY_SWEEP, "lrs": [1e-3, 1e-2, 3e-2]})
     out = run_mqar(more, tmp_path, device="cpu", progress=False, time_limit=0)
     assert out["summary"]["cells"]["finished"] == 2 and out["summary"]["cells"]["pending"][0]["lr"] == 3e-2
+
+
+def test_raising_the_budget_retrains_only_unsolved_cells(tmp_path):
+    """Under the epoch-stepped schedule a cell that stopped early within a smaller budget is what the larger budget
+    would train, so its record is reused (naming its origin); a cell that ran out of steps trains again."""
+    zoology = dict(TINY_SWEEP, schedule="epoch-cosine", warmup_steps=0, max_steps=4)
+    solved = MQARSweep(**{**zoology, "early_stop": -1.0})  # stops at its first evaluation: "solved"
+    unsolved = MQARSweep(**{**zoology, "early_stop": None, "lrs": [1e-2]})
+    for sweep in (solved, unsolved):
+        run_mqar(sweep, tmp_path, device="cpu", progress=False)
+    first = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
+    assert [r["stopped_early"] for r in first] == [True, False] and first[0]["steps"] == 2
+    bigger = MQARSweep(**{**zoology, "early_stop": -1.0, "max_steps": 8})
+    out = run_mqar(bigger, tmp_path, device="cpu", progress=False, time_limit=0)  # trains nothing
+    assert out["summary"]["cells"]["pending"] == []
+    reused = json.loads((tmp_path / "records.jsonl").read_text().splitlines()[-1])
+    assert reused["reused_from"] == {"key": first[0]["key"], "max_steps": 4}
+    assert reused["key"] == config_hash(cell_config(bigger, sweep_cells(bigger)[0])) != first[0]["key"]
+    assert reused["config"]["train"]["max_steps"] == 8 and reused["value"] == first[0]["value"]
+    bigger_unsolved = MQARSweep(**{**zoology, "early_stop": None, "lrs": [1e-2], "max_steps": 8})
+    out = run_mqar(bigger_unsolved, tmp_path, device="cpu", progress=False, time_limit=0)
+    assert len(out["summary"]["cells"]["pending"]) == 1  # ran out of steps before: it must train on
+    by_run = MQARSweep(**{**zoology, "early_stop": -1.0, "max_steps": 8, "schedule": "warmup-cosine"})
+    out = run_mqar(by_run, tmp_path, device="cpu", progress=False, time_limit=0)
+    assert len(out["summary"]["cells"]["pending"]) == 1  # a schedule over max_steps changes the trajectory
+
+
+def test_model_lrs():
+    sweep = MQARSweep(
+        **{**TINY_SWEEP, "models": ["transformer-llama", "gsa"], "lrs": [1e-3], "model_lrs": {"gsa": [1e-2, 3e-2]}}
+    )
+    assert {(c.model, c.lr) for c in sweep_cells(sweep)} == {("transformer-llama", 1e-3), ("gsa", 1e-2), ("gsa", 3e-2)}
+    assert sweep_from_options("gsa-paper", lrs=[1e-3]).model_lrs == {}  # --lr applies to every model
+    with pytest.raises(UserError, match="model_lrs"):
+        MQARSweep(**{**TINY_SWEEP, "model_lrs": {"gsa": []}})
 
 
 def test_cells_in_threads_match_one_process(tmp_path):

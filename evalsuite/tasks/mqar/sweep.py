@@ -34,7 +34,8 @@ class MQARSweep:
     with ``num_kv_pairs`` elementwise; ``"product"`` crosses them (invalid pairs skipped). ``num_heads`` or
     ``head_dim`` sets the head count (``head_dim`` wins: heads = d_model / head_dim); ``model_overrides[name]`` adds
     config keys for one model, a value given as ``{d_model: value}`` per width (e.g. GSA's slots = d_model / 4).
-    ``batch_size`` may map seq_len -> batch.
+    ``batch_size`` may map seq_len -> batch. ``model_lrs[name]`` replaces ``lrs`` for one model (families whose
+    useful band differs, e.g. GSA's above attention's).
 
     The training recipe: ours by default (warmup then cosine over ``max_steps``, decay on matrices only, clipping,
     bf16 on CUDA) or, field by field, Zoology's (arXiv:2312.04927, the GSA authors' fork): ``tie_head: true``
@@ -53,6 +54,7 @@ class MQARSweep:
     num_kv_pairs: list[int] = field(default_factory=lambda: [64])
     pairing: str = "zip"
     lrs: list[float] = field(default_factory=lambda: [1e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2])
+    model_lrs: dict = field(default_factory=dict)  # model name -> its own learning rates instead of ``lrs``
     num_layers: int = 4
     num_heads: int | None = None
     head_dim: int | None = 64
@@ -94,6 +96,9 @@ class MQARSweep:
             raise UserError(f"MQAR sweep: pairing must be 'zip' or 'product', got {self.pairing!r}")
         if self.pairing == "zip" and len(self.seq_lens) != len(self.num_kv_pairs):
             raise UserError("MQAR sweep: pairing 'zip' needs as many seq_lens as num_kv_pairs")
+        for name, lrs in self.model_lrs.items():
+            if not isinstance(lrs, list | tuple) or not lrs:
+                raise UserError(f"MQAR sweep: model_lrs[{name}] must be a non-empty list")
         if isinstance(self.batch_size, dict):
             self.batch_size = {int(k): int(v) for k, v in self.batch_size.items()}
         if self.seeds is not None and (not isinstance(self.seeds, list | tuple) or not self.seeds):
@@ -152,6 +157,10 @@ class MQARSweep:
                     names.append(n)
         return names
 
+    def lrs_for(self, model: str) -> list[float]:
+        """The learning rates ``model`` is trained at."""
+        return list(self.model_lrs.get(model, self.lrs))
+
     def batch_for(self, seq_len: int) -> int:
         if isinstance(self.batch_size, dict):
             if seq_len not in self.batch_size:
@@ -197,7 +206,7 @@ class MQARSweep:
         return out
 
 
-_GRID_FIELDS = {"models", "d_models", "seq_lens", "num_kv_pairs", "pairing", "lrs"}
+_GRID_FIELDS = {"models", "d_models", "seq_lens", "num_kv_pairs", "pairing", "lrs", "model_lrs"}
 _DATA_FIELDS = ("vocab_size", "power_a", "random_non_queries", "num_passes", "num_train", "num_test", "seed")
 
 
@@ -221,22 +230,28 @@ class Cell:
 def sweep_cells(sweep: MQARSweep) -> list[Cell]:
     """Every cell of the grid, in the order they run.
 
-    Settings outermost (cells of one setting share its data). Within a setting, learning rates nearest the
-    sweep's middle (in log space) come first, so a sweep cut short by a time limit already holds the
-    likeliest best cells; then the widest models first, so concurrent workers finish together.
+    Settings outermost (cells of one setting share its data). Within a setting, each model's learning rates nearest
+    the middle of its own (in log space; the larger on a tie) come first, so a sweep cut short by a time limit
+    already holds the likeliest best cells; then the widest models first, so concurrent workers finish together.
     """
-    logs = [math.log(lr) for lr in sweep.lrs]
-    middle = (min(logs) + max(logs)) / 2
-    lrs = sorted(sweep.lrs, key=lambda lr: abs(math.log(lr) - middle))
+    models = sweep.model_names()
+    ranked = {m: _likeliest_first(sweep.lrs_for(m)) for m in models}
     return [
-        Cell(m, d, t, kv, lr, seed, variant)
+        Cell(m, d, t, kv, ranked[m][rank], seed, variant)
         for t, kv in sweep.settings()
-        for lr in lrs
+        for rank in range(max(map(len, ranked.values())))
         for d in sorted(sweep.d_models, reverse=True)
-        for m in sweep.model_names()
+        for m in models
+        if rank < len(ranked[m])
         for variant in ["", *sweep.variants]
         for seed in sweep.seeds or [None]
     ]
+
+
+def _likeliest_first(lrs: list[float]) -> list[float]:
+    logs = [math.log(lr) for lr in lrs]
+    middle = (min(logs) + max(logs)) / 2
+    return sorted(lrs, key=lambda lr: (round(abs(math.log(lr) - middle), 9), -lr))
 
 
 def resolve_model(name: str) -> ModelCard:
@@ -273,6 +288,22 @@ def cell_config(sweep: MQARSweep, cell: Cell, card: ModelCard | None = None) -> 
     }
 
 
+def hashes_at_smaller_budgets(sweep: MQARSweep, cell: Cell, budgets, card: ModelCard | None = None) -> dict[str, int]:
+    """``{config hash: budget}`` of ``cell`` trained with ``max_steps`` = each of ``budgets`` below the sweep's own,
+    where that run would have followed the same trajectory up to its end: the schedule does not depend on
+    ``max_steps`` (``epoch-cosine``) and the warmup fits in the smaller budget. A record of such a run that stopped
+    early is the record this cell would write (raising a budget retrains only the cells that did not solve)."""
+    own = sweep.for_variant(cell.variant)
+    if own.schedule != "epoch-cosine":
+        return {}
+    out = {}
+    for budget in budgets:
+        if own.warmup_steps <= budget < sweep.max_steps:
+            smaller = MQARSweep.from_dict({**sweep.to_dict(), "max_steps": budget})
+            out[config_hash(cell_config(smaller, cell, card))] = budget
+    return out
+
+
 # --------------------------------------------------------------------------------------------- presets
 
 
@@ -287,7 +318,8 @@ def load_preset(name: str) -> MQARSweep:
 def sweep_from_options(preset: str, **options) -> MQARSweep:
     """A preset with command-line overrides applied (``None`` values leave the preset's value).
 
-    Options are ``MQARSweep`` field names; ``num_heads`` also clears the preset's ``head_dim``.
+    Options are ``MQARSweep`` field names; ``num_heads`` also clears the preset's ``head_dim``, ``lrs`` its
+    ``model_lrs``.
     """
     base = load_preset(preset).to_dict()
     given = {k: v for k, v in options.items() if v is not None}
@@ -296,6 +328,8 @@ def sweep_from_options(preset: str, **options) -> MQARSweep:
         raise UserError(f"unknown MQAR sweep option(s): {', '.join(unknown)}")
     if "num_heads" in given:
         base["head_dim"] = None
+    if "lrs" in given:  # learning rates given on the command line apply to every model
+        base["model_lrs"] = {}
     return MQARSweep.from_dict({**base, **given})
 
 

@@ -29,8 +29,16 @@ from evalsuite.runtime import resolve_device
 from evalsuite.store import config_hash
 from evalsuite.tasks.base import Task, register_task, run_task
 from evalsuite.tasks.mqar.cell import cell_handler
-from evalsuite.tasks.mqar.sweep import Cell, MQARSweep, cell_config, default_run_dir, resolve_model, sweep_cells
-from evalsuite.tasks.mqar_summary import best_records, finished_keys, latest_cells, shared_provenance
+from evalsuite.tasks.mqar.sweep import (
+    Cell,
+    MQARSweep,
+    cell_config,
+    default_run_dir,
+    hashes_at_smaller_budgets,
+    resolve_model,
+    sweep_cells,
+)
+from evalsuite.tasks.mqar_summary import best_records, cell_key, finished_keys, latest_cells, shared_provenance
 
 
 @register_task
@@ -104,6 +112,7 @@ class MQARTask(Task):
     def execute(self, adapter, run: RunDir, progress: bool = True) -> list[dict]:
         """Train the cells not in ``run`` yet, appending each record as it finishes; the rows are the latest record
         of every cell in the directory (this sweep's and any other's)."""
+        self._reuse_early_stops(run)
         done = finished_keys(run.records())
         pending = [(i, c) for i, (c, h) in enumerate(zip(self._cells, self._hashes, strict=True)) if h not in done]
         deadline = None if self.time_limit is None else time.time() + self.time_limit
@@ -117,6 +126,25 @@ class MQARTask(Task):
         finally:
             torch.set_num_threads(threads)
         return latest_cells(run.records())
+
+    def _reuse_early_stops(self, run: RunDir) -> None:
+        """Record, for each pending cell, a run of it under a smaller step budget that stopped early (solved), as
+        :func:`hashes_at_smaller_budgets` allows; the copy names its origin (``reused_from``)."""
+        records = {cell_key(r): r for r in latest_cells(run.records())}
+        solved = {k: r for k, r in records.items() if r.get("stopped_early") and (r.get("config") or {}).get("train")}
+        budgets = sorted({r["config"]["train"]["max_steps"] for r in solved.values()})
+        if not budgets:
+            return
+        for cell, chash in zip(self._cells, self._hashes, strict=True):
+            if chash in records:
+                continue
+            for old, budget in hashes_at_smaller_budgets(self.config, cell, budgets).items():
+                if old in solved:
+                    config = cell_config(self.config, cell)
+                    reused = {**solved[old], "key": chash, "config_hash": chash, "config": config}
+                    run.append({**reused, "reused_from": {"key": old, "max_steps": budget}})
+                    records[chash] = reused
+                    break
 
     def _train(self, run: RunDir, pending: list[tuple[int, Cell]], deadline: float | None, progress: bool) -> list:
         """Run the pending cells through the worker pool; the parent appends every record (no file locking).
