@@ -9,7 +9,7 @@ import torch
 from evalsuite.adapters.native import NativeAdapter
 from evalsuite.cards import load_card
 from evalsuite.errors import UserError
-from evalsuite.tasks.drt_passkey import DrtConfig, drt_sample, drt_scores, run_drt_passkey
+from evalsuite.tasks.drt_passkey import DrtConfig, drt_sample, drt_scores, passkey_sample, run_drt_passkey
 from evalsuite.tokenizers import get_tokenizer
 
 
@@ -95,3 +95,38 @@ def test_drt_run(adapter, tmp_path):
     assert (
         again["records"] == res["records"] and len((tmp_path / "drt" / "records.jsonl").read_text().splitlines()) == 6
     )
+
+
+def test_passkey_sample_layout():
+    """DRT §4.2 (the released PasskeyRetrieval layout): needle two chunks clear of the end, "is" starting the last
+    64-token chunk, the key right after it; DRT scores the first key token."""
+    tok = get_tokenizer("gpt2")
+    enc = lambda s: tok.encode(s, add_bos=False)  # noqa: E731
+    L = 512
+    s = passkey_sample(_window(L), tok, np.random.default_rng(0))
+    (key,) = s.values
+    needle = enc("|") + enc("The passkey is:") + key + enc("|")
+    question = enc("|What is the passkey? The passkey is")
+    assert len(key) == 5 and s.scored == 0 and s.answer_len == 5
+    (at,) = s.needle_starts
+    assert s.input_ids[at : at + len(needle)] == needle and at + len(needle) <= L - 2 * 64
+    assert s.input_ids[s.query_start : s.answer_start] == question
+    assert s.answer_start == L - 64 + 1 and s.input_ids[L - 64] == question[-1] == enc(" is")[0]
+    assert s.input_ids[s.answer_start :] == key and len(s.input_ids) == L - 64 + 1 + 5
+    samples = [passkey_sample(_window(L, i), tok, np.random.default_rng(i)) for i in range(2)]
+    second_wrong = drt_scores(_Oracle(samples, [samples[0].answer_start]), samples)[0]
+    assert second_wrong["accuracy"] == 1 and second_wrong["answer_exact"] == 0  # DRT's rule checks the first token
+    first_wrong = drt_scores(_Oracle(samples, [samples[0].answer_start - 1]), samples)[0]
+    assert first_wrong["accuracy"] == 0
+    with pytest.raises(UserError, match="multiple of the chunk"):
+        passkey_sample(_window(500), tok, np.random.default_rng(0))
+
+
+def test_passkey_run(adapter, tmp_path):
+    res = run_drt_passkey(adapter, DrtConfig(lengths=[256], samples=2, kind="passkey"), tmp_path / "pk", progress=False)
+    rows = [json.loads(x) for x in (tmp_path / "pk" / "records.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and {r["subtask"] for r in rows} == {"passkey-drt"} and res["config"]["kind"] == "passkey"
+    assert all(len(r["prediction"]) == 5 for r in rows) and res["summary"]["label"] == "passkey-drt"
+    assert "kind" not in run_drt_passkey(adapter, DrtConfig(lengths=[256], samples=1), tmp_path / "2h", False)["config"]
+    with pytest.raises(UserError, match="unknown DRT test"):
+        run_drt_passkey(adapter, DrtConfig(lengths=[256], samples=1, kind="3hop"), tmp_path / "x", False)

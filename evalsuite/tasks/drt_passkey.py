@@ -1,4 +1,6 @@
-"""The DRT paper's token-level multi-hop passkey (Grouped Cross Attention, arXiv:2410.01651, §4.3), teacher-forced.
+"""The DRT paper's token-level passkey tests (Grouped Cross Attention, arXiv:2410.01651, §4.2-4.3), teacher-forced.
+
+**2-hop** (§4.3, the default ``kind``):
 
 Six values of 5 random token ids; needles ``|DEF<v_a>-><v_b>|`` for the chain v0->v1->v2 and the distractor
 chain v3->v4->v5, shuffled and inserted at sorted random positions of an L-token haystack window (L a multiple
@@ -6,6 +8,11 @@ of 64); the query ``|The path from<v0>is<v1>,<v2>`` is placed so that "is" start
 Scoring is teacher-forced: one forward pass, argmax at each answer position (:func:`drt_scores`). ``accuracy``
 is DRT's rule (the greedy token at the last answer position), ``answer_token_acc`` the share of the 11 answer
 tokens predicted right, ``answer_exact`` all of them.
+
+**Passkey** (§4.2, ``kind="passkey"``): a passkey of 5 random token ids; the needle ``|The passkey is:<key>|`` at a
+uniform position at least two chunks before the end; the question ``|What is the passkey? The passkey is<key>``
+placed so that "is" starts the last 64-token chunk. ``accuracy`` is DRT's rule here: the greedy token at the first
+passkey position (the released evaluator checks that one token); ``answer_exact`` all five.
 
 Our deviations: seeded generators instead of DRT's global ones, and a BOS-first tokenizer keeps BOS at
 position 0 (needles go after it). Records keep the NIAH shape (task ``niah``, subtask ``2hop-drt``) so the NIAH
@@ -32,7 +39,7 @@ from evalsuite.tasks.base import RUNS_ROOT, Item, ItemTask, register_task, run_t
 from evalsuite.tasks.niah import Cell, cells_by_length, preset_for, split_by_max_length
 from evalsuite.tokenizers import Tokenizer
 
-SUBTASK = "2hop-drt"
+SUBTASKS = {"2hop": "2hop-drt", "passkey": "passkey-drt"}
 
 DRT_CHUNK = 64  # DRT's chunk size: the query's "is" starts the last chunk
 
@@ -48,7 +55,8 @@ class DrtSample:
         answer_len: ``hops * value_tokens + hops - 1`` (11 for the paper's 2 hops of 5 tokens).
         needle_starts: index of each needle, chain needles first (v0->v1, v1->v2, ...), then distractors.
         query_start: index of ``|The path from``.
-        values: the random values, ``(hops + 1) * (noise + 1)`` lists of token ids.
+        values: the random values, ``(hops + 1) * (noise + 1)`` lists of token ids (the passkey: one list).
+        scored: the answer position DRT's accuracy checks (2-hop: the last, -1; passkey: the first, 0).
     """
 
     input_ids: list[int]
@@ -57,6 +65,7 @@ class DrtSample:
     needle_starts: list[int]
     query_start: int
     values: list[list[int]]
+    scored: int = -1
 
 
 def _random_values(rng: np.random.Generator, n: int, size: int, tokenizer: Tokenizer) -> list[list[int]]:
@@ -126,10 +135,39 @@ def drt_sample(
     return DrtSample(seq[: final + 1], answer_start, answer_len, starts, query_start, values)
 
 
+def passkey_sample(
+    window: Sequence[int],
+    tokenizer: Tokenizer,
+    rng: np.random.Generator,
+    *,
+    value_tokens: int = 5,
+    chunk: int = DRT_CHUNK,
+    keep_prefix: int = 0,
+) -> DrtSample:
+    """Build one DRT passkey sample (arXiv:2410.01651 §4.2; the released ``PasskeyRetrieval`` layout) from an
+    ``L``-token haystack window, ``L`` a multiple of ``chunk``; ``keep_prefix`` leading ids (BOS) stay in front."""
+    L = len(window)
+    if L % chunk:
+        raise UserError(f"DRT passkey length {L} must be a multiple of the chunk size {chunk}")
+    enc = lambda s: tokenizer.encode(s, add_bos=False)  # noqa: E731 - a local shorthand
+    key = _random_values(rng, 1, value_tokens, tokenizer)[0]
+    needle = enc("|") + enc("The passkey is:") + key + enc("|")
+    question = enc("|What is the passkey? The passkey is")
+    room = L - 2 * chunk - len(needle)  # the needle ends at least one chunk before the question's chunk
+    query_start = L - chunk - (len(question) - 1)  # "is", the question's last token, starts the last chunk
+    if room <= keep_prefix or query_start <= keep_prefix:
+        raise UserError(f"DRT passkey length {L} is too short for its needle and question")
+    at = int(rng.integers(keep_prefix, room))
+    seq = list(window[:at]) + needle + list(window[at:])
+    seq = seq[:query_start] + question + key
+    answer_start = query_start + len(question)
+    return DrtSample(seq[: answer_start + value_tokens], answer_start, value_tokens, [at], query_start, [key], scored=0)
+
+
 def drt_scores(adapter: TokenAdapter, samples: Sequence[DrtSample]) -> list[dict]:
     """Teacher-forced scores of same-length samples, one forward pass for the batch.
 
-    Per sample: ``accuracy`` (DRT's rule: the greedy token at the last answer position is right),
+    Per sample: ``accuracy`` (DRT's rule: the greedy token at the sample's ``scored`` answer position is right),
     ``answer_token_acc`` (fraction of the answer's tokens predicted right), ``answer_exact`` (all of them),
     and the predicted answer ids.
     """
@@ -146,7 +184,7 @@ def drt_scores(adapter: TokenAdapter, samples: Sequence[DrtSample]) -> list[dict
         hits = [int(g == t) for g, t in zip(guess, truth, strict=True)]
         out.append(
             {
-                "accuracy": hits[-1],
+                "accuracy": hits[s.scored],
                 "answer_token_acc": sum(hits) / len(hits),
                 "answer_exact": int(all(hits)),
                 "predicted_ids": guess,
@@ -171,11 +209,12 @@ class DrtConfig:
     haystack: str = SYNTHETIC
     batch_size: int = 4
     seed: int = 0
+    kind: str = "2hop"  # 2hop (§4.3) | passkey (§4.2)
 
 
 @register_task
 class DrtPasskeyTask(ItemTask):
-    """Teacher-forced DRT multi-hop passkey over lengths x samples (needs token-level access)."""
+    """Teacher-forced DRT 2-hop or passkey test over lengths x samples (needs token-level access)."""
 
     name = "drt-passkey"
     needs = frozenset({TOKENS})
@@ -188,6 +227,9 @@ class DrtPasskeyTask(ItemTask):
         self.lengths = sorted({int(x) for x in (config.lengths or grid["lengths"])})
         self.samples = config.samples if config.samples is not None else int(grid.get("samples", 1))
         self._preset_max_new = int(preset["max_new_tokens"])
+        if config.kind not in SUBTASKS:
+            raise UserError(f"unknown DRT test {config.kind!r}; choose from {', '.join(SUBTASKS)}")
+        self.subtask = SUBTASKS[config.kind]
         if not self.lengths or min(self.lengths) < 1:
             raise UserError("DRT passkey lengths must be positive token counts")
         if self.samples < 1 or config.batch_size < 1:
@@ -199,19 +241,22 @@ class DrtPasskeyTask(ItemTask):
             "samples": self.samples,
             "haystack": haystack_identity(config.haystack, config.seed),
             "seed": config.seed,
+            **({"kind": config.kind} if config.kind != "2hop" else {}),  # 2-hop runs keep their hashes
         }
 
     def legacy_hashed_configs(self, adapter: TokenAdapter, new: dict) -> list[dict]:
-        """The config as the NIAH task hashed it when this test was its ``--flavour drt``."""
+        """The config as the NIAH task hashed it when the 2-hop test was its ``--flavour drt``."""
+        if self.config.kind != "2hop":
+            return []
         old = dict(mode="2hop", flavour="drt", preset=None, lengths=self.lengths, depths=[], samples=self.samples)
         old.update(haystack=new["haystack"], max_new_tokens=self._preset_max_new, stop_newline=False)
         return [{"task": "niah", **old, "batch_size": None, "judge": None, "seed": self.config.seed}]
 
     def default_dir(self, adapter: TokenAdapter, chash: str) -> Path:
-        return RUNS_ROOT / "niah" / f"{adapter.name}-{SUBTASK}-{chash}"
+        return RUNS_ROOT / "niah" / f"{adapter.name}-{self.subtask}-{chash}"
 
     def items(self, adapter: TokenAdapter) -> list[Item]:
-        return [Item((c.key(SUBTASK),), c) for c in self.cells]
+        return [Item((c.key(self.subtask),), c) for c in self.cells]
 
     def evaluate(self, adapter: TokenAdapter, items: Sequence[Item], run: RunDir) -> Iterator[dict]:
         if not items:
@@ -233,12 +278,13 @@ class DrtPasskeyTask(ItemTask):
             window = haystack.ids[: haystack.n_prefix] + haystack.tokens(
                 cell.sample * length, length - haystack.n_prefix
             )
-            samples.append(drt_sample(window, tok, rng, keep_prefix=haystack.n_prefix))
+            build = passkey_sample if self.config.kind == "passkey" else drt_sample
+            samples.append(build(window, tok, rng, keep_prefix=haystack.n_prefix))
         for cell, sample, scores in zip(cells, samples, drt_scores(adapter, samples), strict=True):
             yield {
-                "key": cell.key(SUBTASK),
+                "key": cell.key(self.subtask),
                 "task": "niah",
-                "subtask": SUBTASK,
+                "subtask": self.subtask,
                 "length": length,
                 "depth": None,
                 "sample": cell.sample,
@@ -257,7 +303,7 @@ class DrtPasskeyTask(ItemTask):
     def aggregate(self, rows: list[dict], adapter: TokenAdapter, run: RunDir) -> tuple[list[dict], dict]:
         records = cell_means(rows, adapter.name)
         summary = {
-            "label": SUBTASK,
+            "label": self.subtask,
             "preset": self.preset_name,
             "skipped": self.skipped,
             "within_beyond": within_beyond(records, adapter.train_length),
