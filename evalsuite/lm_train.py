@@ -1,0 +1,250 @@
+"""Train a small language model on a text corpus, then fine-tune it on the DRT paper's retrieval tests.
+
+The small-scale version of the GCA paper's protocol (arXiv:2410.01651 §4.1-4.2, issue #14): pre-train on books at a
+short context (PG19 there, the Gutenberg train split here), then fine-tune for a tenth of the pre-training steps on
+synthetic retrieval samples of the evaluation's own format (the token-level passkey of §4.2 and the 2-hop test of
+§4.3: :mod:`evalsuite.tasks.drt_passkey`) at the same length, and evaluate far beyond that length. The same data
+and budget train every model compared (DRT, FoX, Transformer). Our deviation: one fine-tuning stage on both tests
+(rows drawn half and half) instead of one fine-tuned model per test.
+
+Pieces, each usable alone: :func:`corpus_tokens` (a corpus as one token stream, cached), :func:`lm_batches` (random
+windows), :func:`retrieval_batches` (passkey and 2-hop rows), :func:`chunked_cross_entropy` (the LM loss without a
+``[B, T, V]`` logits tensor), :func:`train_lm` (all of it, writing a checkpoint, a card and a log).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from evalsuite.cards import ModelCard
+from evalsuite.data.corpus import corpus_files, iter_documents
+from evalsuite.errors import UserError
+from evalsuite.progress import progress_bar
+from evalsuite.provenance import device_name, provenance
+from evalsuite.store import atomic_write_json
+from evalsuite.tasks.drt_passkey import DRT_CHUNK, drt_sample, passkey_sample
+from evalsuite.tokenizers import Tokenizer, get_tokenizer
+from evalsuite.train import IGNORE_INDEX, TrainConfig, build_model, train
+
+CACHE_DIR = Path.home() / ".cache" / "evalsuite" / "tokens"
+RETRIEVAL_KINDS = ("passkey", "2hop")
+
+
+@dataclass
+class LMTrainConfig:
+    """One training run: ``steps`` of pre-training on ``corpus`` then ``finetune_steps`` on retrieval rows (0: none;
+    the paper: a tenth of the pre-training steps), both at ``seq_len`` tokens (a multiple of 64 when fine-tuning)."""
+
+    corpus: str
+    seq_len: int = 1024
+    batch_size: int = 32
+    steps: int = 3000
+    finetune_steps: int = 300
+    lr: float = 1e-3
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    grad_clip: float | None = 1.0
+    eval_every: int = 250
+    eval_rows: int = 32
+    seed: int = 0
+    max_tokens: int | None = None  # read at most this many corpus tokens (None: all)
+
+    def __post_init__(self):
+        if self.seq_len < 2 or self.batch_size < 1 or self.steps < 1 or self.finetune_steps < 0:
+            raise UserError("seq_len >= 2, batch_size >= 1, steps >= 1 and finetune_steps >= 0 are needed")
+        if self.finetune_steps and (self.seq_len % DRT_CHUNK or self.seq_len < 4 * DRT_CHUNK):
+            raise UserError(f"fine-tuning on the DRT tests needs seq_len a multiple of {DRT_CHUNK} and at least "
+                            f"{4 * DRT_CHUNK}, got {self.seq_len}")  # fmt: skip
+
+
+# -- data -------------------------------------------------------------------------------------------------------
+
+
+def corpus_tokens(corpus: Path | str, tokenizer: Tokenizer, max_tokens: int | None = None) -> np.ndarray:
+    """Every document of ``corpus`` tokenised (no BOS) and joined with the EOS id between documents (GPT-2's
+    ``<|endoftext|>``, as the GCA paper's PG19 preparation does), as one 1-D array. Cached under
+    ``~/.cache/evalsuite/tokens`` by the files' names, sizes and times and the tokenizer."""
+    files = corpus_files(Path(corpus))
+    ident = [tokenizer.spec, max_tokens] + [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+    cache = CACHE_DIR / f"{hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:16]}.npy"
+    if cache.exists():
+        return np.load(cache)
+    sep = [tokenizer.eos_id] if tokenizer.eos_id is not None else []
+    parts, total = [], 0
+    for doc in iter_documents(Path(corpus)):
+        ids = doc.tokens if doc.tokens is not None else tokenizer.encode(doc.text, add_bos=False)
+        parts.append(np.asarray(list(ids) + sep, dtype=np.int64))
+        total += len(parts[-1])
+        if max_tokens is not None and total >= max_tokens:
+            break
+    if not parts:
+        raise UserError(f"corpus {corpus} holds no documents")
+    tokens = np.concatenate(parts)[:max_tokens].astype(np.uint16 if tokenizer.vocab_size <= 2**16 else np.int32)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_suffix(".tmp.npy")
+    np.save(tmp, tokens)
+    tmp.replace(cache)
+    return tokens
+
+
+def lm_batches(tokens: np.ndarray, seq_len: int, batch: int, seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Endless ``(inputs, labels)`` ``[batch, seq_len]`` from uniformly drawn windows of ``seq_len + 1`` tokens."""
+    if len(tokens) <= seq_len + 1:
+        raise UserError(f"the corpus has {len(tokens)} tokens, too few for windows of {seq_len + 1}")
+    rng = np.random.default_rng(seed)
+    while True:
+        starts = rng.integers(0, len(tokens) - seq_len - 1, size=batch)
+        rows = torch.from_numpy(np.stack([tokens[s : s + seq_len + 1] for s in starts]).astype(np.int64))
+        yield rows[:, :-1], rows[:, 1:]
+
+
+def retrieval_row(tokens: np.ndarray, tokenizer: Tokenizer, seq_len: int, kind: str, rng: np.random.Generator):
+    """One fine-tuning row: a passkey or 2-hop sample built on a random ``seq_len``-token window of the corpus, as
+    ``(inputs [seq_len], labels [seq_len])``; the LM loss covers the whole sample (haystack, needles, question and
+    answer) and the positions after its last answer token carry no label."""
+    start = int(rng.integers(0, len(tokens) - seq_len))
+    window = tokens[start : start + seq_len].tolist()
+    sample = (passkey_sample if kind == "passkey" else drt_sample)(window, tokenizer, rng)
+    ids = torch.tensor(sample.input_ids, dtype=torch.long)
+    inputs = torch.full((seq_len,), tokenizer.eos_id or 0, dtype=torch.long)
+    labels = torch.full((seq_len,), IGNORE_INDEX, dtype=torch.long)
+    inputs[: len(ids) - 1] = ids[:-1]
+    labels[: len(ids) - 1] = ids[1:]
+    return inputs, labels
+
+
+def retrieval_batches(tokens: np.ndarray, tokenizer: Tokenizer, seq_len: int, batch: int, seed: int):
+    """Endless batches of :func:`retrieval_row` rows, the kinds drawn half and half."""
+    rng = np.random.default_rng([seed, 1])
+    while True:
+        rows = [
+            retrieval_row(tokens, tokenizer, seq_len, RETRIEVAL_KINDS[int(rng.integers(2))], rng) for _ in range(batch)
+        ]
+        yield torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows])
+
+
+def staged(first: Iterator, n_first: int, then: Iterator) -> Iterator:
+    """``n_first`` items of ``first``, then ``then`` for ever."""
+    for _ in range(n_first):
+        yield next(first)
+    yield from then
+
+
+# -- loss -------------------------------------------------------------------------------------------------------
+
+
+def chunked_cross_entropy(model, inputs: torch.Tensor, labels: torch.Tensor, rows: int = 8192) -> torch.Tensor:
+    """Mean cross-entropy over labelled positions, the LM head applied to ``rows`` positions at a time and recomputed
+    in the backward pass (activation checkpointing), so no ``[B, T, V]`` logits tensor ever exists."""
+    hidden = model(inputs)
+    mask = labels != IGNORE_INDEX
+    h, y = hidden[mask], labels[mask]
+
+    def part(hh, yy):
+        return F.cross_entropy(model.logits(hh).float(), yy, reduction="sum")
+
+    total = sum(checkpoint(part, h[s : s + rows], y[s : s + rows], use_reentrant=False) for s in range(0, len(y), rows))
+    return total / max(len(y), 1)
+
+
+# -- the run ----------------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def held_out_scores(model, inputs: torch.Tensor, labels: torch.Tensor, batch: int = 8) -> dict:
+    """Mean loss and next-token accuracy over fixed held-out rows (``[N, T]``)."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    loss_sum, hits, count = 0.0, 0, 0
+    for s in range(0, len(inputs), batch):
+        x, y = inputs[s : s + batch].to(device), labels[s : s + batch].to(device)
+        hidden = model(x)
+        mask = y != IGNORE_INDEX
+        logits = model.logits(hidden[mask]).float()
+        loss_sum += F.cross_entropy(logits, y[mask], reduction="sum").item()
+        hits += (logits.argmax(-1) == y[mask]).sum().item()
+        count += int(mask.sum())
+    model.train(was_training)
+    return {"loss": loss_sum / count, "accuracy": hits / count}
+
+
+def train_lm(
+    card: ModelCard,
+    config: LMTrainConfig,
+    out_dir: Path,
+    *,
+    device: str | torch.device = "cpu",
+    heldout: str | None = None,
+    save_dtype: torch.dtype = torch.bfloat16,
+    progress: bool = True,
+) -> dict:
+    """Train ``card``'s model from its random init; write ``out_dir/checkpoint`` (our format, weights in
+    ``save_dtype``), ``out_dir/train.json`` (config, history, held-out scores, provenance) and return the latter.
+    ``heldout``: a corpus for the held-out rows (default: the training corpus's last windows, not trained on)."""
+    from evalsuite.models.checkpoint import save_checkpoint
+
+    device = torch.device(device)
+    tokenizer = get_tokenizer(card.tokenizer)
+    tokens = corpus_tokens(config.corpus, tokenizer, config.max_tokens)
+    T, n_eval = config.seq_len, config.eval_rows
+    if heldout is None:  # keep the tail for evaluation
+        held, tokens = tokens[-n_eval * (T + 1) :], tokens[: -n_eval * (T + 1)]
+    else:
+        held = corpus_tokens(heldout, tokenizer, n_eval * (T + 1))
+    if len(held) < n_eval * (T + 1):
+        raise UserError(f"held-out corpus too short for {n_eval} rows of {T + 1} tokens")
+    rows = torch.from_numpy(held[: n_eval * (T + 1)].astype(np.int64)).view(n_eval, T + 1)
+
+    model = build_model(card, seed=config.seed).to(device)
+    batches = lm_batches(tokens, T, config.batch_size, config.seed)
+    if config.finetune_steps:
+        batches = staged(batches, config.steps, retrieval_batches(tokens, tokenizer, T, config.batch_size, config.seed))
+    total = config.steps + config.finetune_steps
+    train_config = TrainConfig(
+        lr=config.lr,
+        max_steps=total,
+        warmup_steps=min(config.warmup_steps, total),
+        weight_decay=config.weight_decay,
+        grad_clip=config.grad_clip,
+        eval_every=config.eval_every,
+        early_stop=None,
+        log_every=25,
+    )
+    with progress_bar(total, f"train {card.name}", enabled=progress) as bar:
+        result = train(
+            model,
+            batches,
+            train_config,
+            evaluate=lambda m: held_out_scores(m, rows[:, :-1], rows[:, 1:]),
+            loss_fn=chunked_cross_entropy,
+            on_step=lambda step: bar.update(completed=step),
+        )
+    model.to(save_dtype)
+    save_checkpoint(model, out_dir / "checkpoint", architecture=card.architecture)
+    summary = {
+        "model": card.name,
+        "architecture": card.architecture,
+        "params": sum(p.numel() for p in model.parameters()),
+        "config": asdict(config),
+        "train": train_config.to_dict(),
+        "tokens_seen": total * config.batch_size * T,
+        "corpus_tokens": int(len(tokens)),
+        "steps": result.steps,
+        "seconds": result.seconds,
+        "final_eval": result.final_eval,
+        "history": result.history,
+        "save_dtype": str(save_dtype).removeprefix("torch."),
+        "provenance": provenance(device=device_name(device)),
+    }
+    atomic_write_json(out_dir / "train.json", summary)
+    return summary

@@ -1,0 +1,96 @@
+"""Small-LM training (evalsuite.lm_train): the token stream, batches, retrieval rows, the chunked loss, a whole run."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from evalsuite import lm_train
+from evalsuite.cards import load_card
+from evalsuite.errors import UserError
+from evalsuite.lm_train import (
+    LMTrainConfig,
+    chunked_cross_entropy,
+    corpus_tokens,
+    lm_batches,
+    retrieval_row,
+    train_lm,
+)
+from evalsuite.models.checkpoint import load_checkpoint
+from evalsuite.tokenizers import GPT2_EOT_ID, get_tokenizer
+from evalsuite.train import IGNORE_INDEX, build_model, masked_cross_entropy
+
+WORDS = "the river ran quiet under a grey sky while the miller counted his sacks of flour".split()
+
+
+@pytest.fixture()
+def corpus(tmp_path, monkeypatch):
+    monkeypatch.setattr(lm_train, "CACHE_DIR", tmp_path / "cache")
+    rng = np.random.default_rng(0)
+    path = tmp_path / "books.jsonl"
+    docs = [" ".join(rng.choice(WORDS, size=900)) for _ in range(3)]
+    path.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    return path, docs
+
+
+def test_corpus_tokens_joins_documents_with_eos_and_caches(corpus):
+    path, docs = corpus
+    tok = get_tokenizer("gpt2")
+    tokens = corpus_tokens(path, tok)
+    expected = [t for d in docs for t in (*tok.encode(d, add_bos=False), GPT2_EOT_ID)]
+    assert tokens.dtype == np.uint16 and tokens.tolist() == expected
+    assert len(list(lm_train.CACHE_DIR.glob("*.npy"))) == 1
+    assert corpus_tokens(path, tok).tolist() == expected  # from the cache
+    assert len(corpus_tokens(path, tok, max_tokens=100)) == 100
+
+
+def test_lm_batches_are_shifted_windows():
+    tokens = np.arange(1000, dtype=np.uint16)
+    x, y = next(lm_batches(tokens, 16, 4, seed=0))
+    assert x.shape == y.shape == (4, 16) and torch.equal(x[:, 1:], y[:, :-1]) and torch.equal(y - x, torch.ones_like(x))
+    with pytest.raises(UserError, match="too few"):
+        next(lm_batches(tokens[:10], 16, 4, seed=0))
+
+
+@pytest.mark.parametrize("kind", ["passkey", "2hop"])
+def test_retrieval_rows_label_the_sample_only(corpus, kind):
+    path, _ = corpus
+    tok = get_tokenizer("gpt2")
+    tokens = corpus_tokens(path, tok)
+    x, y = retrieval_row(tokens, tok, 512, kind, np.random.default_rng(1))
+    labelled = int((y != IGNORE_INDEX).sum())
+    assert x.shape == y.shape == (512,) and torch.equal(x[1:labelled], y[: labelled - 1])
+    assert (y[labelled:] == IGNORE_INDEX).all() and labelled == (512 - 64 + (5 if kind == "passkey" else 11))
+
+
+def test_chunked_cross_entropy_equals_the_plain_loss():
+    model = build_model(load_card("transformer-llama-tiny"), {"vocab_size": 97}, seed=0)
+    x = torch.randint(0, 97, (3, 20))
+    y = torch.randint(0, 97, (3, 20))
+    y[0, :5] = IGNORE_INDEX
+    plain = masked_cross_entropy(model, x, y)
+    plain.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    chunked = chunked_cross_entropy(model, x, y, rows=7)  # several chunks and a ragged last one
+    chunked.backward()
+    torch.testing.assert_close(chunked, plain)
+    for g, p in zip(grads, model.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, g)
+
+
+def test_train_lm_writes_a_loadable_checkpoint(corpus, tmp_path):
+    path, _ = corpus
+    config = LMTrainConfig(corpus=str(path), seq_len=256, batch_size=2, steps=4, finetune_steps=2, eval_every=3,
+                           eval_rows=2, warmup_steps=1)  # fmt: skip
+    summary = train_lm(load_card("transformer-llama-tiny"), config, tmp_path / "run", progress=False)
+    assert summary["steps"] == 6 and summary["final_eval"]["step"] == 6 and summary["save_dtype"] == "bfloat16"
+    assert json.loads((tmp_path / "run" / "train.json").read_text())["history"] == summary["history"]
+    model, layout = load_checkpoint(tmp_path / "run" / "checkpoint")  # weights stored in bf16, loaded into fp32
+    stored = load_file(tmp_path / "run" / "checkpoint" / "model.safetensors")
+    assert layout == "evalsuite" and all(t.dtype == torch.bfloat16 for t in stored.values())
+    assert torch.equal(model.embed.weight, stored["embed.weight"].float())
+    with pytest.raises(UserError, match="multiple of 64 and at least 256"):
+        LMTrainConfig(corpus=str(path), seq_len=100)
