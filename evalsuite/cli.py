@@ -296,9 +296,9 @@ def plot_mqar_cmd(
 @app.command()
 def niah(
     model: ModelOpt,
-    mode: Annotated[str, typer.Option(help="easy, standard or 2hop.")] = "easy",
+    mode: Annotated[str, typer.Option(help="easy, standard, 2hop, or passkey (DRT's token-level passkey).")] = "easy",
     flavour: Annotated[
-        str, typer.Option(help="2hop only: text (chained facts + 1-hop control) or drt (DRT token-level passkey).")
+        str, typer.Option(help="2hop only: text (chained facts + 1-hop control) or drt (DRT token-level 2-hop).")
     ] = "text",
     preset: Annotated[
         str | None, typer.Option(help="Grid preset in tasks/niah.yaml: cpu or fox (default: cpu on a CPU, else fox).")
@@ -333,14 +333,15 @@ def niah(
         raise UserError(f"unknown --flavour {flavour!r}; use text or drt")
     if flavour == "drt" and mode != "2hop":
         raise UserError("--flavour applies to --mode 2hop only")
-    if flavour == "drt":
+    if flavour == "drt" or mode == "passkey":
         from evalsuite.tasks.drt_passkey import DrtConfig, DrtPasskeyTask
 
+        test = "2-hop test" if mode == "2hop" else "passkey"
         if judge:
-            raise UserError("the DRT 2-hop test is scored teacher-forced; --judge does not apply")
+            raise UserError(f"the DRT {test} is scored teacher-forced; --judge does not apply")
         if depths:
-            raise UserError("the DRT 2-hop test places its needles at random positions; --depths does not apply")
-        config = DrtConfig(preset, lengths_list, samples, haystack, batch_size, seed)
+            raise UserError(f"the DRT {test} places its needles at random positions; --depths does not apply")
+        config = DrtConfig(preset, lengths_list, samples, haystack, batch_size, seed, kind=mode)
         task = DrtPasskeyTask(config)
     else:
         from evalsuite.tasks.niah import NiahConfig, NiahTask
@@ -463,6 +464,42 @@ def bench_linear_cmd(
     linear.bench_linear(out, seq_lens=_csv_list(seq_lens, int, "--seq-lens"), ops=chosen["--ops"],
                         providers=chosen["--providers"] or None, modes=chosen["--modes"])  # fmt: skip
     typer.echo(f"wrote {out}/{linear.JSON_NAME}, .png and .md")
+
+
+@bench_app.command("gca")
+def bench_gca_cmd(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (JSON, Markdown, PNG).")] = Path(
+        "results/bench/gca"
+    ),
+    seq_lens: Annotated[str, typer.Option(help="Comma-separated T values (C = T / 64 chunks).")] = "4096,16384,65536",
+    batches: Annotated[str, typer.Option(help="Comma-separated batch sizes.")] = "1,4",
+    providers: Annotated[
+        str, typer.Option(help="Comma-separated: gca_triton, gca_reference, sdpa_chunks.")
+    ] = "gca_triton,gca_reference,sdpa_chunks",
+    modes: Annotated[str, typer.Option(help="Comma-separated: fwd, fwdbwd.")] = "fwd,fwdbwd",
+    softmax_one: Annotated[str, typer.Option(help="Comma-separated: off, on (SDPA emulates on).")] = "off,on",
+    dtype: Annotated[str, typer.Option(help="bfloat16, float16 or float32.")] = "bfloat16",
+    parity_t: Annotated[
+        int, typer.Option("--parity-T", help="T of the parity check vs the reference (0: skip).")
+    ] = 4096,
+):
+    """Time our Triton GCA kernel against its reference and per-chunk SDPA (K = 8, 64-token chunks, H = 12, D = 64)."""
+    from evalsuite.bench import gca
+
+    chosen = {"--providers": _csv_list(providers, str, "--providers"), "--modes": _csv_list(modes, str, "--modes"),
+              "--softmax-one": _csv_list(softmax_one, str, "--softmax-one")}  # fmt: skip
+    allowed = {"--providers": gca.PROVIDERS, "--modes": gca.MODES, "--softmax-one": ("off", "on")}
+    for option, values in chosen.items():
+        bad = [v for v in values if v not in allowed[option]]
+        if bad:
+            raise UserError(f"unknown {option} value(s) {', '.join(bad)}; choose from {', '.join(allowed[option])}")
+    if dtype not in ("bfloat16", "float16", "float32"):
+        raise UserError("--dtype must be bfloat16, float16 or float32")
+    one = [s == "on" for s in chosen["--softmax-one"]]
+    gca.bench_gca(out, seq_lens=_csv_list(seq_lens, int, "--seq-lens"), batches=_csv_list(batches, int, "--batches"),
+                  providers=chosen["--providers"], modes=chosen["--modes"], softmax_one=one, dtype=dtype,
+                  parity_T=parity_t or None)  # fmt: skip
+    typer.echo(f"wrote {out}/{gca.JSON_NAME}, .md and .png")
 
 
 @app.command("run")

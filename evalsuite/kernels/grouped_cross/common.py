@@ -1,0 +1,152 @@
+"""What the Grouped Cross Attention kernels share: block configs, jit helpers, input checks.
+
+Both kernels compute (part of) the function of :mod:`evalsuite.kernels.grouped_cross.reference` (Hu et al.,
+arXiv:2410.01651, §3.2 eqs. 2-3, App. B "FlashGCA"):
+
+    O_c = sum_k w[c, k] * O'_{c,k},   O'_{c,k} = Softmax_1(scale * Q_c K_{c,k}^T) V_{c,k}
+
+Layouts: q ``[B, C, Sq, H, D]``, k/v ``[B, C, K, Skv, H, D]`` (any strides), w ``[B, C, K]`` (taken as float32).
+Internal buffers: the per-chunk log-sum-exp ``L [B*C*H, K, Sq]`` and the per-head partial sums of dw
+``[B*C*H, K]``, both float32 and contiguous, rows indexed by ``pid = (b * C + c) * H + h``.
+
+Numerics and conventions:
+* Softmax runs in base 2 on the scaled logits ``s = scale * log2(e) * q.k`` (one multiply, ``mult``); ``L`` is in
+  the same units, ``L = m + log2(l)``, so ``P = exp2(s - L)``.
+* Softmax-off-by-one (Algorithm 1 with the released code's init): the running max starts at ``m = 0`` and the
+  running denominator at ``l = 1`` -- exactly the "+1" of ``1 + sum_j exp(x_j)``, a zero logit with a zero value;
+  since ``m >= 0`` throughout nothing overflows. Plain softmax starts at ``m = -inf, l = 0``.
+* Products accumulate in float32. bf16/fp16 dots run on tensor cores; fp32 inputs use 3xTF32 (about fp32
+  accuracy, :func:`precision`). Under ``TRITON_INTERPRET=1`` the interpreter's ``tl.dot`` mishandles bf16, so bf16
+  operands are upcast to float32 first (``UPCAST``).
+* Addresses: rows past Sq and keys past Skv keep their mask but address the last valid row/key
+  (:func:`_in_range`), so no lane of any load or store points outside its buffer, masked-off lanes included
+  (checked by ``triton_utils.interpreter_bounds_check`` in the tests).
+* ``Skv`` is a compile-time constant through ``NUM_KV = cdiv(Skv, BLOCK_N)`` and ``EVEN_KV``: it is DRT's chunk
+  length, fixed per model. The per-chunk key blocks are unrolled (``tl.static_range``), so the only run-time loop
+  of both kernels is the one over the K retrieved chunks, which the GPU compiler software-pipelines (the next
+  chunk's K/V tiles load while this one is processed).
+
+The config tables live here and only here; launchers read them at every launch (:func:`fwd_config`,
+:func:`bwd_config`), so a benchmark may retune them in place.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from evalsuite.kernels.grouped_cross import MAX_TRITON_SQ
+from evalsuite.kernels.grouped_cross.reference import check_shapes
+from evalsuite.kernels.triton_utils import interpreting, pick_config
+
+LOG2E = 1.4426950408889634
+HEAD_DIMS = (16, 32, 64, 128)
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# The backward holds a whole query chunk in one tile (one program per (b, c, h)): Sq <= MAX_SQ rows.
+MAX_SQ = MAX_TRITON_SQ
+
+# GPU, per head dim. Forward: (max BLOCK_M, BLOCK_N, num_stages); BLOCK_M = next power of two >= Sq, at most the
+# max, so one program usually covers a whole query chunk and reads each retrieved chunk once. Backward:
+# (BLOCK_N, num_stages); BLOCK_M = next power of two >= Sq. num_warps: 4 for tiles up to 64 x 64, else 8
+# (:func:`_warps`). Chosen by the FlashAttention-2 rules of thumb for DRT's 64 x 64 chunks, not tuned on hardware.
+FWD_CONFIGS = {16: (128, 64, 3), 32: (128, 64, 3), 64: (128, 64, 3), 128: (128, 64, 2)}
+BWD_CONFIGS = {16: (64, 2), 32: (64, 2), 64: (64, 2), 128: (64, 1)}
+# Interpreter: 16-row query blocks and 16-key blocks, so test shapes (Sq, Skv up to 65) cover several query and
+# key blocks and ragged tails; tests patch these to reach the GPU's one-key-block path.
+INTERPRET_FWD = (16, 16, 1)
+INTERPRET_BWD = (16, 1)
+
+
+def _pow2(n: int) -> int:
+    return max(16, triton.next_power_of_2(n))
+
+
+def _warps(block_m: int, head_dim: int) -> int:
+    return 4 if block_m * head_dim <= 64 * 64 else 8
+
+
+def _stages(stages: int, head_dim: int, itemsize: int) -> int:
+    """Fewer pipeline stages for fp32 tiles (twice the shared memory of bf16), one at D = 128."""
+    if itemsize < 4:
+        return stages
+    return 1 if head_dim >= 128 else min(stages, 2)
+
+
+def fwd_config(Sq: int, D: int, itemsize: int = 2) -> tuple[int, int, int, int]:
+    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of the forward for query chunks of ``Sq`` rows."""
+    max_m, block_n, stages = pick_config(FWD_CONFIGS, D, INTERPRET_FWD)
+    block_m = min(max_m, _pow2(Sq))
+    return block_m, block_n, _warps(block_m, D), _stages(stages, D, itemsize)
+
+
+def bwd_config(Sq: int, D: int, itemsize: int = 2) -> tuple[int, int, int, int]:
+    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of the backward: BLOCK_M covers the whole query chunk."""
+    block_n, stages = pick_config(BWD_CONFIGS, D, INTERPRET_BWD)
+    block_m = _pow2(Sq)
+    return block_m, block_n, _warps(block_m, D), _stages(stages, D, itemsize)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Jit helpers
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _in_range(idx, n):
+    """``idx`` (>= 0) clamped to ``n - 1``, as int64: the index that addresses memory (masked lanes stay inside)."""
+    return tl.minimum(idx, n - 1).to(tl.int64)
+
+
+@triton.jit
+def _mm(a, b, acc, UPCAST: tl.constexpr, PREC: tl.constexpr):
+    """``acc + a @ b`` with float32 accumulation (bf16 operands upcast under the interpreter, see module doc)."""
+    if UPCAST:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return tl.dot(a, b, acc, input_precision=PREC)
+
+
+@triton.jit
+def _load_tile(base, idx, n, stride_s, stride_d, HEAD_DIM: tl.constexpr, EVEN: tl.constexpr):
+    """Rows ``idx`` (< n valid, others zero) of a ``[n, HEAD_DIM]`` slice: a ``[len(idx), HEAD_DIM]`` tile."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    ptrs = base + _in_range(idx, n)[:, None] * stride_s + offs_d[None, :] * stride_d
+    if EVEN:
+        return tl.load(ptrs)
+    return tl.load(ptrs, mask=(idx < n)[:, None], other=0.0)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Host helpers
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def check_inputs(q, k, v, w) -> None:
+    """Shapes (as the reference), one dtype of bf16/fp16/fp32 for q, k, v, D in :data:`HEAD_DIMS`, one device."""
+    check_shapes(q, k, v, w)
+    if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"q, k, v must share one dtype of bf16/fp16/fp32; got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.shape[-1] not in HEAD_DIMS:
+        raise ValueError(f"head dim {q.shape[-1]} not supported; use one of {HEAD_DIMS}")
+    if not (q.device == k.device == v.device == w.device):
+        raise ValueError("q, k, v and w must be on one device")
+
+
+def upcast(dtype) -> bool:
+    """The ``UPCAST`` flag: bf16 dot operands go through float32 under the interpreter only."""
+    return interpreting() and dtype == torch.bfloat16
+
+
+def precision(dtype) -> str:
+    """``input_precision`` of the dots: 3xTF32 for fp32 inputs, the default otherwise (unused by bf16/fp16)."""
+    return "tf32x3" if dtype == torch.float32 else "tf32"
+
+
+def kv_blocks(Skv: int, block_n: int) -> tuple[int, bool]:
+    """``(NUM_KV, EVEN_KV)``: key blocks per retrieved chunk, and whether Skv fills them exactly (no key mask)."""
+    return triton.cdiv(Skv, block_n), Skv % block_n == 0
+
+
+def scale_of(scale, D: int) -> float:
+    return D**-0.5 if scale is None else float(scale)
