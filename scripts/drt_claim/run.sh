@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Issue #14 part 5: the GCA paper's claim at small scale (arXiv:2410.01651 §4.2-4.3). Trains drt-gutenberg and, on
+# the same data, steps and size, fox-pro-gutenberg and transformer-llama-gutenberg at 1024 tokens (pre-training on
+# the Gutenberg train split, then fine-tuning on DRT passkey/2-hop rows), then evaluates each far beyond 1024 tokens:
+# the token-level passkey and 2-hop test at 1K-32K (16x and 32x the training length) and per-token loss over 16K
+# windows of the held-out books. From the repository root, on one CUDA GPU:
+#
+#   OUT=/some/dir DATA=../shared/data/gutenberg bash scripts/drt_claim/run.sh [model ...]
+#
+# Writes $OUT/<model>/{checkpoint,train.json,passkey,2hop,loss} and $OUT/log.txt. A model whose checkpoint exists
+# is not retrained; finished evaluation cells are not rerun (the run directories resume).
+set -euo pipefail
+OUT=${OUT:-/tmp/drt_claim}
+DATA=${DATA:-../shared/data/gutenberg}
+HERE=$(dirname "$0")
+MODELS=("${@:-drt fox-pro transformer-llama}")
+STEPS=${STEPS:-2000}
+FINETUNE=${FINETUNE:-1000}
+LENGTHS=${LENGTHS:-1024,4096,16384,32768}
+SAMPLES=${SAMPLES:-40}
+DEVICE=${DEVICE:-cuda}
+BATCH=${BATCH:-32}
+TRAIN_ARGS=${TRAIN_ARGS:-}  # e.g. "--max-tokens 200000" for a smoke test
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/log.txt") 2>&1
+python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu")'
+
+for m in ${MODELS[@]}; do
+    card="$HERE/$m-gutenberg.yaml"
+    run="$OUT/$m"
+    if [ ! -f "$run/checkpoint/model.safetensors" ]; then
+        evalsuite train-lm --model "$card" --corpus "$DATA/train" --heldout "$DATA/heldout" --seq-len 1024 \
+            --batch-size "$BATCH" --steps "$STEPS" --finetune-steps "$FINETUNE" --lr 1e-3 --device "$DEVICE" --out "$run" $TRAIN_ARGS
+    fi
+    common=(--model "$card" --checkpoint "$run/checkpoint" --device "$DEVICE" --dtype bfloat16)
+    evalsuite niah "${common[@]}" --mode passkey --lengths "$LENGTHS" --samples "$SAMPLES" \
+        --haystack "$DATA/heldout" --batch-size 8 --out "$run/passkey"
+    evalsuite niah "${common[@]}" --mode 2hop --flavour drt --lengths "$LENGTHS" --samples "$SAMPLES" \
+        --haystack "$DATA/heldout" --batch-size 8 --out "$run/2hop"
+    evalsuite loss "${common[@]}" --data "$DATA/heldout" --length 16384 --max-docs 16 --out "$run/loss"
+done
