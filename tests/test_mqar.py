@@ -599,3 +599,11 @@ def test_cli_errors_are_one_line(args, message, tmp_path, monkeypatch, capsys):
     assert code == 2, err
     assert err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1
     assert not any(tmp_path.iterdir())  # a refused command leaves nothing behind
+
+
+@pytest.mark.parametrize("preset", ["gsa-paper", "recipe-ablation", "fox-timescales", "zoology-fig2"])
+def test_every_preset_builds_its_models(preset, tmp_path):
+    """Each GPU preset's models build at every width and accept its attention backend (checked before any cell
+    trains), so a new family with constraints of its own (DRT x2's two retrieval groups) cannot break a preset."""
+    out = run_mqar(load_preset(preset), tmp_path, device="cpu", progress=False, time_limit=0)
+    assert out["summary"]["cells"]["finished"] == 0 and len(out["summary"]["cells"]["pending"]) > 0

@@ -37,7 +37,10 @@ def weight_files(ckpt_dir: Path) -> list[Path]:
     bins = sorted(ckpt_dir.glob("pytorch_model*.bin"))
     if bins:
         return bins
-    raise UserError(f"{ckpt_dir}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin")
+    for name in ("model.bin", "model_best.bin"):  # what the DRT authors' trainer writes (torch.save of a state dict)
+        if (ckpt_dir / name).exists():
+            return [ckpt_dir / name]
+    raise UserError(f"{ckpt_dir}: no model.safetensors, model.safetensors.index.json, pytorch_model.bin or model.bin")
 
 
 def read_state_dict(ckpt_dir: Path) -> dict[str, torch.Tensor]:

@@ -67,7 +67,8 @@ class Family:
 
 
 FAMILIES: Registry[Family] = Registry(
-    "model family", builtins=("evalsuite.models.fox", "evalsuite.models.gsa", "evalsuite.models.tnl")
+    "model family",
+    builtins=("evalsuite.models.fox", "evalsuite.models.gsa", "evalsuite.models.tnl", "evalsuite.models.drt"),
 )
 
 

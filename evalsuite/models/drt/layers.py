@@ -1,0 +1,224 @@
+"""DRT's building blocks (Hu et al., arXiv:2410.01651, §3.1 and §4.1.2): the decoder's causal sliding-window
+self-attention with ALiBi, the lower and upper decoder layers (an upper layer adds Grouped Cross-Attention), and the
+bidirectional chunk encoder.
+
+Module and tensor names follow the authors' released code, so its state dicts map one to one
+(:mod:`evalsuite.models.drt.released`). Tensor layout: activations ``[B, T, D]``; heads ``[B, T, H, hd]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from evalsuite.kernels.grouped_cross import grouped_cross_attention
+from evalsuite.models.layers import RMSNorm, SwiGLU, rope
+
+
+def drt_alibi_slopes(num_heads: int) -> torch.Tensor:
+    """ALiBi slopes ``2^(-8 (h + 1) / H)`` for h < H, float32 ``[H]`` (for every H, also when it is not a power of two:
+    the released code's formula, not ALiBi's interleaved one)."""
+    return torch.tensor([2.0 ** (-8.0 * (h + 1) / num_heads) for h in range(num_heads)], dtype=torch.float32)
+
+
+def window_bias(q_pos: torch.Tensor, k_pos: torch.Tensor, slopes: torch.Tensor, window: int) -> torch.Tensor:
+    """Additive attention bias ``[H, Tq, Tk]``: ``-m_h (i - j)`` where ``0 <= i - j <= window``, ``-inf`` elsewhere
+    (i, j: positions of query and key)."""
+    dist = q_pos[:, None] - k_pos[None, :]
+    bias = -slopes[:, None, None] * dist.to(slopes.dtype)
+    return bias.masked_fill(~((dist >= 0) & (dist <= window)), float("-inf"))
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def sliding_window_attention(q, k, v, slopes, window: int, block: int | None = None) -> torch.Tensor:
+    """Causal sliding-window attention with ALiBi, without a ``T x T`` buffer.
+
+    q ``[B, Tq, H, hd]`` are the queries of the last ``Tq`` of the ``Tk`` key positions; k, v ``[B, Tk, H, hd]``
+    (the first ``Tk - Tq`` rows: cached past positions). A query at position i attends to the keys at positions
+    ``i - window .. i`` (``window + 1`` positions, itself included: flash-attn's ``window_size=(window, 0)``, as the
+    released code calls it) with the bias ``-m_h (i - j)`` (``slopes`` ``[H]``), scale ``1/sqrt(hd)``.
+
+    Queries go in blocks of ``block`` (default ``max(window, 128)``), each against at most ``block + window`` keys
+    (keys ``[block_start - window, block_end)``), through ``scaled_dot_product_attention`` with an additive mask.
+    Scores, bias and softmax run in float32 (float64 for float64 inputs), autocast off: a bf16 bias would round
+    ALiBi's distances. Returns ``[B, Tq, H, hd]`` in q's dtype.
+    """
+    B, Tq, H, hd = q.shape
+    Tk = k.shape[1]
+    past = Tk - Tq
+    block = block or max(window, 128)
+    compute = _compute_dtype(q)
+    outs = []
+    with torch.autocast(q.device.type, enabled=False):
+        qf, kf, vf = (t.to(compute).transpose(1, 2) for t in (q, k, v))  # [B, H, T, hd]
+        m = slopes.to(device=q.device, dtype=compute)
+        for s in range(0, Tq, block):
+            e = min(s + block, Tq)
+            lo = max(0, past + s - window)
+            q_pos = torch.arange(past + s, past + e, device=q.device)
+            k_pos = torch.arange(lo, past + e, device=q.device)
+            mask = window_bias(q_pos, k_pos, m, window)
+            outs.append(F.scaled_dot_product_attention(qf[:, :, s:e], kf[:, :, lo : past + e], vf[:, :, lo : past + e],
+                                                       attn_mask=mask))  # fmt: skip
+    return torch.cat(outs, 2).transpose(1, 2).to(q.dtype)
+
+
+def sliding_window_attention_dense(q, k, v, slopes, window: int) -> torch.Tensor:
+    """The textbook form of :func:`sliding_window_attention` (one ``Tq x Tk`` score matrix, explicit softmax): the
+    test oracle."""
+    Tq, Tk, hd = q.shape[1], k.shape[1], q.shape[-1]
+    compute = _compute_dtype(q)
+    qf, kf, vf = q.to(compute), k.to(compute), v.to(compute)
+    pos = torch.arange(Tk, device=q.device)
+    bias = window_bias(pos[Tk - Tq :], pos, slopes.to(compute), window)  # [H, Tq, Tk]
+    scores = torch.einsum("bihd,bjhd->bhij", qf, kf) / hd**0.5 + bias
+    return torch.einsum("bhij,bjhd->bihd", torch.softmax(scores, -1), vf).to(q.dtype)
+
+
+class WindowAttention(nn.Module):
+    """The decoder's self-attention: projections, causal sliding window, ALiBi. ``m`` is a persistent buffer holding
+    the slopes, as in the released state dicts (loaded with them, reset by ``init_weights``)."""
+
+    def __init__(self, hidden_size: int, num_heads: int):
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, hidden_size // num_heads
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            setattr(self, name, nn.Linear(hidden_size, hidden_size, bias=False))
+        self.register_buffer("m", drt_alibi_slopes(num_heads))
+
+    def forward(self, x, cache: tuple[torch.Tensor, torch.Tensor] | None, window: int):
+        """x ``[B, T, D]`` (normed); cache: keys and values of up to ``window`` earlier positions or None. Returns
+        the output ``[B, T, D]`` and the keys and values of the cached plus new positions."""
+        B, T, D = x.shape
+        q, k, v = (p(x).view(B, T, self.num_heads, self.head_dim) for p in (self.q_proj, self.k_proj, self.v_proj))
+        if cache is not None:
+            k, v = torch.cat([cache[0], k], 1), torch.cat([cache[1], v], 1)
+        o = sliding_window_attention(q, k, v, self.m, window)
+        return self.o_proj(o.reshape(B, T, D)), (k, v)
+
+
+@dataclass
+class GCAPlan:
+    """What one call's upper layers of a retrieval group cross-attend to: the ``Q`` query chunks the call's positions
+    touch (the first may have started in an earlier call, ``phase`` positions before), each with its retrieved chunks'
+    keys and values ``k, v [B, Q, K, S, H, hd]`` and fusion weights ``w [B, Q, K]`` (float32; 0 for an empty slot)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    w: torch.Tensor
+    phase: int
+    length: int
+    chunk_size: int
+
+    def grid(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, E, H, hd]`` -> ``[B, Q, Sq, H, hd]``: the call's positions laid out by chunk (padded to the chunk
+        grid when they span several chunks; ``Sq = E`` when all lie in one)."""
+        Q = self.w.shape[1]
+        if Q == 1:
+            return x[:, None]
+        back = Q * self.chunk_size - self.phase - self.length
+        return F.pad(x, (0, 0, 0, 0, self.phase, back)).unflatten(1, (Q, self.chunk_size))
+
+    def ungrid(self, o: torch.Tensor) -> torch.Tensor:
+        if o.shape[1] == 1:
+            return o[:, 0]
+        return o.flatten(1, 2)[:, self.phase : self.phase + self.length]
+
+
+class GroupedCrossAttention(nn.Module):
+    """GCA (§3.1 eqs. 2-3): ``o_proj(sum_k w_k Softmax_1(Q K_k^T / sqrt(hd)) V_k)`` with ``Q = q_proj(pre_norm(r))``;
+    the retrieved chunks' keys and values come from the encoder (shared by all upper layers), not from this layer."""
+
+    def __init__(self, hidden_size: int, num_heads: int, eps: float, softmax_one: bool):
+        super().__init__()
+        self.num_heads, self.softmax_one = num_heads, softmax_one
+        self.pre_norm = RMSNorm(hidden_size, eps)
+        self.q_proj = nn.Linear(hidden_size, hidden_size, bias=False)
+        self.o_proj = nn.Linear(hidden_size, hidden_size, bias=False)
+
+    def forward(self, r: torch.Tensor, plan: GCAPlan, backend: str) -> torch.Tensor:
+        B, E, D = r.shape
+        q = self.q_proj(self.pre_norm(r)).view(B, E, self.num_heads, -1)
+        o = grouped_cross_attention(plan.grid(q), plan.k, plan.v, plan.w, softmax_one=self.softmax_one, backend=backend)
+        return self.o_proj(plan.ungrid(o).reshape(B, E, D))
+
+
+class DecoderLayer(nn.Module):
+    """A pre-norm Llama block with sliding-window ALiBi self-attention; with ``upper=True`` also GCA.
+
+    Upper layers use the released code's wiring (the paper's ``Norm(H + O)`` feeds the MLP only)::
+
+        r = h + SelfAttn(input_layernorm(h))
+        out = r + MLP(post_attention_layernorm(r + GCA(r)))
+
+    Without an MLP (``use_mlp=False``, attention-only MQAR blocks) the GCA output is added to the residual,
+    ``out = r + GCA(r)``, the only way it can reach the stream.
+    """
+
+    def __init__(self, cfg, upper: bool):
+        super().__init__()
+        D = cfg.hidden_size
+        self.input_layernorm = RMSNorm(D, cfg.rms_norm_eps)
+        self.self_attn = WindowAttention(D, cfg.num_heads)
+        if upper:
+            self.gca = GroupedCrossAttention(D, cfg.num_heads, cfg.rms_norm_eps, cfg.softmax_one)
+        if cfg.use_mlp:
+            self.post_attention_layernorm = RMSNorm(D, cfg.rms_norm_eps)
+            self.mlp = SwiGLU(D, cfg.intermediate_size)
+
+    def forward(self, h, cache, window: int, plan: GCAPlan | None = None, backend: str = "auto"):
+        a, kv = self.self_attn(self.input_layernorm(h), cache, window)
+        r = h + a
+        o = self.gca(r, plan, backend) if plan is not None else None
+        if not hasattr(self, "mlp"):
+            return (r if o is None else r + o), kv
+        return r + self.mlp(self.post_attention_layernorm(r if o is None else r + o)), kv
+
+
+class EncoderLayer(nn.Module):
+    """A pre-norm Llama block with bidirectional attention inside one chunk and RoPE at positions ``0..S-1`` (the
+    paper's "inner-chunk positional encoding", §3.1)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        D = cfg.hidden_size
+        self.num_heads, self.rope_base = cfg.num_heads, cfg.rope_base
+        self.input_layernorm = RMSNorm(D, cfg.encoder_norm_eps)
+        self.self_attn = nn.Module()
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            setattr(self.self_attn, name, nn.Linear(D, D, bias=False))
+        if cfg.use_mlp:
+            self.post_attention_layernorm = RMSNorm(D, cfg.encoder_norm_eps)
+            self.mlp = SwiGLU(D, cfg.intermediate_size)
+
+    def forward(self, x, positions):
+        B, S, D = x.shape
+        a = self.self_attn
+        y = self.input_layernorm(x)
+        q, k, v = (p(y).view(B, S, self.num_heads, -1) for p in (a.q_proj, a.k_proj, a.v_proj))
+        q, k = rope(q, positions, self.rope_base), rope(k, positions, self.rope_base)
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        x = x + a.o_proj(o.transpose(1, 2).reshape(B, S, D))
+        return x + self.mlp(self.post_attention_layernorm(x)) if hasattr(self, "mlp") else x
+
+
+class ChunkEncoder(nn.Module):
+    """The bidirectional chunk encoder (§3.1): ``encoder_layers`` blocks over each chunk separately, then a norm."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.encoder_norm_eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x ``[N, S, D]`` (N chunks of S positions) -> ``[N, S, D]``."""
+        positions = torch.arange(x.shape[1], device=x.device)[None].expand(x.shape[0], -1)
+        for layer in self.layers:
+            x = layer(x, positions)
+        return self.norm(x)
