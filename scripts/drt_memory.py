@@ -1,0 +1,132 @@
+"""DRT's chunk memory on a GPU: device memory and decode speed at long context, store on the GPU vs in CPU memory.
+
+Issue #14 part 3 (the GCA paper's offloading, arXiv:2410.01651 §3.4 / Table 3): the `drt` card (the paper's 128M
+shape, random weights, bf16 autocast over fp32 weights) prefills a context of L tokens into a chunk-memory decode
+state (in segments of 16K tokens), then decodes new tokens one at a time. For each L and placement of the chunk
+store it records the peak device memory of the prefill and of the decoding, the state's device-resident and host
+bytes, and milliseconds per decoded token. With the store in CPU memory the device holds the window caches, the
+landmark embeddings and the retrieved chunks only, so its share must stay flat as L grows.
+
+    python scripts/drt_memory.py --out results/bench/<device>/drt_memory [--lengths 16384,65536,262144]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from evalsuite.cards import load_card
+from evalsuite.provenance import device_name, provenance
+from evalsuite.train import build_model
+
+MIB = 2**20
+
+
+class DeviceMemory:
+    """Peak allocated bytes above a baseline on CUDA; zeros elsewhere (the CPU smoke run)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def reset(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            self.base = torch.cuda.memory_allocated()
+
+    def peak_mib(self) -> float:
+        if not self.cuda:
+            return 0.0
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - self.base) / MIB
+
+
+def measure(model, length: int, offload: bool, new_tokens: int) -> dict:
+    """Prefill ``length`` random tokens, then decode ``new_tokens`` greedily; memory and time of both phases."""
+    device = next(model.parameters()).device
+    memory = DeviceMemory(device)
+    ids = torch.randint(0, 50000, (1, length), generator=torch.Generator().manual_seed(length)).to(device)
+    memory.reset()
+    with torch.no_grad(), torch.autocast(device.type, torch.bfloat16):
+        state = model.new_state(1, length + new_tokens, offload=offload)
+        t0 = time.perf_counter()
+        hidden = model(ids, state=state)
+        token = model.logits(hidden[:, -1:]).argmax(-1)
+        prefill_peak = memory.peak_mib()
+        prefill_s = time.perf_counter() - t0
+        del hidden
+        memory.reset()
+        t0 = time.perf_counter()
+        for _ in range(new_tokens):
+            token = model.logits(model(token, state=state)).argmax(-1)
+        decode_peak = memory.peak_mib()
+        decode_s = time.perf_counter() - t0
+    return {
+        "length": length,
+        "offload": offload,
+        "prefill_seconds": prefill_s,
+        "prefill_peak_mib": prefill_peak,
+        "decode_peak_mib": decode_peak,
+        "ms_per_token": 1000 * decode_s / new_tokens,
+        "state_device_mib": state.device_nbytes() / MIB,
+        "state_host_mib": state.host_nbytes() / MIB,
+        "state_total_mib": state.nbytes() / MIB,
+        "new_tokens": new_tokens,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--lengths", default="16384,65536,262144")
+    parser.add_argument("--new-tokens", type=int, default=128)  # Table 3: 128 generated tokens
+    parser.add_argument("--model", default="drt", help="a DRT card (drt-tiny for a CPU smoke run)")
+    parser.add_argument("--device", default="cuda")
+    args = parser.parse_args()
+    card = load_card(args.model)
+    device = torch.device(args.device)
+    model = build_model(card, seed=0).to(device).eval()
+    weights_mib = sum(p.numel() * p.element_size() for p in model.parameters()) / MIB
+    rows = []
+    for length in (int(x) for x in args.lengths.split(",")):
+        for offload in (False, True):
+            try:
+                row = measure(model, length, offload, args.new_tokens)
+            except torch.OutOfMemoryError:  # recorded, and the sweep goes on
+                row = {"length": length, "offload": offload, "error": "out of memory"}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    result = {"model": card.name, "weights_mib": weights_mib, "rows": rows,
+              "provenance": provenance(device=device_name(device))}  # fmt: skip
+    (args.out / "drt_memory.json").write_text(json.dumps(result, indent=1) + "\n")
+    lines = [
+        f"DRT (`{card.name}` card, random weights, bf16 autocast; weights {weights_mib:.0f} MiB, not counted "
+        f"below) on {result['provenance']['device']}: peak device memory above the weights, state bytes, decode "
+        f"speed ({args.new_tokens} tokens).",
+        "",
+        "| context | chunk store | prefill s | prefill peak MiB | decode peak MiB | state on device MiB "
+        "| state in CPU MiB | ms / token |",
+        "|---:|:---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        place = "CPU memory" if r["offload"] else "device"
+        if "error" in r:
+            lines.append(f"| {r['length']} | {place} | {r['error']} | | | | | |")
+            continue
+        lines.append(
+            f"| {r['length']} | {place} | {r['prefill_seconds']:.1f} | {r['prefill_peak_mib']:.0f} | "
+            f"{r['decode_peak_mib']:.0f} | {r['state_device_mib']:.1f} | {r['state_host_mib']:.1f} | "
+            f"{r['ms_per_token']:.1f} |"
+        )
+    (args.out / "drt_memory.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
