@@ -56,11 +56,12 @@ def poisoned_kernel_outputs(monkeypatch):
 
 
 def interpreted_kernel_modules(package: str, kernels: dict) -> dict:
-    """``{name: package.<name>}`` for every name of ``kernels`` (in dependency order, helpers first), built for the
-    Triton interpreter. ``kernels[name]`` is a kernel of that module, or None for a module that only binds other
-    modules' kernels. A module imported earlier without ``TRITON_INTERPRET=1`` holds compiled kernels (triton.jit
-    reads the setting when decorating), so if any listed kernel is not interpreted, every module is reloaded."""
-    modules = {name: importlib.import_module(f"{package}.{name}") for name in kernels}
+    """``{name: package.<name>}`` (a dotted name: that module) for every name of ``kernels`` (in dependency order,
+    helpers first), built for the Triton interpreter. ``kernels[name]`` is a kernel of that module, or None for a
+    module that only binds other modules' kernels. A module imported earlier without ``TRITON_INTERPRET=1`` holds
+    compiled kernels (triton.jit reads the setting when decorating), so if any listed kernel is not interpreted,
+    every module is reloaded."""
+    modules = {name: importlib.import_module(name if "." in name else f"{package}.{name}") for name in kernels}
     if any(k and type(getattr(modules[n], k)).__name__ != "InterpretedFunction" for n, k in kernels.items()):
         modules = {name: importlib.reload(m) for name, m in modules.items()}
     return modules

@@ -24,7 +24,12 @@ from evalsuite.kernels.grouped_cross import MAX_TRITON_SQ, grouped_cross_attenti
 from evalsuite.kernels.grouped_cross.reference import gca_reference  # noqa: E402
 
 # One kernel per module, in dependency order (conftest.interpreted_kernel_modules).
-_KERNELS = {"common": "_mm", "backward": "_bwd_kernel", "forward": "_fwd_kernel"}
+_KERNELS = {
+    "evalsuite.kernels.jit_helpers": "mm",
+    "common": "_load_tile",
+    "backward": "_bwd_kernel",
+    "forward": "_fwd_kernel",
+}
 _modules = interpreted_kernel_modules("evalsuite.kernels.grouped_cross", _KERNELS)
 common, forward, backward = _modules["common"], _modules["forward"], _modules["backward"]
 

@@ -39,8 +39,8 @@ from evalsuite.kernels import triton_utils  # noqa: E402
 from evalsuite.kernels.lightning import lightning_attention, reference  # noqa: E402
 
 # One kernel per module (None: binds the others'), in dependency order (conftest.interpreted_kernel_modules).
-_KERNELS = {"common": "_mm", "walk": "_walk_kernel", "scan": "_segment_scan_kernel", "decode": "_decode_kernel",
-            "chunk": None}  # fmt: skip
+_KERNELS = {"evalsuite.kernels.jit_helpers": "mm", "common": None, "walk": "_walk_kernel",
+            "scan": "_segment_scan_kernel", "decode": "_decode_kernel", "chunk": None}  # fmt: skip
 _modules = interpreted_kernel_modules("evalsuite.kernels.lightning", _KERNELS)
 common, chunk, decode = _modules["common"], _modules["chunk"], _modules["decode"]
 

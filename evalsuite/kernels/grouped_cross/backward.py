@@ -32,7 +32,9 @@ import triton.language as tl
 
 from evalsuite.kernels import triton_utils
 from evalsuite.kernels.grouped_cross import common
-from evalsuite.kernels.grouped_cross.common import _in_range, _load_tile, _mm
+from evalsuite.kernels.grouped_cross.common import _load_tile
+from evalsuite.kernels.jit_helpers import in_range as _in_range
+from evalsuite.kernels.jit_helpers import mm as _mm
 
 
 @triton.jit

@@ -38,6 +38,7 @@ import triton.language as tl
 
 from evalsuite.kernels.grouped_cross import MAX_TRITON_SQ
 from evalsuite.kernels.grouped_cross.reference import check_shapes
+from evalsuite.kernels.jit_helpers import in_range as _in_range
 from evalsuite.kernels.triton_utils import interpreting, pick_config
 
 LOG2E = 1.4426950408889634
@@ -90,21 +91,6 @@ def bwd_config(Sq: int, D: int, itemsize: int = 2) -> tuple[int, int, int, int]:
 # ----------------------------------------------------------------------------------------------------------------
 # Jit helpers
 # ----------------------------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _in_range(idx, n):
-    """``idx`` (>= 0) clamped to ``n - 1``, as int64: the index that addresses memory (masked lanes stay inside)."""
-    return tl.minimum(idx, n - 1).to(tl.int64)
-
-
-@triton.jit
-def _mm(a, b, acc, UPCAST: tl.constexpr, PREC: tl.constexpr):
-    """``acc + a @ b`` with float32 accumulation (bf16 operands upcast under the interpreter, see module doc)."""
-    if UPCAST:
-        a = a.to(tl.float32)
-        b = b.to(tl.float32)
-    return tl.dot(a, b, acc, input_precision=PREC)
 
 
 @triton.jit

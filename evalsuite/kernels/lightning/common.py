@@ -112,31 +112,6 @@ def geometry(T: int, chunks: tuple[int, int]) -> tuple[int, int, int, int]:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Jit helpers
-# ----------------------------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _in_range(idx, n):
-    """``idx`` clamped into ``[0, n)``, as int64: the index that addresses memory.
-
-    Masked-off lanes (rows past the ragged end of the sequence, segments past either end of a partial scan block)
-    keep their mask but address an element inside the buffer, so no lane of any load or store -- nor the loads a
-    software-pipelined loop issues ahead for an iteration that never runs -- points outside its buffer.
-    """
-    return tl.minimum(tl.maximum(idx, 0), n - 1).to(tl.int64)
-
-
-@triton.jit
-def _mm(a, b, acc, UPCAST: tl.constexpr, PREC: tl.constexpr):
-    """``acc + a @ b`` with float32 accumulation (bf16 operands upcast under the interpreter, see module doc)."""
-    if UPCAST:
-        a = a.to(tl.float32)
-        b = b.to(tl.float32)
-    return tl.dot(a, b, acc, input_precision=PREC)
-
-
-# ----------------------------------------------------------------------------------------------------------------
 # Host helpers
 # ----------------------------------------------------------------------------------------------------------------
 

@@ -16,8 +16,10 @@ import triton
 import triton.language as tl
 
 from evalsuite.kernels import triton_utils
+from evalsuite.kernels.jit_helpers import in_range as _in_range
+from evalsuite.kernels.jit_helpers import mm as _mm
 from evalsuite.kernels.lightning import common
-from evalsuite.kernels.lightning.common import LOG2E_JIT, _in_range, _mm
+from evalsuite.kernels.lightning.common import LOG2E_JIT
 from evalsuite.kernels.triton_utils import interpreting
 
 
