@@ -602,7 +602,8 @@ def _interrupted() -> None:
 
 
 # The downstream-task commands register on `app` (imported last: they use the shared options above).
-from evalsuite import cli_tasks  # noqa: E402, F401
+# `evalsuite serve` (cli_serve.py) and `evalsuite lm-eval` (cli_lmeval.py) likewise.
+from evalsuite import cli_lmeval, cli_serve, cli_tasks  # noqa: E402, F401
 
 if __name__ == "__main__":
     # `python -m evalsuite.cli` runs this file as __main__; the commands live on evalsuite.cli's app

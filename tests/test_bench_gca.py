@@ -7,7 +7,7 @@ os.environ["TRITON_INTERPRET"] = "1"  # the parity check runs our kernel; must p
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from conftest import assert_one_line_error, interpreted_kernel_modules  # noqa: E402
+from conftest import GCA_KERNELS, assert_one_line_error, interpreted_kernel_modules  # noqa: E402
 
 from evalsuite.bench import gca  # noqa: E402
 from evalsuite.kernels.grouped_cross.reference import gca_reference  # noqa: E402
@@ -18,9 +18,7 @@ TINY = dict(chunk=16, n_retrieved=3, n_heads=2, head_dim=16)
 @pytest.fixture
 def interpreted():
     pytest.importorskip("triton")
-    interpreted_kernel_modules(
-        "evalsuite.kernels.grouped_cross", {"common": "_mm", "backward": "_bwd_kernel", "forward": "_fwd_kernel"}
-    )
+    interpreted_kernel_modules("evalsuite.kernels.grouped_cross", GCA_KERNELS)
 
 
 @pytest.mark.parametrize("softmax_one", [False, True])

@@ -230,7 +230,8 @@ def test_niah_scores_the_answer_not_the_prompt(mode, score, tmp_path, run_cli):
 def test_text_adapter_contract_and_token_tasks_refuse_it(tmp_path, run_cli):
     check_text_adapter(ScriptedAdapter("right"))
     code, _, err = run_cli(["loss", "--model", "scripted:right", "--out", "run"], tmp_path)
-    assert_one_line_error(code, err, "task loss needs tokens access, which model scripted-right does not give")
+    message = "task loss needs token-level access (logits over token ids), which model scripted-right does not give"
+    assert_one_line_error(code, err, message)
     assert not (tmp_path / "run").exists()
 
 

@@ -17,20 +17,13 @@ import torch  # noqa: E402
 
 pytest.importorskip("triton")
 
-from conftest import interpreted_kernel_modules, rel_err  # noqa: E402
+from conftest import GCA_KERNELS, interpreted_kernel_modules, rel_err  # noqa: E402
 
 from evalsuite.kernels import triton_utils  # noqa: E402
 from evalsuite.kernels.grouped_cross import MAX_TRITON_SQ, grouped_cross_attention  # noqa: E402
 from evalsuite.kernels.grouped_cross.reference import gca_reference  # noqa: E402
 
-# One kernel per module, in dependency order (conftest.interpreted_kernel_modules).
-_KERNELS = {
-    "evalsuite.kernels.jit_helpers": "mm",
-    "common": "_load_tile",
-    "backward": "_bwd_kernel",
-    "forward": "_fwd_kernel",
-}
-_modules = interpreted_kernel_modules("evalsuite.kernels.grouped_cross", _KERNELS)
+_modules = interpreted_kernel_modules("evalsuite.kernels.grouped_cross", GCA_KERNELS)
 common, forward, backward = _modules["common"], _modules["forward"], _modules["backward"]
 
 # (forward, gradients); fp32 runs use exact fp32 dots under the interpreter, so any logic error shows. bf16: the

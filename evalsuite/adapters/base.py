@@ -18,6 +18,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -114,6 +115,9 @@ class TextAdapter(ABC):
     def provenance(self) -> dict:
         """Stored with every result: the identity plus whatever else the adapter knows (card, device, ...)."""
         return {**self.identity(), "train_length": self.info.train_length, "max_length": self.info.max_length}
+
+    def attach_run(self, run_dir: Path) -> None:  # noqa: B027 - an optional hook, not an abstract method
+        """Called by the runner with the run directory before a task runs (the API adapter logs requests there)."""
 
     @abstractmethod
     def generate_until(self, prompts: Sequence[str], config: GenerationConfig) -> list[Generation]:

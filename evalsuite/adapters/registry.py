@@ -1,7 +1,9 @@
 """The adapter registry: how ``--model KIND:NAME`` becomes an adapter.
 
-``native`` (the default kind, so ``--model fox-pro`` means ``native:fox-pro``) builds our models from cards; the
-HF-transformers and OpenAI-compatible adapters plug in here as further kinds. A factory takes the name after the
+``native`` (the default kind, so ``--model fox-pro`` means ``native:fox-pro``) builds our models from cards; ``hf``
+(HF transformers) and ``openai`` (any OpenAI-compatible endpoint) are the further built-in kinds. Kind-specific
+options follow the name after commas (``hf:DIR,max_length=8192``, ``openai:MODEL,base_url=URL,api=completions``),
+so every command that takes ``--model`` passes them unchanged. A factory takes the name after the
 colon and the shared :class:`AdapterOptions`, and returns a :class:`~evalsuite.adapters.base.TextAdapter`.
 """
 
@@ -29,7 +31,7 @@ class AdapterOptions:
 
 AdapterFactory = Callable[[str, AdapterOptions], TextAdapter]
 ADAPTERS: Registry[AdapterFactory] = Registry(
-    "model kind", builtins=("evalsuite.adapters.native", "evalsuite.adapters.hf")
+    "model kind", builtins=("evalsuite.adapters.native", "evalsuite.adapters.hf", "evalsuite.adapters.openai_api")
 )
 
 

@@ -5,23 +5,24 @@ system message "You are a helpful assistant." and the user message :data:`JUDGE_
 including its "small language model" wording and the "numberical" typo of the criteria), to rate an answer
 from 1 to 10; the rating is the first ``[[N]]`` in the reply. Here the call goes through the ``openai``
 SDK, so any compatible server works: the key comes from ``$OPENAI_API_KEY`` and the endpoint from
-``$OPENAI_BASE_URL`` (the SDK's own variables; unset means api.openai.com).
+``$OPENAI_BASE_URL`` (the SDK's own variables; unset means api.openai.com). The client and its retry policy
+are :mod:`evalsuite.openai_client`'s, shared with the ``openai:`` model adapter.
 
-Failures: 429, 5xx, 408/409, timeouts and dropped connections are retried with exponential backoff
-(honouring ``Retry-After``); after the last attempt the score is recorded as missing with the error, so a
+Failures: 429, 5xx, 408/409, timeouts, dropped connections and malformed replies are retried with exponential
+backoff (honouring ``Retry-After``); after the last attempt the score is recorded as missing with the error, so a
 resumed run can try again. Other HTTP errors (bad key, unknown model, bad request) stop the run with a
 :class:`UserError`: retrying cannot fix them. A reply without ``[[N]]`` is kept and scored as missing.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 
 from evalsuite.errors import UserError
+from evalsuite.openai_client import OpenAIClient, RequestFailed, RequestRejected
 
 JUDGE_SYSTEM = "You are a helpful assistant."
 
@@ -55,7 +56,6 @@ JUDGE_CRITERIA = (
 )
 
 RATING = re.compile(r"\[\[(\d+)\]\]")
-RETRY_STATUS = {408, 409, 429}  # plus every 5xx
 
 
 def judge_message(question: str, reference: str, prediction: str) -> str:
@@ -94,6 +94,9 @@ def parse_judge_spec(spec: str) -> str:
 class OpenAIJudge:
     """Rates answers 1-10 with the FoX judge prompt on an OpenAI-compatible endpoint.
 
+    The HTTP client and its retry policy are :class:`~evalsuite.openai_client.OpenAIClient`, shared with the
+    ``openai:`` adapter.
+
     Args:
         model: the judge model name sent to the endpoint.
         api_key / base_url: default to ``$OPENAI_API_KEY`` / ``$OPENAI_BASE_URL``; a missing key is a UserError
@@ -117,25 +120,20 @@ class OpenAIJudge:
         env: Mapping[str, str] | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ):
-        env = os.environ if env is None else env
-        api_key = api_key or env.get("OPENAI_API_KEY")
-        if not api_key:
-            raise UserError(
-                "the judge needs an API key: set OPENAI_API_KEY (and OPENAI_BASE_URL for a non-OpenAI endpoint)"
-            )
-        if max_attempts < 1:
-            raise UserError("judge max_attempts must be at least 1")
-        try:
-            import openai
-        except ModuleNotFoundError:
-            raise UserError("the judge needs the 'openai' package: pip install openai") from None
-        self._openai = openai
         self.model = model
-        self.base_url = base_url or env.get("OPENAI_BASE_URL") or None
-        self.max_attempts, self.backoff, self.max_backoff = max_attempts, backoff, max_backoff
-        self._sleep = sleep
-        # The SDK's own retries are off: ours count attempts, log them and honour the caller's policy.
-        self.client = openai.OpenAI(api_key=api_key, base_url=self.base_url, max_retries=0, timeout=timeout)
+        self.client = OpenAIClient(
+            api_key=api_key,
+            base_url=base_url,
+            purpose="the judge",
+            max_attempts=max_attempts,
+            backoff=backoff,
+            max_backoff=max_backoff,
+            timeout=timeout,
+            env=env,
+            sleep=sleep,
+        )
+        self.base_url = self.client.base_url
+        self.max_attempts = max_attempts
 
     @classmethod
     def from_spec(cls, spec: str, **kwargs) -> OpenAIJudge:
@@ -146,48 +144,19 @@ class OpenAIJudge:
     def spec(self) -> str:
         return f"openai:{self.model}"
 
-    def _delay(self, attempt: int, error: Exception) -> float:
-        """Seconds to wait before the next try: ``Retry-After`` if the server sent one, else exponential."""
-        response = getattr(error, "response", None)
-        header = response.headers.get("retry-after") if response is not None else None
-        try:
-            if header is not None:
-                return min(max(float(header), 0.0), self.max_backoff)
-        except ValueError:
-            pass  # an HTTP date; fall back to our own schedule
-        return min(self.backoff * 2 ** (attempt - 1), self.max_backoff)
-
-    def _retryable(self, error: Exception) -> bool:
-        openai = self._openai
-        if isinstance(error, openai.APITimeoutError | openai.APIConnectionError):
-            return True
-        if isinstance(error, openai.APIStatusError):
-            return error.status_code in RETRY_STATUS or error.status_code >= 500
-        return False
-
     def rate(self, question: str, reference: str, prediction: str) -> JudgeResult:
         """Judge one answer; never raises for transient failures (see the module docstring)."""
         messages = [
             {"role": "system", "content": JUDGE_SYSTEM},
             {"role": "user", "content": judge_message(question, reference, prediction)},
         ]
-        last_error = ""
-        for attempt in range(1, self.max_attempts + 1):
-            try:
-                completion = self.client.chat.completions.create(model=self.model, messages=messages, temperature=0)
-            except self._openai.OpenAIError as e:
-                if not self._retryable(e):
-                    status = getattr(e, "status_code", None)
-                    raise UserError(f"judge request to {self.model} failed ({status}): {_short(e)}") from None
-                last_error = f"{type(e).__name__}: {_short(e)}"
-                if attempt < self.max_attempts:
-                    self._sleep(self._delay(attempt, e))
-                continue
-            reply = completion.choices[0].message.content if completion.choices else None
-            return JudgeResult(self.model, parse_rating(reply), reply or "", None, attempt)
-        return JudgeResult(self.model, None, None, f"gave up after {self.max_attempts} attempts: {last_error}", attempt)
-
-
-def _short(error: Exception, limit: int = 300) -> str:
-    text = " ".join(str(error).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+        body = {"model": self.model, "messages": messages, "temperature": 0}
+        try:
+            reply = self.client.post("chat", body)
+        except RequestRejected as e:
+            raise UserError(f"judge request to {self.model} failed ({e.status}): {e.message}") from None
+        except RequestFailed as e:
+            return JudgeResult(self.model, None, None, str(e), e.attempts)
+        choices = reply.data.get("choices") or []
+        content = (choices[0].get("message") or {}).get("content") if choices else None
+        return JudgeResult(self.model, parse_rating(content), content or "", None, reply.attempts)

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from evalsuite.adapters.base import GENERATE, TextAdapter
+from evalsuite.adapters.base import GENERATE, LOGLIKELIHOOD, TOKENS, TextAdapter
 from evalsuite.errors import UserError
 from evalsuite.progress import progress_bar
 from evalsuite.provenance import provenance
@@ -38,6 +38,12 @@ from evalsuite.rundir import RunDir
 from evalsuite.store import config_hash
 
 RUNS_ROOT = Path("results/runs")
+# How a refusal names a missing capability.
+NEED_TEXT = {
+    TOKENS: "token-level access (logits over token ids)",
+    LOGLIKELIHOOD: "log-likelihoods",
+    GENERATE: "text generation",
+}
 
 
 @dataclass(frozen=True)
@@ -164,9 +170,10 @@ def check_capabilities(task: Task, adapter: TextAdapter | None) -> None:
     lacking = sorted(task.needs - adapter.capabilities)
     if lacking:
         offered = ", ".join(sorted(adapter.capabilities)) or "nothing"
+        runnable = sorted(name for name, cls in TASKS.items() if cls.needs and cls.needs <= adapter.capabilities)
         raise UserError(
-            f"task {task.name} needs {', '.join(lacking)} access, which model {adapter.name} does not give "
-            f"(it offers: {offered})"
+            f"task {task.name} needs {' and '.join(NEED_TEXT.get(n, n) for n in lacking)}, which model "
+            f"{adapter.name} does not give (it offers: {offered}; tasks it can run: {', '.join(runnable) or 'none'})"
         )
 
 
@@ -182,6 +189,8 @@ def run_task(task: Task, adapter: TextAdapter | None, out_dir: Path | str | None
     finished = run.load_results() if task.reuse_finished else None
     if finished is not None and "summary" in finished:  # (older result files are re-aggregated)
         return finished
+    if adapter is not None:
+        adapter.attach_run(run.path)
     try:
         rows = task.execute(adapter, run, progress)
         records, summary = task.aggregate(rows, adapter, run)

@@ -1,0 +1,43 @@
+"""``evalsuite serve``: any adapter as an OpenAI-compatible HTTP API (:mod:`evalsuite.serve`). Registered on the app
+of :mod:`evalsuite.cli`, which imports this module."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from evalsuite.cli import BackendOpt, CheckpointOpt, DeviceOpt, DtypeOpt, ModelOpt, _adapter, app
+from evalsuite.errors import UserError
+
+
+@app.command()
+def serve(
+    model: ModelOpt,
+    host: Annotated[str, typer.Option(help="Address to listen on (127.0.0.1: this machine only).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+    served_name: Annotated[
+        str | None, typer.Option(help="The model name clients send (default: the model's own name).")
+    ] = None,
+    max_batch: Annotated[int, typer.Option(help="Most greedy requests batched into one generate call (1: none).")] = 8,
+    batch_window_ms: Annotated[
+        float, typer.Option(help="How long the first request of a batch waits for others to join it.")
+    ] = 5.0,
+    log_level: Annotated[str, typer.Option(help="uvicorn's log level: debug, info, warning, error.")] = "info",
+    access_log: Annotated[bool, typer.Option(help="Log every request (uvicorn's access log).")] = False,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "float32",
+    checkpoint: CheckpointOpt = None,
+    attention: BackendOpt = "auto",
+):
+    """Serve a model as an OpenAI-compatible API: /v1/models, /v1/completions (echo+logprobs), /v1/chat/completions."""
+    from evalsuite.serve import ServeConfig
+    from evalsuite.serve import serve as run_server
+
+    if max_batch < 1 or batch_window_ms < 0 or not 0 <= port < 65536:
+        raise UserError("--max-batch must be at least 1, --batch-window-ms at least 0, --port in 0..65535")
+    if log_level not in ("critical", "error", "warning", "info", "debug", "trace"):
+        raise UserError(f"unknown --log-level {log_level!r}; use debug, info, warning or error")
+    adapter = _adapter(model, device, dtype, checkpoint, attention)
+    config = ServeConfig(served_name=served_name, max_batch=max_batch, batch_window_ms=batch_window_ms)
+    run_server(adapter, host, port, config, log_level=log_level, access_log=access_log)
