@@ -1,0 +1,44 @@
+"""Any adapter as an OpenAI-compatible HTTP API (``evalsuite serve --model M``): a Starlette app under uvicorn.
+
+Routes: ``GET /v1/models`` (and ``/v1/models/{id}``), ``POST /v1/completions``, ``POST /v1/chat/completions``, and
+``GET /health`` and ``GET /stats`` (requests, batches, time the model was busy) for operators.
+
+**Completions**: ``prompt`` is a string, a list of strings, or token ids (a list of ints, or a list of such lists;
+token-tier models only); ``max_tokens`` (default 16, as OpenAI; 0 with ``echo`` scores the prompt only),
+``temperature`` (default 1, as OpenAI; 0 is greedy), ``top_p``, ``top_k`` and ``ignore_eos`` (vLLM's extensions),
+``stop`` (a string or a list), ``seed``, ``n`` (1 only), ``echo``, ``logprobs`` (0..5: the log-probability of each
+token and the top ones; token-tier models only) and ``stream``. With ``echo=True, max_tokens=0, logprobs=N`` the
+reply gives the prompt's per-token log-probabilities, the first token's ``null`` as OpenAI does: when the tokenizer
+puts a BOS token first it is listed first (its ``text_offset`` 0, log-probability ``null``) and every prompt token
+is scored; ``text_offset`` counts characters of the echoed text, so a client finds a continuation by offset.
+
+**Chat**: ``messages`` become one prompt: the tokenizer's chat template when it has one (HF models), else this
+plain template, documented here and in the README::
+
+    System: <content>\\n  User: <content>\\n  Assistant: <content>\\n ... then "Assistant:"
+
+(one ``Role: content`` line per message, the role capitalised, then ``Assistant:`` for the reply to follow).
+``max_tokens`` (or ``max_completion_tokens``) defaults to 256.
+
+**Streaming** (``stream: true``): server-sent events, ``data: {chunk}`` per token piece and a final chunk with the
+``finish_reason``, then ``data: [DONE]``; ``stream_options.include_usage`` adds a usage chunk. The adapter API
+returns whole generations, so the chunks are sent once the generation has finished (their concatenation is the
+non-streamed text).
+
+**Batching**: greedy generation requests with the same settings (max_tokens, stop, ignore_eos) that arrive while the
+model is busy or within ``batch_window_ms`` of each other go to the adapter as one batch of up to ``max_batch``
+prompts (left-padded; the model contracts make padding invisible). Sampled requests run alone, so a seed gives the
+same sample whatever else is in flight. Every model call (generation, scoring) runs in one worker thread, so the
+event loop keeps accepting requests.
+
+**Errors** have OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``: 400 for invalid JSON or fields
+and for a request over the context length (the message gives the limit; code ``context_length_exceeded``), 404 for
+an unknown model or route, 405 for a wrong method, 500 (logged with its traceback) for anything else; the server
+never goes down with a request.
+"""
+
+from evalsuite.serve.app import build_app, serve
+from evalsuite.serve.handlers import OpenAIServer
+from evalsuite.serve.protocol import APIError, ServeConfig, chat_prompt, split_text, token_pieces
+
+__all__ = ["APIError", "OpenAIServer", "ServeConfig", "build_app", "chat_prompt", "serve", "split_text", "token_pieces"]
