@@ -306,6 +306,42 @@ def test_decode_head_dims_fp16(D):
     check_decode(1, 2, 50, 2, D, torch.float16, "mild", key_start=torch.tensor([5]))
 
 
+@pytest.mark.parametrize(
+    "B,Tq,n_keys,capacity,gate,key_start,num_splits",
+    [
+        (2, 1, 1, 40, "mild", None, None),  # the first decoded token; every other row of the cache is unused
+        (2, 1, 37, 96, "strong", [0, 9], None),  # several splits, some wholly past the keys
+        (1, 3, 50, 64, None, [20], 3),
+    ],
+)
+def test_decode_key_length_from_the_device(B, Tq, n_keys, capacity, gate, key_start, num_splits):
+    """``key_length`` (a device scalar): a cache of ``capacity`` rows holding ``n_keys`` keys gives the result of
+    the first ``n_keys`` rows alone; the unused rows hold NaN, so a read past the keys would show."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(B, Tq, 2, 32, generator=g).bfloat16()
+    k, v = (torch.full((B, capacity, 2, 32), float("nan")).bfloat16() for _ in range(2))
+    k[:, :n_keys], v[:, :n_keys] = (torch.randn(B, n_keys, 2, 32, generator=g).bfloat16() for _ in range(2))
+    cum_q = cum_k = None
+    if gate is not None:
+        cum_k = torch.full((B, capacity, 2), float("nan"))
+        cum_k[:, :n_keys] = ({"mild": -0.01, "strong": -3.0}[gate] * torch.rand(B, n_keys, 2, generator=g)).cumsum(1)
+        cum_q = cum_k[:, n_keys - Tq : n_keys]
+    ks = None if key_start is None else torch.tensor(key_start)
+    o = decode.forgetting_attention_decode_triton(q, k, v, cum_q, cum_k, key_start=ks, num_splits=num_splits,
+                                                  key_length=torch.tensor([n_keys]))  # fmt: skip
+    want = decode.forgetting_attention_decode_triton(
+        q,
+        k[:, :n_keys],
+        v[:, :n_keys],
+        cum_q,
+        None if cum_k is None else cum_k[:, :n_keys],
+        key_start=ks,
+        num_splits=num_splits,
+    )
+    assert o.isfinite().all()
+    torch.testing.assert_close(o, want, atol=1e-2, rtol=1e-2)
+
+
 def test_decode_matches_full_forward():
     """Decoding all positions (Tq == Tk, no padding) gives the full kernel's forward."""
     q, k, v, logf = make_inputs(1, 45, 2, 32, torch.bfloat16, "strong", seed=9)

@@ -297,3 +297,29 @@ def test_release_card_uses_the_checkpoints_own_tokenizer(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(UserError, match="weights not found locally"):
         load_adapter("native:gsa-1.3b-fla", AdapterOptions(device="cpu"))
+
+
+@pytest.mark.parametrize("card", ["gsa-tiny", "tnl-tiny"])
+@pytest.mark.parametrize("padded", [False, True])
+def test_static_decoder_steps_equal_forward_with_a_state(card, padded):
+    """The recurrent static decoder (buffers allocated once, positions from the state's device counter; issue
+    #18) computes what forward with a state computes, step by step, with and without left padding; the state it
+    leaves equals forward's."""
+    from evalsuite.adapters.native import NativeAdapter
+    from evalsuite.cards import load_card
+
+    model = NativeAdapter(load_card(card), device="cpu").model
+    ids = torch.randint(0, model.vocab_size, (2, 13), generator=torch.Generator().manual_seed(5))
+    start = torch.tensor([4, 0]) if padded else None
+    with torch.no_grad():
+        state = model.new_state(2, 13, start)
+        want = [model(ids[:, :5], state=state)[:, -1]] + [
+            model(ids[:, t : t + 1], state=state)[:, -1] for t in range(5, 13)
+        ]
+        decoder = model.static_decoder(2, 13, start)
+        got = [decoder.prefill(ids[:, :5])] + [decoder.step(ids[:, t : t + 1]) for t in range(5, 13)]
+    assert not decoder.graph_safe  # CPU: the chunked reference
+    torch.testing.assert_close(torch.stack(got), torch.stack(want), atol=1e-6, rtol=1e-6)
+    for a, b in zip(decoder.state.layers, state.layers, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+    assert int(decoder.state.position) == decoder.state.length == 13

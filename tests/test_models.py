@@ -160,3 +160,24 @@ def test_forgetting_attention_takes_autocast_dtype():
         cast = attention(q, k, v, cum, cum, backend="reference")
     assert exact.dtype == torch.float32 and cast.dtype == torch.bfloat16
     assert (cast.float() - exact).abs().max() < 3e-2
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("padded", [False, True])
+def test_static_decoder_steps_equal_cached_forward(arch, padded):
+    """The graph-safe step (device-side cache length, in-place writes; issue #18) computes what forward with the
+    KV cache computes, position by position, with and without left padding; its state's bytes agree too."""
+    model = tiny(arch)
+    ids = torch.randint(0, 97, (2, 14), generator=torch.Generator().manual_seed(4))
+    start = torch.tensor([0, 3]) if padded else None
+    prompt, new = 6, 8
+    with torch.no_grad():
+        cache = model.new_state(2, prompt + new, start)
+        want = [model(ids[:, :prompt], state=cache)[:, -1]]
+        want += [model(ids[:, t : t + 1], state=cache)[:, -1] for t in range(prompt, prompt + new)]
+        decoder = model.static_decoder(2, prompt + new, start)
+        got = [decoder.prefill(ids[:, :prompt])]
+        got += [decoder.step(ids[:, t : t + 1]) for t in range(prompt, prompt + new)]
+    assert not decoder.graph_safe  # CPU: the reference attention slices the cache on the host
+    torch.testing.assert_close(torch.stack(got), torch.stack(want), atol=1e-6, rtol=1e-6)
+    assert int(decoder.length) == decoder.state.length == prompt + new and decoder.state.nbytes() == cache.nbytes()

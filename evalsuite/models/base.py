@@ -5,6 +5,8 @@
   exists at long context; plus decode-state creation, weight init, attention-backend choice and parameter counts.
 * :class:`DecodeState`: what a model keeps between decoding steps. It says what kind of state it is (a KV cache
   that grows with the context, a fixed recurrent state, or a chunk memory) and how many bytes it holds.
+* :class:`StaticDecoder`: decoding with fixed shapes (a preallocated state, its length on the device), so one
+  captured CUDA graph replays every step (issue #18); a family offers one through ``CausalLM.static_decoder``.
 
 Tensor layout: ids ``[B, T]`` long; hidden ``[B, T, D]``; logits ``[B, T, V]``. Left padding: ``start`` ``[B]``
 long marks the first real token of each row; tokens before it are padding and must not change the others.
@@ -50,10 +52,77 @@ class RecurrentState(DecodeState):
         self.layers = layers
         self.length = 0
         self.start = start
+        # The consumed-position count on the device ([1] long), set by RecurrentStaticDecoder: positions are then
+        # computed from it, so a captured CUDA graph replays correctly at every position.
+        self.position: torch.Tensor | None = None
+
+    def absolute_positions(self, T: int, device) -> torch.Tensor:
+        """Absolute positions ``[T]`` (padding included) of the next ``T`` tokens."""
+        offset = self.position if self.position is not None else self.length
+        return torch.arange(T, device=device) + offset
+
+    def advance(self, T: int) -> None:
+        """Count ``T`` consumed positions (on the host, and on the device when :attr:`position` is set)."""
+        self.length += T
+        if self.position is not None:
+            self.position += T
 
     def nbytes(self) -> int:
-        tensors = (t for layer in self.layers for t in (layer if isinstance(layer, tuple) else (layer,)))
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return sum(t.numel() * t.element_size() for t in _tensors(self.layers))
+
+
+def _tensors(layers: list) -> list[torch.Tensor]:
+    return [t for layer in layers for t in (layer if isinstance(layer, tuple) else (layer,))]
+
+
+class StaticDecoder(ABC):
+    """Prefill, then one token per step over a preallocated :attr:`state` whose length lives on the device.
+
+    ``step`` must be CUDA-graph safe when :attr:`graph_safe` is True: fixed shapes, in-place state updates, no
+    host sync, no allocation whose size depends on the context length; it advances the state. The decode engine
+    (``evalsuite/generation.py``) captures it once and replays it per token. Greedy outputs equal those of
+    ``CausalLM.forward`` with a state, token for token (the families' tests compare them). ``state.length`` (a
+    host-side count) is only kept up to date by calls of :meth:`step`, not by graph replays.
+    """
+
+    state: DecodeState
+    graph_safe: bool  # step() runs without a host sync (the engine may capture it in a CUDA graph)
+
+    @abstractmethod
+    def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """ids ``[B, T]`` (left padding as given to ``static_decoder``) -> hidden state ``[B, D]`` of the last
+        position; fills the state."""
+
+    @abstractmethod
+    def step(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """ids ``[B, 1]`` -> hidden state ``[B, D]`` of the new position; appends it to the state."""
+
+
+class RecurrentStaticDecoder(StaticDecoder):
+    """The static decoder of a family with a :class:`RecurrentState` (GSA, TNL): the state is fixed-size already;
+    the step copies each layer's new state into buffers allocated once (the layers return new tensors), and the
+    family's ``forward`` takes positions from the state's device counter (:meth:`RecurrentState.absolute_positions`).
+    ``graph_safe``: the family's one-token kernel runs without a host sync (its Triton step on CUDA)."""
+
+    def __init__(self, model: CausalLM, batch: int, start: torch.Tensor | None, graph_safe: bool):
+        self.model, self.graph_safe = model, graph_safe
+        self.state = model.new_state(batch, 0, start)
+        self.state.position = torch.zeros(1, dtype=torch.long, device=model.input_embedding.weight.device)
+
+    def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
+        hidden = self.model(input_ids, state=self.state)[:, -1]
+        own = [tuple(t.clone() for t in x) if isinstance(x, tuple) else x.clone() for x in self.state.layers]
+        self.state.layers = own
+        self._buffers = list(self.state.layers)
+        return hidden
+
+    def step(self, input_ids: torch.Tensor) -> torch.Tensor:
+        hidden = self.model(input_ids, state=self.state)[:, -1]
+        for buffer, new in zip(_tensors(self._buffers), _tensors(self.state.layers), strict=True):
+            if new is not buffer:
+                buffer.copy_(new)
+        self.state.layers = list(self._buffers)
+        return hidden
 
 
 class CausalLM(nn.Module, ABC):
@@ -101,6 +170,11 @@ class CausalLM(nn.Module, ABC):
     @abstractmethod
     def new_state(self, batch: int, capacity: int, start: torch.Tensor | None = None) -> DecodeState:
         """An empty decode state for ``batch`` sequences of up to ``capacity`` positions (``start``: left padding)."""
+
+    def static_decoder(self, batch: int, capacity: int, start: torch.Tensor | None = None) -> StaticDecoder | None:
+        """A :class:`StaticDecoder` for ``batch`` sequences of up to ``capacity`` positions (``start``: left padding),
+        or None when the family has none (the engine then decodes through ``forward`` with a state)."""
+        return None
 
     @abstractmethod
     def decode_state_size(self, length: int, dtype: torch.dtype) -> dict:

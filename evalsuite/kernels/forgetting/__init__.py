@@ -74,3 +74,30 @@ def attention(q, k, v, cum_q=None, cum_k=None, *, key_start=None, scale=None, ba
     from evalsuite.kernels.forgetting.decode import forgetting_attention_decode_triton
 
     return forgetting_attention_decode_triton(q, k, v, cum_q, cum_k, scale=scale, key_start=key_start)
+
+
+def cached_attention(q, k_cache, v_cache, cum_q, cum_cache, key_length, *, key_start=None, backend: str = "auto"):
+    """Attention of the newest ``Tq`` positions over a preallocated cache whose filled length lives on the device.
+
+    q ``[B, Tq, H, D]``; k_cache/v_cache ``[B, capacity, H, D]`` and cum_cache ``[B, capacity, H]`` (or None), of
+    which the first ``key_length`` rows (a one-element integer tensor, on q's device) are keys. The Triton decode
+    kernel reads the length on the device, so this call is CUDA-graph safe; every other backend slices the cache
+    at ``int(key_length)``, a host sync (the eager CPU path).
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown attention backend {backend!r}; choose from {', '.join(BACKENDS)}")
+    q, k_cache, v_cache = _autocast_inputs(q, k_cache, v_cache)
+    if cached_attention_graph_safe(q, backend):
+        from evalsuite.kernels.forgetting.decode import forgetting_attention_decode_triton
+
+        return forgetting_attention_decode_triton(
+            q, k_cache, v_cache, cum_q, cum_cache, key_start=key_start, key_length=key_length
+        )
+    n = int(key_length)
+    cum_k = None if cum_cache is None else cum_cache[:, :n]
+    return attention(q, k_cache[:, :n], v_cache[:, :n], cum_q, cum_k, key_start=key_start, backend=backend)
+
+
+def cached_attention_graph_safe(q: torch.Tensor, backend: str) -> bool:
+    """Whether :func:`cached_attention` runs without a host sync for queries like ``q`` (the Triton kernel)."""
+    return backend in ("auto", "triton") and triton_available(q)

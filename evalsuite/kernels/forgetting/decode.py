@@ -34,6 +34,7 @@ def _decode_kernel(
     CQ,
     CK,
     KS,
+    KL,
     O_PART,
     LSE_PART,
     stride_qb,
@@ -62,6 +63,7 @@ def _decode_kernel(
     mult,
     HAS_C: tl.constexpr,
     HAS_KS: tl.constexpr,
+    HAS_KL: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -70,7 +72,8 @@ def _decode_kernel(
     """Partial attention of query rows against one split of the keys.
 
     Query row i sits at absolute position ``Tk - Tq + i``; key j is visible when ``key_start[b] <= j <= pos``.
-    Grid: (B*H, cdiv(Tq, BLOCK_M), n_splits). Split s covers keys [s*keys_per_split, (s+1)*keys_per_split).
+    With ``HAS_KL`` the key count is read from ``KL`` (a device scalar, ``<= Tk``) instead: a cache of capacity Tk
+    holding fewer keys, whose length a CUDA graph cannot pass as an argument. Grid: (B*H, cdiv(Tq, BLOCK_M), n_splits). Split s covers keys [s*keys_per_split, (s+1)*keys_per_split).
     Writes O_PART [S, B, H, Tq, D] (normalised within the split, 0 where nothing is visible) and
     LSE_PART [S, B, H, Tq] (log2 units, -inf where nothing is visible); the host merges the splits.
     """
@@ -83,7 +86,11 @@ def _decode_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < Tq
-    pos = Tk - Tq + offs_m
+    if HAS_KL:
+        n_keys = tl.load(KL).to(tl.int32)
+    else:
+        n_keys = Tk
+    pos = n_keys - Tq + offs_m
 
     q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None].to(tl.int64) * stride_qt
                 + offs_d[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)  # fmt: skip
@@ -96,7 +103,7 @@ def _decode_kernel(
 
     lo = pid_s * keys_per_split
     # last key any row of this block may see, +1
-    hi = tl.minimum(tl.minimum(lo + keys_per_split, Tk), Tk - Tq + tl.minimum(pid_m * BLOCK_M + BLOCK_M, Tq))
+    hi = tl.minimum(tl.minimum(lo + keys_per_split, n_keys), n_keys - Tq + tl.minimum(pid_m * BLOCK_M + BLOCK_M, Tq))
     lo = tl.maximum(lo, (ks // BLOCK_N) * BLOCK_N)  # skip whole blocks of left padding, stay block aligned
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -148,7 +155,7 @@ def _num_splits(bh_blocks: int, Tk: int, block_n: int, device) -> int:
 
 
 def forgetting_attention_decode_triton(q, k, v, cum_q=None, cum_k=None, *, scale=None, key_start=None,
-                                       num_splits=None):  # fmt: skip
+                                       key_length=None, num_splits=None):  # fmt: skip
     """Forgetting Attention for queries that are the last ``Tq`` positions of ``Tk`` keys (forward only).
 
     Args:
@@ -156,6 +163,9 @@ def forgetting_attention_decode_triton(q, k, v, cum_q=None, cum_k=None, *, scale
         cum_q, cum_k: ``[B, Tq, H]`` / ``[B, Tk, H]`` cumulative log forget gates, or both None.
         scale: logit scale, default ``1/sqrt(D)``.
         key_start: ``[B]`` integer, first valid key per sequence (left padding), or None.
+        key_length: a one-element integer tensor on q's device, or None: only the first ``key_length`` of the
+            ``Tk`` rows of k/v (and cum_k) are keys, and the queries are the last ``Tq`` of those. Read on the
+            device, so a CUDA graph captured once replays at every cache length (the static decoder's step).
         num_splits: key splits (split-K); default picks enough programs to fill the GPU when Tq is small.
     Returns:
         ``[B, Tq, H, D]`` in q's dtype; rows that see no key are 0 (as in the reference).
@@ -179,6 +189,11 @@ def forgetting_attention_decode_triton(q, k, v, cum_q=None, cum_k=None, *, scale
         if key_start.shape != (B,):
             raise ValueError(f"key_start must be [B]; got {tuple(key_start.shape)}")
         key_start = key_start.to(device=q.device, dtype=torch.int32).contiguous()
+    has_kl = key_length is not None
+    if has_kl:
+        if key_length.numel() != 1 or key_length.device != q.device:
+            raise ValueError(f"key_length must be one integer on {q.device}; got {tuple(key_length.shape)}")
+        key_length = key_length.reshape(1)
     if Tq == 0:
         return q.new_empty(q.shape)
 
@@ -199,10 +214,11 @@ def forgetting_attention_decode_triton(q, k, v, cum_q=None, cum_k=None, *, scale
     cq_strides = cum_q.stride() if has_c else (0, 0, 0)
     ck_strides = cum_k.stride() if has_c else (0, 0, 0)
     ks = key_start if has_ks else lse_part
+    kl = key_length if has_kl else lse_part
     _decode_kernel[(B * H, n_m, num_splits)](
-        q, k, v, cq, ck, ks, o_part, lse_part, *_strides4(q), *_strides4(k), *_strides4(v), *cq_strides, *ck_strides,
+        q, k, v, cq, ck, ks, kl, o_part, lse_part, *_strides4(q), *_strides4(k), *_strides4(v), *cq_strides, *ck_strides,
         Tq, Tk, H, keys_per_split, sm_scale, mult,
-        HAS_C=has_c, HAS_KS=has_ks, HEAD_DIM=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, UPCAST=_upcast(q.dtype),
+        HAS_C=has_c, HAS_KS=has_ks, HAS_KL=has_kl, HEAD_DIM=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, UPCAST=_upcast(q.dtype),
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
 

@@ -31,8 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from evalsuite.kernels.forgetting import BACKENDS, attention, cumsum_over_time
+from evalsuite.kernels.forgetting import BACKENDS, attention, cached_attention, cumsum_over_time
 from evalsuite.models.base import DecodeState, EmbeddingHeadLM
+from evalsuite.models.fox.decoder import FoxStaticDecoder
 from evalsuite.models.layers import HeadRMSNorm, RMSNorm, ShiftProjection, SwiGLU, rope
 
 FGATE_TYPES = ("full", "bias_only", "fixed", "none")
@@ -208,17 +209,37 @@ class ForgettingAttention(nn.Module):
         B, T, _ = x.shape
         return F.logsigmoid(self.fgate_bias.float()).expand(B, T, -1)
 
-    def forward(self, x, positions, pad=None, cache: LayerCache | None = None, cache_len: int = 0, backend="auto"):
-        """x: ``[B, T, D]`` normed input; positions: ``[B, T]``; pad: ``[B, T]`` bool or None."""
+    def _heads(self, x, positions, pad, k_prev, v_prev):
+        """q, k, v ``[B, T, H, hd]`` (after QK-norm and RoPE) and the last projected k/v rows of the KV-shifts
+        (``[B, H, hd]``, None without a shift); k_prev/v_prev: the cached rows before x, or None."""
         cfg = self.cfg
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, cfg.num_heads, -1)
-        k, k_last = self._project(self.k_proj, x, cache.k_prev if cache is not None and cache_len else None, pad)
-        v, v_last = self._project(self.v_proj, x, cache.v_prev if cache is not None and cache_len else None, pad)
+        k, k_last = self._project(self.k_proj, x, k_prev, pad)
+        v, v_last = self._project(self.v_proj, x, v_prev, pad)
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         if cfg.use_rope:
             q, k = rope(q, positions, cfg.rope_base), rope(k, positions, cfg.rope_base)
+        return q, k, v, k_last, v_last
+
+    def _output(self, o, x):
+        """Attention output ``[B, T, H, hd]`` -> ``[B, T, D]``: output norm and gate, then o_proj."""
+        if self.cfg.use_output_norm:
+            o = self.out_norm(o)
+        o = o.reshape(*x.shape[:2], -1)
+        if self.cfg.use_output_gate:
+            o = o * torch.sigmoid(self.ogate_proj(x))
+        return self.o_proj(o)
+
+    def forward(self, x, positions, pad=None, cache: LayerCache | None = None, cache_len: int = 0, backend="auto"):
+        """x: ``[B, T, D]`` normed input; positions: ``[B, T]``; pad: ``[B, T]`` bool or None."""
+        cfg = self.cfg
+        B, T, _ = x.shape
+        cached = cache is not None and cache_len > 0
+        q, k, v, k_last, v_last = self._heads(
+            x, positions, pad, cache.k_prev if cached else None, cache.v_prev if cached else None
+        )
 
         log_f = self.log_forget(x)
         if pad is not None:
@@ -246,13 +267,28 @@ class ForgettingAttention(nn.Module):
         else:
             k_all, v_all, cum_all = k, v, cum
         o = attention(q, k_all, v_all, cum, cum_all, backend=backend)
+        return self._output(o, x)
 
-        if cfg.use_output_norm:
-            o = self.out_norm(o)
-        o = o.reshape(B, T, -1)
-        if cfg.use_output_gate:
-            o = o * torch.sigmoid(self.ogate_proj(x))
-        return self.o_proj(o)
+    def step(self, x, positions, cache: LayerCache, length: torch.Tensor, start, backend="auto"):
+        """One new token per sequence, appended at ``length`` (``[1]`` long on the device: positions cached
+        before it) to a cache filled by :meth:`forward`. x: ``[B, 1, D]`` normed input; positions: ``[B, 1]``.
+        Fixed shapes, in-place cache writes and a cache length read on the device: CUDA-graph safe with the
+        Triton backend (:func:`~evalsuite.kernels.forgetting.cached_attention`). The same function as
+        :meth:`forward` with the cache (the tests compare them)."""
+        q, k, v, k_last, v_last = self._heads(x, positions, None, cache.k_prev, cache.v_prev)
+        cum = None
+        if cache.cum is not None:  # gated, or ungated with left padding (the cache carries the padding bias)
+            log_f = self.log_forget(x)
+            log_f = torch.zeros_like(cache.cum[:, :1]) if log_f is None else log_f
+            cum = cache.cum.index_select(1, length - 1) + log_f
+            cache.cum.index_copy_(1, length, cum)
+        cache.k.index_copy_(1, length, k.to(cache.k.dtype))
+        cache.v.index_copy_(1, length, v.to(cache.v.dtype))
+        for row, last in ((cache.k_prev, k_last), (cache.v_prev, v_last)):
+            if last is not None:
+                row.copy_(last)
+        o = cached_attention(q, cache.k, cache.v, cum, cache.cum, length + 1, key_start=start, backend=backend)
+        return self._output(o, x)
 
 
 class Block(nn.Module):
@@ -266,6 +302,13 @@ class Block(nn.Module):
 
     def forward(self, h, positions, pad, cache, cache_len, backend):
         h = h + self.attn(self.attn_norm(h), positions, pad, cache, cache_len, backend)
+        return self._mlp(h)
+
+    def step(self, h, positions, cache, length, start, backend):
+        """:meth:`ForgettingAttention.step` in the block (graph-safe decoding)."""
+        return self._mlp(h + self.attn.step(self.attn_norm(h), positions, cache, length, start, backend))
+
+    def _mlp(self, h):
         return h + self.mlp(self.mlp_norm(h)) if hasattr(self, "mlp") else h
 
 
@@ -308,6 +351,9 @@ class ForgettingTransformer(EmbeddingHeadLM):
 
     def new_state(self, batch: int, capacity: int, start: torch.Tensor | None = None) -> KVCache:
         return KVCache(self.cfg, batch, capacity, self.embed.weight.device, self.state_dtype(), start)
+
+    def static_decoder(self, batch: int, capacity: int, start: torch.Tensor | None = None) -> FoxStaticDecoder:
+        return FoxStaticDecoder(self, batch, capacity, start)
 
     def forward(self, input_ids: torch.Tensor, state: KVCache | None = None, start: torch.Tensor | None = None):
         """input_ids: ``[B, T]`` -> hidden ``[B, T, D]`` after the final norm.

@@ -25,7 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from evalsuite.kernels.gated_slot import BACKENDS, gated_slot_attention
-from evalsuite.models.base import EmbeddingHeadLM, RecurrentState
+from evalsuite.kernels.gated_slot import triton_available as gsa_triton_available
+from evalsuite.models.base import EmbeddingHeadLM, RecurrentState, RecurrentStaticDecoder
 from evalsuite.models.layers import RMSNorm, SwiGLU, rms_norm
 
 FEATURE_MAPS = ("swish", "relu", "identity")
@@ -206,14 +207,19 @@ class GSAForCausalLM(EmbeddingHeadLM):
         ]
         return RecurrentState(zeros, start)
 
+    def static_decoder(self, batch: int, capacity: int, start: torch.Tensor | None = None) -> RecurrentStaticDecoder:
+        probe = torch.empty(0, device=self.embed.weight.device, dtype=self.state_dtype())
+        safe = self.attention_backend in ("auto", "triton") and gsa_triton_available(probe)
+        return RecurrentStaticDecoder(self, batch, start, graph_safe=safe)
+
     def forward(self, input_ids: torch.Tensor, state: RecurrentState | None = None, start: torch.Tensor | None = None):
         """input_ids ``[B, T]`` -> hidden ``[B, T, D]``; with a state, continue it (and update it in place)."""
-        B, T = input_ids.shape
-        offset = 0 if state is None else state.length
+        T, ids_device = input_ids.shape[1], input_ids.device
         start = state.start if state is not None else start
         pad = None
         if start is not None:
-            absolute = torch.arange(offset, offset + T, device=input_ids.device)
+            fresh = state is None
+            absolute = torch.arange(T, device=ids_device) if fresh else state.absolute_positions(T, ids_device)
             pad = absolute[None, :] < start[:, None]
         h = self.embed(input_ids)
         for i, block in enumerate(self.blocks):
@@ -221,7 +227,7 @@ class GSAForCausalLM(EmbeddingHeadLM):
             if state is not None:
                 state.layers[i] = new
         if state is not None:
-            state.length += T
+            state.advance(T)
         return self.norm(h)
 
     def decode_state_size(self, length: int, dtype: torch.dtype) -> dict:

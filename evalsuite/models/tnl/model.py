@@ -31,7 +31,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from evalsuite.kernels.lightning import BACKENDS, lightning_attention
-from evalsuite.models.base import EmbeddingHeadLM, RecurrentState
+from evalsuite.kernels.lightning import triton_available as lightning_triton_available
+from evalsuite.models.base import EmbeddingHeadLM, RecurrentState, RecurrentStaticDecoder
 from evalsuite.models.layers import rms_norm
 
 DECAY_SCHEDULES = ("code", "paper")
@@ -219,12 +220,17 @@ class TransNormerLLM(EmbeddingHeadLM):
         widths = [hd * (2 if i in cfg.lrpe_layers else 1) for i in range(cfg.num_layers)]
         return RecurrentState([torch.zeros(batch, H, dk, hd, device=device) for dk in widths], start)
 
+    def static_decoder(self, batch: int, capacity: int, start: torch.Tensor | None = None) -> RecurrentStaticDecoder:
+        probe = torch.empty(0, device=self.embed.weight.device, dtype=self.state_dtype())
+        safe = self.attention_backend in ("auto", "triton") and lightning_triton_available(probe)
+        return RecurrentStaticDecoder(self, batch, start, graph_safe=safe)
+
     def forward(self, input_ids: torch.Tensor, state: RecurrentState | None = None, start: torch.Tensor | None = None):
         """input_ids ``[B, T]`` -> hidden ``[B, T, D]``; with a state, continue it (and update it in place)."""
-        B, T = input_ids.shape
-        offset = 0 if state is None else state.length
+        (B, T), ids_device = input_ids.shape, input_ids.device
         start = state.start if state is not None else start
-        positions = torch.arange(offset, offset + T, device=input_ids.device)[None].expand(B, T)
+        absolute = state.absolute_positions(T, ids_device) if state is not None else torch.arange(T, device=ids_device)
+        positions = absolute[None].expand(B, T)
         pad = None
         if start is not None:
             pad = positions < start[:, None]
@@ -235,7 +241,7 @@ class TransNormerLLM(EmbeddingHeadLM):
             if state is not None:
                 state.layers[i] = new
         if state is not None:
-            state.length += T
+            state.advance(T)
         return rms_norm(h, None, self.cfg.norm_eps)
 
     def decode_state_size(self, length: int, dtype: torch.dtype) -> dict:

@@ -1,0 +1,50 @@
+"""The FoX family's static decoder (issue #18): the KV cache of :class:`~evalsuite.models.fox.model.KVCache`,
+preallocated for the whole generation, with its filled length kept on the device, so the one-token step has fixed
+shapes and one captured CUDA graph replays it at every position.
+
+The step is :meth:`ForgettingAttention.step` in every block: the new row's k, v and cumulative log-forget are
+written with ``index_copy_`` at the device length and attention reads the cache through the Triton decode kernel
+with that length (:func:`~evalsuite.kernels.forgetting.cached_attention`). Prefill is the ordinary forward pass
+with the cache (the training kernels over the prompt).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from evalsuite.kernels.forgetting import cached_attention_graph_safe
+from evalsuite.models.base import StaticDecoder
+
+
+class FoxStaticDecoder(StaticDecoder):
+    """Static decoding for a :class:`~evalsuite.models.fox.model.ForgettingTransformer` (any of its four
+    architectures). ``length`` (``[1]`` long, on the model's device) counts the cached positions."""
+
+    def __init__(self, model, batch: int, capacity: int, start: torch.Tensor | None = None):
+        self.model = model
+        self.state = model.new_state(batch, capacity, start)
+        device = model.embed.weight.device
+        self.length = torch.zeros(1, dtype=torch.long, device=device)
+        probe = torch.empty(0, dtype=self.state.layers[0].k.dtype, device=device)
+        self.graph_safe = cached_attention_graph_safe(probe, model.attention_backend)
+
+    def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
+        hidden = self.model(input_ids, state=self.state)
+        self.length.fill_(self.state.length)
+        for layer in self.state.layers:  # own the KV-shift rows (views into the prefill's activations) for step()
+            layer.k_prev = None if layer.k_prev is None else layer.k_prev.clone()
+            layer.v_prev = None if layer.v_prev is None else layer.v_prev.clone()
+        return hidden[:, -1]
+
+    def step(self, input_ids: torch.Tensor) -> torch.Tensor:
+        model, state = self.model, self.state
+        B = input_ids.shape[0]
+        positions = self.length.expand(B)[:, None]  # absolute positions counted from each sequence's start
+        if state.start is not None:
+            positions = (positions - state.start[:, None]).clamp(min=0)
+        h = model.embed(input_ids)
+        for block, cache in zip(model.blocks, state.layers, strict=True):
+            h = block.step(h, positions, cache, self.length, state.start, model.attention_backend)
+        self.length += 1
+        state.length += 1
+        return model.norm(h)[:, -1]
