@@ -118,6 +118,7 @@ def loss(
     length = length if length is not None else min(65536, adapter.max_length or 65536)
     config = LossConfig(data=data, length=length, max_docs=max_docs, roll=roll, seed=seed, batch_size=batch_size)
     results = run_loss(adapter, config, out)
+    _only_main()
     docs = results["summary"]["documents"]
     by_len = {r["length"]: r["value"] for r in results["records"] if r["metric"] == "perplexity"}
     shown = [lng for lng in sorted(by_len) if lng >= 64] or sorted(by_len)
@@ -254,6 +255,7 @@ def mqar(
         preset=preset,
         on_record=None if progress else _echo_mqar_cell,
     )
+    _only_main()
     summary = results["summary"]
     cells, errors, threshold = summary["cells"], summary["errors"], summary["sweep"]["check_accuracy"]
     typer.echo(f"mqar {preset}: {cells['finished']}/{cells['total']} cells in {run_dir}")
@@ -380,7 +382,18 @@ def _run(task, adapter, out: Path | None) -> dict:
     """Run a task through the runner; the result carries the run directory it was written to."""
     from evalsuite.tasks.base import run_task
 
-    return run_task(task, adapter, out)
+    results = run_task(task, adapter, out)
+    _only_main()
+    return results
+
+
+def _only_main() -> None:
+    """Under torchrun, end every rank but 0 once the run is done: rank 0 alone prints and writes tables and plots."""
+    from evalsuite import distributed
+
+    world = distributed.current()
+    if world is not None and not world.is_main:
+        raise typer.Exit(0)
 
 
 @plot_app.command("niah")
@@ -398,108 +411,6 @@ def plot_niah_cmd(
     typer.echo(table.drop(columns=["run"]).to_markdown(index=False, floatfmt=".3f"))
     for path in paths:
         typer.echo(f"wrote {path}")
-
-
-@bench_app.command("attention")
-def bench_attention_cmd(
-    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (JSON, PNG).")] = Path("results/bench/run"),
-    seq_lens: Annotated[str, typer.Option(help="Comma-separated T values.")] = "1024,2048,4096,8192,16384,32768,65536",
-    head_dims: Annotated[str, typer.Option(help="Comma-separated head dims.")] = "64,128",
-    providers: Annotated[
-        str, typer.Option(help="Comma-separated: fox_triton, triton_causal, sdpa_causal, fla_forgetting.")
-    ] = "fox_triton,triton_causal,sdpa_causal,fla_forgetting",
-    n_heads: Annotated[int, typer.Option(help="Heads per call.")] = 16,
-    tokens_per_call: Annotated[int, typer.Option(help="B*T, fixed across T.")] = 65536,
-    dtype: Annotated[str, typer.Option(help="bfloat16 or float16.")] = "bfloat16",
-    parity_seq_lens: Annotated[str, typer.Option(help="Comma-separated T for the parity check ('' to skip).")] = (
-        "1024,2048,4096,8192,16384"
-    ),
-    tune: Annotated[bool, typer.Option(help="Sweep block configs first and use the best.")] = False,
-):
-    """Time our Forgetting Attention kernel against SDPA causal (and fla when installed): fwd, fwd+bwd, memory."""
-    from evalsuite.bench.attention import PROVIDERS, bench_attention
-
-    chosen = _csv_list(providers, str, "--providers")
-    bad = [p for p in chosen if p not in PROVIDERS]
-    if bad or dtype not in ("bfloat16", "float16"):
-        raise UserError(f"unknown provider(s) {', '.join(bad)}" if bad else "--dtype must be bfloat16 or float16")
-    bench_attention(
-        out,
-        seq_lens=_csv_list(seq_lens, int, "--seq-lens"),
-        head_dims=_csv_list(head_dims, int, "--head-dims"),
-        providers=chosen,
-        n_heads=n_heads,
-        tokens_per_call=tokens_per_call,
-        dtype=dtype,
-        parity_seq_lens=_csv_list(parity_seq_lens, int, "--parity-seq-lens") or [],
-        tune=tune,
-    )
-    typer.echo(f"wrote {out}/attention_bench.json and .png")
-
-
-@bench_app.command("linear")
-def bench_linear_cmd(
-    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (JSON, PNG, summary).")] = Path(
-        "results/bench/linear"
-    ),
-    seq_lens: Annotated[str, typer.Option(help="Comma-separated T values.")] = "1024,2048,4096,8192,16384,32768,65536",
-    ops: Annotated[str, typer.Option(help="Comma-separated: gsa, lightning.")] = "gsa,lightning",
-    providers: Annotated[
-        str, typer.Option(help="Comma-separated (default: Triton + fla + SDPA on CUDA, the chunked twins on CPU).")
-    ] = "",
-    modes: Annotated[str, typer.Option(help="Comma-separated: fwd, fwdbwd, decode, memory.")] = (
-        "fwd,fwdbwd,decode,memory"
-    ),
-):
-    """Time Gated Slot and Lightning Attention against fla (fwd, fwd+bwd, decode step) and decode-state memory."""
-    from evalsuite.bench import linear
-
-    chosen = {"--ops": _csv_list(ops, str, "--ops"), "--providers": _csv_list(providers, str, "--providers"),
-              "--modes": _csv_list(modes, str, "--modes")}  # fmt: skip
-    allowed = {"--ops": linear.OPS, "--providers": linear.PROVIDERS, "--modes": linear.MODES}
-    for option, values in chosen.items():
-        bad = [v for v in values if v not in allowed[option]]
-        if bad:
-            raise UserError(f"unknown {option} value(s) {', '.join(bad)}; choose from {', '.join(allowed[option])}")
-    linear.bench_linear(out, seq_lens=_csv_list(seq_lens, int, "--seq-lens"), ops=chosen["--ops"],
-                        providers=chosen["--providers"] or None, modes=chosen["--modes"])  # fmt: skip
-    typer.echo(f"wrote {out}/{linear.JSON_NAME}, .png and .md")
-
-
-@bench_app.command("gca")
-def bench_gca_cmd(
-    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (JSON, Markdown, PNG).")] = Path(
-        "results/bench/gca"
-    ),
-    seq_lens: Annotated[str, typer.Option(help="Comma-separated T values (C = T / 64 chunks).")] = "4096,16384,65536",
-    batches: Annotated[str, typer.Option(help="Comma-separated batch sizes.")] = "1,4",
-    providers: Annotated[
-        str, typer.Option(help="Comma-separated: gca_triton, gca_reference, sdpa_chunks.")
-    ] = "gca_triton,gca_reference,sdpa_chunks",
-    modes: Annotated[str, typer.Option(help="Comma-separated: fwd, fwdbwd.")] = "fwd,fwdbwd",
-    softmax_one: Annotated[str, typer.Option(help="Comma-separated: off, on (SDPA emulates on).")] = "off,on",
-    dtype: Annotated[str, typer.Option(help="bfloat16, float16 or float32.")] = "bfloat16",
-    parity_t: Annotated[
-        int, typer.Option("--parity-T", help="T of the parity check vs the reference (0: skip).")
-    ] = 4096,
-):
-    """Time our Triton GCA kernel against its reference and per-chunk SDPA (K = 8, 64-token chunks, H = 12, D = 64)."""
-    from evalsuite.bench import gca
-
-    chosen = {"--providers": _csv_list(providers, str, "--providers"), "--modes": _csv_list(modes, str, "--modes"),
-              "--softmax-one": _csv_list(softmax_one, str, "--softmax-one")}  # fmt: skip
-    allowed = {"--providers": gca.PROVIDERS, "--modes": gca.MODES, "--softmax-one": ("off", "on")}
-    for option, values in chosen.items():
-        bad = [v for v in values if v not in allowed[option]]
-        if bad:
-            raise UserError(f"unknown {option} value(s) {', '.join(bad)}; choose from {', '.join(allowed[option])}")
-    if dtype not in ("bfloat16", "float16", "float32"):
-        raise UserError("--dtype must be bfloat16, float16 or float32")
-    one = [s == "on" for s in chosen["--softmax-one"]]
-    gca.bench_gca(out, seq_lens=_csv_list(seq_lens, int, "--seq-lens"), batches=_csv_list(batches, int, "--batches"),
-                  providers=chosen["--providers"], modes=chosen["--modes"], softmax_one=one, dtype=dtype,
-                  parity_T=parity_t or None)  # fmt: skip
-    typer.echo(f"wrote {out}/{gca.JSON_NAME}, .md and .png")
 
 
 @app.command("run")
@@ -561,18 +472,28 @@ def tasks_cmd():
         typer.echo(f"{name:14s} needs: {needs:28s} {doc}")
 
 
+# The commands that share their work among torchrun's ranks (`torchrun --nproc-per-node N -m evalsuite CMD ...`).
+SHARDED_COMMANDS = ("loss", "niah", "mqar", "longbench", "summarize", "run")
+
+
 def main() -> None:
     """Console entry point: one line on stderr for every error; status 2 for bad input, 130 for Ctrl-C."""
+    from evalsuite import distributed
+
     click = sys.modules[typer.BadParameter.__module__]  # click's exceptions (typer may ship its own click)
+    rank = 0
     try:
+        rank = _torchrun_checks(sys.argv[1:])
         rc = app(standalone_mode=False)
+    except distributed.PeerFailed as e:  # rank 0 reports it; this rank leaves quietly
+        sys.exit(2 if e.user_error else 1)
     except UserError as e:
         if _state["debug"]:
             raise
-        typer.echo(f"error: {e}", err=True)
+        typer.echo(f"error: {f'[rank {rank}] ' if rank else ''}{e}", err=True)
         sys.exit(2)
     except KeyboardInterrupt:
-        _interrupted()
+        _interrupted(rank)
     except click.NoArgsIsHelpError as e:
         e.show()  # the help text
         sys.exit(0)
@@ -582,28 +503,56 @@ def main() -> None:
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except typer.Abort:
-        _interrupted()
+        _interrupted(rank)
     except SystemExit:
         raise
     except Exception as e:
         if _state["debug"]:
             raise
-        typer.echo(f"error: {type(e).__name__}: {e} (rerun with --debug for the traceback)", err=True)
+        where = f"[rank {rank}] " if rank else ""
+        typer.echo(f"error: {where}{type(e).__name__}: {e} (rerun with --debug for the traceback)", err=True)
         sys.exit(1)
+    finally:
+        distributed.teardown()
     if rc == 130:  # typer turns Ctrl-C into Exit(130), which standalone_mode=False returns instead of raising
-        _interrupted()
+        _interrupted(rank)
     if isinstance(rc, int) and rc:
         sys.exit(rc)
 
 
-def _interrupted() -> None:
-    typer.echo("interrupted: finished items are saved; rerun the same command to resume", err=True)
+def _torchrun_checks(args: list[str]) -> int:
+    """Under torchrun: this process's rank; stdout muted on ranks other than 0 (rank 0 alone prints); a command
+    that does not share its work refused on several ranks (N copies would each do all of it). 0 otherwise."""
+    import os
+
+    from evalsuite import distributed
+
+    world = distributed.env_world()
+    if world is None:
+        return 0
+    if world.rank:
+        sys.stdout = open(os.devnull, "w")  # for the life of the process
+    command = next((a for a in args if not a.startswith("-")), None)
+    if world.size > 1 and command is not None and (command not in SHARDED_COMMANDS or command == "longbench"
+                                                    and "score" in args):  # fmt: skip
+        if world.rank:
+            sys.exit(2)  # rank 0 says why
+        raise UserError(
+            f"`evalsuite {command}{' score' if command == 'longbench' else ''}` does not share its work among "
+            f"ranks; run it without torchrun (commands that do: {', '.join(SHARDED_COMMANDS)})"
+        )
+    return world.rank
+
+
+def _interrupted(rank: int = 0) -> None:
+    if not rank:  # one line, not one per rank
+        typer.echo("interrupted: finished items are saved; rerun the same command to resume", err=True)
     sys.exit(130)
 
 
 # The downstream-task commands register on `app` (imported last: they use the shared options above).
-# `evalsuite serve` (cli_serve.py) and `evalsuite lm-eval` (cli_lmeval.py) likewise.
-from evalsuite import cli_lmeval, cli_serve, cli_tasks  # noqa: E402, F401
+# `evalsuite bench …` (cli_bench.py), `evalsuite serve` (cli_serve.py), `evalsuite lm-eval` (cli_lmeval.py) likewise.
+from evalsuite import cli_bench, cli_lmeval, cli_serve, cli_tasks  # noqa: E402, F401
 
 if __name__ == "__main__":
     # `python -m evalsuite.cli` runs this file as __main__; the commands live on evalsuite.cli's app

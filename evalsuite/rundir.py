@@ -11,19 +11,49 @@ atomically at the end) and any files a task keeps beside them (e.g. the loss tas
   answer); a rerun skips what is there. Appends repair a torn tail first (:func:`evalsuite.store.append_jsonl`).
 * **No litter.** A run that fails before writing anything removes the directory it created
   (:meth:`RunDir.abandon`), so a failed validation never leaves a claimed directory behind.
+* **Ranks.** Under torchrun (:mod:`evalsuite.distributed`) each rank appends to its own
+  ``records.rank-<r>.jsonl`` (no two processes ever write one file), and rank 0 folds them into ``records.jsonl``
+  atomically when the run ends (:meth:`RunDir.merge_shards`). Shards a killed run left behind are folded in when
+  the directory is next claimed, by a run with any number of ranks or none, so nothing a rank finished is lost.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
+import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from evalsuite.errors import UserError
-from evalsuite.store import RECORDS_FILE, RESULTS_FILE, append_jsonl, atomic_write_json, read_json_file, read_jsonl
+from evalsuite.store import (
+    RECORDS_FILE,
+    RESULTS_FILE,
+    append_jsonl,
+    atomic_write_bytes,
+    atomic_write_json,
+    read_json_file,
+    read_jsonl,
+)
 
 MANIFEST_FILE = "config.json"
+SHARD_PREFIX = "records.rank-"  # records.rank-<r>.jsonl: what rank r appended during a distributed run
+
+
+def shard_path(path: Path, rank: int) -> Path:
+    return Path(path) / f"{SHARD_PREFIX}{rank}.jsonl"
+
+
+def shard_files(path: Path) -> list[Path]:
+    """The rank files in ``path``, in rank order."""
+    found = []
+    for p in Path(path).glob(f"{SHARD_PREFIX}*.jsonl"):
+        rank = p.name[len(SHARD_PREFIX) : -len(".jsonl")]
+        if rank.isdigit():
+            found.append((int(rank), p))
+    return [p for _, p in sorted(found)]
 
 
 def check_writable(path: Path) -> None:
@@ -38,17 +68,31 @@ def check_writable(path: Path) -> None:
 
 
 class RunDir:
-    """One run's directory; create it with :meth:`claim`."""
+    """One run's directory; create it with :meth:`claim` (under torchrun, rank 0 claims it for all ranks).
 
-    def __init__(self, path: Path, task: str, config_hash: str, created: bool):
+    ``world`` (a :class:`evalsuite.distributed.World`, or None for a plain run): set, :meth:`append` writes this
+    rank's own file and :meth:`records` reads ``records.jsonl`` plus that file only, so every rank computes the
+    same pending work from the same records whatever the others are appending meanwhile.
+    """
+
+    def __init__(self, path: Path, task: str, config_hash: str, created: bool, world=None):
         self.path, self.task, self.config_hash, self._created = Path(path), task, config_hash, created
+        self.world = world
 
     @classmethod
     def claim(
         cls, path: Path | str, task: str, config_hash: str, config: dict, legacy_hashes: tuple[str, ...] = ()
     ) -> RunDir:
-        """Take ``path`` for a run of ``task`` with ``config_hash`` (see the module docstring)."""
-        path = Path(path)
+        """Take ``path`` for a run of ``task`` with ``config_hash`` (see the module docstring), taking in the rank
+        files an interrupted distributed run left there."""
+        run = cls._take(Path(path), task, config_hash, config, legacy_hashes)
+        n = run.merge_shards()
+        if n:
+            _note(f"{run.path}: took in {n} records the ranks of an interrupted distributed run had finished")
+        return run
+
+    @classmethod
+    def _take(cls, path: Path, task: str, config_hash: str, config: dict, legacy_hashes: tuple[str, ...]) -> RunDir:
         check_writable(path)
         manifest = path / MANIFEST_FILE
         body = {"task": task, "config_hash": config_hash, "config": config}
@@ -73,6 +117,11 @@ class RunDir:
         atomic_write_json(manifest, body)
         return cls(path, task, config_hash, created=created)
 
+    @property
+    def created(self) -> bool:
+        """Whether this claim created the directory (:meth:`abandon` removes only such a one)."""
+        return self._created
+
     @staticmethod
     def _check_legacy(path: Path, task: str, accepted: tuple[str, ...]) -> None:
         """A directory from before manifests: its files must be this task's, and of this config when they say."""
@@ -92,15 +141,46 @@ class RunDir:
     def records_path(self) -> Path:
         return self.path / RECORDS_FILE
 
+    @property
+    def append_path(self) -> Path:
+        """Where :meth:`append` writes: ``records.jsonl``, or this rank's own file under torchrun."""
+        return self.records_path if self.world is None else shard_path(self.path, self.world.rank)
+
     def records(self) -> list[dict]:
-        return read_jsonl(self.records_path)
+        rows = read_jsonl(self.records_path)
+        return rows if self.world is None else rows + read_jsonl(self.append_path)
 
     def latest(self) -> dict[str, dict]:
         """Records by ``key``; a later line for a key replaces the earlier one."""
         return {r["key"]: r for r in self.records() if "key" in r}
 
     def append(self, record: dict) -> None:
-        append_jsonl(self.records_path, record)
+        append_jsonl(self.append_path, record)
+
+    def merge_shards(self, order: Sequence[str] | None = None) -> int:
+        """Fold every rank file into ``records.jsonl`` (one atomic replace), then delete them; the number of records
+        taken in. Rank 0 alone calls this, when no rank is writing.
+
+        The rank files' records follow the old lines (they are newer), sorted by the position of their key in
+        ``order`` when given (the run order, so a distributed run's file reads as a single-process run's would;
+        records of one key keep their order). A torn last line of a killed rank is dropped. A record identical to
+        the latest line of its key is skipped: it was taken in already by a merge cut off before it deleted the
+        rank files.
+        """
+        shards = shard_files(self.path)
+        if not shards:
+            return 0
+        base = _record_lines(self.records_path)
+        latest = {key: line for key, line in base}
+        new = [(key, line) for shard in shards for key, line in _record_lines(shard) if latest.get(key) != line]
+        if order is not None:
+            position = {key: i for i, key in enumerate(order)}
+            new.sort(key=lambda entry: position.get(entry[0], len(position)))  # stable
+        if new:
+            atomic_write_bytes(self.records_path, b"".join(line + b"\n" for _, line in base + new))
+        for shard in shards:
+            shard.unlink(missing_ok=True)
+        return len(new)
 
     # -- results -----------------------------------------------------------------------------------------------
 
@@ -119,6 +199,78 @@ class RunDir:
         """Remove the directory if this claim created it and nothing but the manifest was written."""
         if self._created and self.path.is_dir() and {p.name for p in self.path.iterdir()} <= {MANIFEST_FILE}:
             shutil.rmtree(self.path, ignore_errors=True)
+
+
+class ShardFollower:
+    """Rank 0's view of what every rank has finished: the records appended to the rank files since the last
+    :meth:`poll`, read from where the previous poll stopped (its progress bar counts them).
+
+    As a context manager with ``on_records``, a background thread passes them on every ``interval`` seconds while
+    the block runs (rank 0's own long work units do not hold the count back), and once more at its end.
+    """
+
+    def __init__(self, path: Path, on_records: Callable[[list[dict]], None] | None = None, interval: float = 1.0):
+        self.path, self._offsets = Path(path), {}
+        self._on_records, self._interval = on_records, interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> ShardFollower:
+        if self._on_records is not None:
+            self._thread = threading.Thread(target=self._follow, name="evalsuite-rank-files", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._on_records(self.poll())  # what arrived since the thread's last look
+
+    def _follow(self) -> None:
+        while not self._stop.wait(self._interval):
+            self._on_records(self.poll())
+
+    def poll(self) -> list[dict]:
+        records = []
+        for shard in shard_files(self.path):
+            offset = self._offsets.get(shard.name, 0)
+            try:
+                with open(shard, "rb") as f:
+                    f.seek(offset)
+                    data = f.read()
+            except FileNotFoundError:
+                continue
+            end = data.rfind(b"\n") + 1  # a line still being written is read next time
+            for line in data[:end].split(b"\n"):
+                if line.strip():
+                    try:
+                        row = json.loads(line)
+                    except (UnicodeDecodeError, json.JSONDecodeError):
+                        continue  # a torn line a killed run left mid-file: merge_shards reports it
+                    if isinstance(row, dict):
+                        records.append(row)
+            self._offsets[shard.name] = offset + end
+        return records
+
+
+def _record_lines(path: Path) -> list[tuple[str | None, bytes]]:
+    """``(key, line)`` for each record of a JSONL file, the line's bytes exactly as written (no newline). As
+    :func:`evalsuite.store.read_jsonl` reads it: a torn last line is dropped, a corrupt one elsewhere is an error."""
+    if not path.exists():
+        return []
+    lines = [(n, line) for n, line in enumerate(path.read_bytes().split(b"\n"), 1) if line.strip()]
+    kept = []
+    for i, (number, line) in enumerate(lines):
+        try:
+            row = json.loads(line)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            if i == len(lines) - 1:  # only the last line may be torn (a rank killed mid-write)
+                break
+            raise UserError(f"{path}:{number}: corrupt record (not valid JSON)") from None
+        if isinstance(row, dict):
+            kept.append((row.get("key"), line))
+    return kept
 
 
 def _note(message: str) -> None:

@@ -10,18 +10,23 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
-    """``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda`` or ``cuda:N``; CUDA must exist if asked for."""
+    """``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda`` or ``cuda:N``; CUDA must exist if asked for.
+
+    Under torchrun, ``auto`` and ``cuda`` mean this rank's GPU, ``cuda:LOCAL_RANK`` (:mod:`evalsuite.distributed`).
+    """
+    from evalsuite.distributed import local_device
+
     if isinstance(device, torch.device):
         return device
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return local_device(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     try:
         dev = torch.device(device)
     except RuntimeError:
         raise UserError(f"unknown device {device!r}; use auto, cpu, cuda or cuda:N") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda was asked for but no CUDA GPU is available")
-    return dev
+    return local_device(dev)
 
 
 def resolve_dtype(dtype: str) -> torch.dtype:

@@ -163,6 +163,29 @@ def test_seeded_sampling_is_reproducible(tiny):
     assert torch.equal(torch.random.get_rng_state(), state)  # the global RNG is untouched
 
 
+def test_static_cache_option(tiny, tiny_dir, monkeypatch):
+    """``cache=static,compile=true`` is accepted; a CPU keeps the dynamic cache (same outputs). transformers' static
+    cache itself (CUDA's path, without compile), run here on the CPU, gives the same tokens with left padding,
+    stop strings and EOS."""
+    fast = load_adapter(f"hf:{tiny_dir},cache=static,compile=true", AdapterOptions(device="cpu"))
+    assert (fast.cache, fast.compile, fast.generation_path()) == ("static", True, "dynamic")
+    assert fast.provenance()["generation_path"] == "dynamic" and fast.identity() == tiny.identity()
+    tok = tiny.tokenizer
+    prompts = [tok.encode(s) for s in ("The river", SENTENCES[1], "She read the letter twice, then")]
+    free = tiny.generate(prompts, GenerationConfig(max_new_tokens=10, stop_at_eos=False))
+    text = free[0].text
+    stop = next(text[i : i + 2] for i in range(2, len(text) - 1) if text[i : i + 2].strip())
+    configs = [GenerationConfig(max_new_tokens=10, stop_at_eos=False), GenerationConfig(max_new_tokens=10, stop=[stop])]
+    monkeypatch.setattr(tiny, "eos_ids", {free[1].token_ids[4]})
+    monkeypatch.setattr(fast, "eos_ids", {free[1].token_ids[4]})
+    wanted = [tiny.generate(prompts, c) for c in configs]
+    assert wanted[0] == free and wanted[1][0].finish_reason == "stop" and wanted[1][1].finish_reason == "eos"
+    assert [fast.generate(prompts, c) for c in configs] == wanted
+    monkeypatch.setattr(fast, "generation_path", lambda: "static")
+    assert fast._cache_options(transformers) == {"cache_implementation": "static", "disable_compile": True}
+    assert [fast.generate(prompts, c) for c in configs] == wanted
+
+
 def test_registry_spec_and_options(tiny_dir):
     adapter = load_adapter(f"hf:{tiny_dir},max_length=64", AdapterOptions(device="cpu", dtype="bfloat16"))
     assert isinstance(adapter, hf.HFAdapter) and adapter.model.dtype == torch.bfloat16
@@ -182,6 +205,9 @@ def test_registry_spec_and_options(tiny_dir):
         ("hf:{dir}/config.json", "a file must be a .gguf"),
         ("hf:{dir},gguf_file=x.gguf", "gguf_file x.gguf not found"),
         ("hf:", "needs a model directory"),
+        ("hf:{dir},cache=paged", "cache must be one of dynamic, static"),
+        ("hf:{dir},cache=static,compile=yes", "compile must be true or false"),
+        ("hf:{dir},compile=true", "compile=true needs cache=static"),
     ],
 )
 def test_bad_specs_are_one_line_errors(tiny_dir, spec, message):

@@ -3,13 +3,17 @@
 ``SOURCE`` is a local model directory, a ``.gguf`` file, or a hub id (fetched only when online: an offline run,
 ``HF_HUB_OFFLINE=1``, uses the local hub cache or fails with one line). Keys after commas: ``gguf_file`` (a GGUF
 file inside the directory or hub repo), ``revision`` (hub), ``max_length`` and ``train_length`` (override the
-config's ``max_position_embeddings``). GGUF weights are dequantised to float by transformers on load.
+config's ``max_position_embeddings``), ``cache`` and ``compile`` (the generation path, below). GGUF weights are
+dequantised to float by transformers on load.
 
 Token tier: the decoder runs once for the last hidden states and the LM head is applied in chunks of
 ``LOGIT_BUDGET`` elements (:mod:`evalsuite.models.base`), so a ``T x V`` logits matrix never exists. Generation
 uses ``model.generate`` (KV cache, left padding with an attention mask) under a generation config owned here:
 the model's own sampling defaults (top-k, repetition penalty, ...) never apply; stop strings and EOS are checked
-per row after every step, so a batch ends as soon as every row has finished.
+per row after every step, so a batch ends as soon as every row has finished. On CUDA, ``cache=static`` preallocates
+the KV cache (transformers' ``cache_implementation="static"``) and ``compile=true`` adds transformers' automatic
+``torch.compile`` of the decoding step (mode ``reduce-overhead``: CUDA graphs) (issue #18 point 4); on a CPU both
+are accepted and today's dynamic cache runs.
 """
 
 from __future__ import annotations
@@ -37,7 +41,8 @@ SMOLLM2_SIZE = 98362432
 SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 SMOLLM2_DIR_ENV = "EVALSUITE_SMOLLM2_DIR"
 
-SPEC_KEYS = ("gguf_file", "revision", "max_length", "train_length")
+SPEC_KEYS = ("gguf_file", "revision", "max_length", "train_length", "cache", "compile")
+CACHES = ("dynamic", "static")
 _TRUE = ("1", "true", "yes", "on")
 
 
@@ -230,8 +235,15 @@ class HFAdapter(TokenAdapter):
         max_length: int | None = None,
         train_length: int | None = None,
         attention: str = "auto",
+        cache: str = "dynamic",
+        compile: bool = False,
     ):
+        if cache not in CACHES:
+            raise UserError(f"hf: cache must be one of {', '.join(CACHES)}; got {cache!r}")
+        if compile and cache != "static":
+            raise UserError("hf: compile=true needs cache=static (transformers compiles the step of a static cache)")
         tf = _transformers()
+        self.cache, self.compile = cache, compile
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype)
         self.source = resolve_source(str(source), gguf_file, revision)
@@ -331,6 +343,7 @@ class HFAdapter(TokenAdapter):
         self._check_ids(ids)
         sample = config.temperature > 0
         gen_config = tf.GenerationConfig(
+            **self._cache_options(tf),
             max_new_tokens=config.max_new_tokens,
             do_sample=sample,
             num_beams=1,
@@ -359,6 +372,21 @@ class HFAdapter(TokenAdapter):
             results.append(Generation(apply_stop(text, config.stop)[0] if reason == "stop" else text, row[:n], reason))
         return results
 
+    def generation_path(self) -> str:
+        """The decoding path ``generate`` takes here: ``dynamic``, ``static`` or ``static+compile`` (CUDA only)."""
+        if self.cache != "static" or self.device.type != "cuda":
+            return "dynamic"
+        return "static+compile" if self.compile else "static"
+
+    def _cache_options(self, tf) -> dict:
+        """transformers generation options of :meth:`generation_path` (none for today's dynamic cache)."""
+        path = self.generation_path()
+        if path == "dynamic":
+            return {}
+        if path == "static":  # transformers would compile a static cache's step on its own; not asked for
+            return {"cache_implementation": "static", "disable_compile": True}
+        return {"cache_implementation": "static", "compile_config": tf.CompileConfig(mode="reduce-overhead")}
+
     def provenance(self) -> dict:
         import transformers
 
@@ -375,6 +403,7 @@ class HFAdapter(TokenAdapter):
             "attention_implementation": getattr(self.model.config, "_attn_implementation", None),
             "transformers_version": transformers.__version__,
             "device": str(self.device),
+            "generation_path": self.generation_path(),
         }
 
 
@@ -399,7 +428,16 @@ def hf_adapter(name: str, options: AdapterOptions) -> HFAdapter:
         max_length=_int_option(kv, "max_length"),
         train_length=_int_option(kv, "train_length"),
         attention=options.attention,
+        cache=kv.get("cache", "dynamic"),
+        compile=_bool_option(kv, "compile"),
     )
+
+
+def _bool_option(options: dict[str, str], key: str) -> bool:
+    value = options.get(key, "false").lower()
+    if value not in ("true", "false"):
+        raise UserError(f"hf: {key} must be true or false; got {options[key]!r}")
+    return value == "true"
 
 
 ADAPTERS.register("hf", hf_adapter)

@@ -13,10 +13,12 @@ from pathlib import Path
 
 import torch
 
-from evalsuite.adapters.base import Generation, GenerationConfig, ModelInfo, TokenAdapter, apply_stop
+from evalsuite import generation as engine
+from evalsuite.adapters.base import Generation, GenerationConfig, ModelInfo, TokenAdapter
 from evalsuite.adapters.registry import ADAPTERS, AdapterOptions
 from evalsuite.cards import ModelCard, load_card
 from evalsuite.errors import UserError
+from evalsuite.generation import left_pad, sample_next
 from evalsuite.models.checkpoint import checkpoint_sha256, load_checkpoint
 from evalsuite.runtime import dtype_name, resolve_device, resolve_dtype
 from evalsuite.tokenizers import get_tokenizer
@@ -83,8 +85,13 @@ class NativeAdapter(TokenAdapter):
         dtype: str = "float32",
         checkpoint: Path | None = None,
         attention_backend: str = "auto",
+        decode_path: str = "auto",
     ):
+        if decode_path not in engine.PATHS:
+            raise UserError(f"unknown decode path {decode_path!r}; choose from {', '.join(engine.PATHS)}")
         self.card = card
+        self.decode_path = decode_path  # evalsuite.generation.PATHS: auto, eager, static or graph
+        self.sync_every = engine.SYNC_EVERY
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype)
         ckpt = Path(checkpoint) if checkpoint is not None else resolve_checkpoint(card)
@@ -146,57 +153,21 @@ class NativeAdapter(TokenAdapter):
 
     def _next_token(self, logits: torch.Tensor, config: GenerationConfig, gen: torch.Generator) -> torch.Tensor:
         """logits ``[B, V]`` -> token ids ``[B]``; sampling runs on the CPU so seeds agree across devices."""
-        if config.temperature == 0:
-            return logits.argmax(-1)
-        probs = torch.softmax(logits.float().cpu() / config.temperature, dim=-1)
-        if config.top_k > 0:
-            kth = probs.topk(min(config.top_k, probs.shape[-1]), dim=-1).values[..., -1:]
-            probs = probs * (probs >= kth)  # renormalised by multinomial and by the top_p step
-            probs = probs / probs.sum(-1, keepdim=True)
-        if config.top_p < 1:
-            sorted_p, order = probs.sort(dim=-1, descending=True)
-            keep = sorted_p.cumsum(-1) - sorted_p < config.top_p  # smallest prefix reaching top_p
-            sorted_p = sorted_p * keep
-            probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-        return torch.multinomial(probs, 1, generator=gen).squeeze(-1).to(logits.device)
+        return sample_next(logits, config, gen)
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], config: GenerationConfig) -> list[Generation]:
+        """Prefill once, then decode through :mod:`evalsuite.generation` (path ``self.decode_path``: a CUDA graph
+        per step where the family offers a static decoder, else the eager step; outputs equal either way)."""
         if not prompts or any(len(p) == 0 for p in prompts):
             raise UserError("generate needs non-empty prompts")
-        B, longest = len(prompts), max(len(p) for p in prompts)
-        self.check_length(longest)
-        ids = torch.zeros(B, longest, dtype=torch.long)
-        for b, p in enumerate(prompts):  # left padding; padded keys are masked through the state's start
-            ids[b, longest - len(p) :] = torch.tensor(p)
+        self.check_length(max(len(p) for p in prompts))
+        ids, start = left_pad(prompts)  # padded keys are masked through the state's start
         self._check_ids(ids)
-        start = torch.tensor([longest - len(p) for p in prompts], device=self.device)
-        start = start if int(start.max()) > 0 else None
-        gen = torch.Generator().manual_seed(config.seed)
-        eos = self.tokenizer.eos_id if config.stop_at_eos else None
-        new: list[list[int]] = [[] for _ in range(B)]
-        results: list[Generation | None] = [None] * B
         with self._autocast():
-            state = self.model.new_state(B, longest + config.max_new_tokens, start)
-            logits = self.model.logits(self.model(ids.to(self.device), state=state)[:, -1])
-            for step_index in range(config.max_new_tokens):
-                tokens = self._next_token(logits, config, gen).tolist()
-                for b, tok in enumerate(tokens):
-                    if results[b] is not None:
-                        continue
-                    if tok == eos:
-                        results[b] = Generation(self.tokenizer.decode(new[b]), new[b], "eos")
-                        continue
-                    new[b].append(tok)
-                    if config.stop:
-                        text, stopped = apply_stop(self.tokenizer.decode(new[b]), config.stop)
-                        if stopped:
-                            results[b] = Generation(text, new[b], "stop")
-                if all(r is not None for r in results) or step_index == config.max_new_tokens - 1:
-                    break
-                step = torch.tensor(tokens, device=self.device)[:, None]
-                logits = self.model.logits(self.model(step, state=state)[:, -1])
-        return [r or Generation(self.tokenizer.decode(new[b]), new[b], "length") for b, r in enumerate(results)]
+            return engine.generate(
+                self.model, ids, start, config, self.tokenizer, path=self.decode_path, sync_every=self.sync_every
+            )
 
     def provenance(self) -> dict:
         return {
@@ -206,6 +177,7 @@ class NativeAdapter(TokenAdapter):
             "checkpoint": str(self.checkpoint) if self.checkpoint else None,
             "device": str(self.device),
             "attention_backend": self.model.attention_backend,
+            "decode_path": self.decode_path,
         }
 
 

@@ -19,22 +19,32 @@ and writes ``results.json`` in one shape for every task::
 Most tasks are :class:`ItemTask`\ s (items -> records, the loop above); a task with its own inner loop (the loss
 task's running sums, MQAR's training sweep) implements ``execute`` itself.
 Tasks register with :func:`register_task` so ``evalsuite run NAME`` finds them.
+
+Under ``torchrun`` (:mod:`evalsuite.distributed`) every rank runs :func:`run_task`: each validates the config, rank
+0 claims the directory, each works through its share of the pending units (an :class:`ItemTask`'s
+:meth:`~ItemTask.batches`, dealt round-robin) appending to its own rank file, and rank 0 alone shows progress, merges
+the rank files and writes ``results.json``. A task that implements ``execute`` itself shards its own work (loss,
+MQAR) and says so with ``shards = True``; any other refuses to run on several ranks.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from evalsuite import distributed
 from evalsuite.adapters.base import GENERATE, LOGLIKELIHOOD, TOKENS, TextAdapter
 from evalsuite.errors import UserError
 from evalsuite.progress import progress_bar
 from evalsuite.provenance import provenance
 from evalsuite.registry import Registry
-from evalsuite.rundir import RunDir
+from evalsuite.rundir import MANIFEST_FILE, RunDir, ShardFollower
 from evalsuite.store import config_hash
 
 RUNS_ROOT = Path("results/runs")
@@ -61,6 +71,7 @@ class Task(ABC):
     needs: ClassVar[frozenset[str]] = frozenset({GENERATE})  # adapter capabilities (evalsuite.adapters.base)
     Config: ClassVar[type]
     reuse_finished: ClassVar[bool] = False  # True: a finished run's results.json is returned as it is
+    shards: ClassVar[bool] = False  # True: execute() shares its work among torchrun's ranks (run.world)
 
     def __init__(self, config=None):
         self.config = config if config is not None else self.Config()
@@ -113,6 +124,8 @@ class Task(ABC):
 class ItemTask(Task):
     """A task made of independent items, each producing keyed records: the runner's default loop."""
 
+    shards = True
+
     @abstractmethod
     def items(self, adapter: TextAdapter | None) -> list[Item]:
         """Every item of the configuration, in run order."""
@@ -121,9 +134,23 @@ class ItemTask(Task):
     def evaluate(self, adapter: TextAdapter | None, items: Sequence[Item], run: RunDir) -> Iterator[dict]:
         """Records (each with a ``key``) for the pending ``items``."""
 
+    def batches(self, adapter: TextAdapter | None, items: Sequence[Item]) -> list[list[Item]]:
+        """The groups of ``items`` (pending, in run order) that :meth:`evaluate` puts through the model together;
+        default: each item alone.
+
+        The unit of work a rank gets under torchrun, each handed to :meth:`evaluate` on its own. A task that batches
+        items (several prompts per ``generate`` call) returns the batches its :meth:`evaluate` would form from
+        ``items``: then no record depends on the number of ranks, since a batch's padding and shapes (and so its
+        floating-point results) are the same as in a single-process run.
+        """
+        return [[item] for item in items]
+
     def execute(self, adapter: TextAdapter | None, run: RunDir, progress: bool = True) -> list[dict]:
         """Evaluate every item not finished in ``run``, appending records as they come; returns the rows the
-        aggregate sees (the latest record per key of this run's items, in item order)."""
+        aggregate sees (the latest record per key of this run's items, in item order). Under torchrun, this rank's
+        share of the pending batches; rank 0 returns the rows of every rank, the others none."""
+        if run.world is not None:
+            return self._execute_shard(adapter, run, progress)
         items = self.items(adapter)
         done = run.latest()
         pending = [it for it in items if any(k not in done for k in it.keys)]
@@ -140,6 +167,46 @@ class ItemTask(Task):
                         bar.advance()
         final = run.latest()
         return [final[k] for it in items for k in it.keys if k in final]
+
+    def _execute_shard(self, adapter: TextAdapter | None, run: RunDir, progress: bool) -> list[dict]:
+        world = run.world
+        items = self.items(adapter)
+        done = run.latest()  # records.jsonl as rank 0 left it after the claim: the same on every rank
+        pending = [it for it in items if any(k not in done for k in it.keys)]
+        tally = _ItemTally(pending, done)
+        label = f"{self.name} {adapter.name}" if adapter is not None else self.name
+        with progress_bar(len(pending), label, enabled=progress and world.is_main) as bar:
+
+            def credit(records: list[dict]) -> None:  # rank 0: what every rank finished, from their files
+                for record in records:
+                    bar.advance(tally.credit(record.get("key")))
+
+            with ShardFollower(run.path, credit) if world.is_main else contextlib.nullcontext():
+                for unit in world.shard(self.batches(adapter, pending)):
+                    for record in self.evaluate(adapter, unit, run):
+                        run.append(record)
+                world.wait()
+        if not world.is_main:
+            return []
+        run.merge_shards(order=[k for it in items for k in it.keys])
+        final = run.latest()
+        return [final[k] for it in items for k in it.keys if k in final]
+
+
+class _ItemTally:
+    """Which pending items are complete, as their records arrive (an item is done when all its keys are)."""
+
+    def __init__(self, pending: Sequence[Item], done: dict):
+        self._item_of = {k: i for i, it in enumerate(pending) for k in it.keys if k not in done}
+        self._left = [sum(k in self._item_of for k in it.keys) for it in pending]
+
+    def credit(self, key: str | None) -> int:
+        """1 when ``key`` completes its item, else 0 (keys seen before, or not pending, count nothing)."""
+        index = self._item_of.pop(key, None)
+        if index is None:
+            return 0
+        self._left[index] -= 1
+        return int(self._left[index] == 0)
 
 
 TASKS: Registry[type[Task]] = Registry(
@@ -178,7 +245,13 @@ def check_capabilities(task: Task, adapter: TextAdapter | None) -> None:
 
 
 def run_task(task: Task, adapter: TextAdapter | None, out_dir: Path | str | None = None, progress: bool = True) -> dict:
-    """Run, resume or re-aggregate ``task`` on ``adapter``; returns (and writes) ``results.json``'s content."""
+    """Run, resume or re-aggregate ``task`` on ``adapter``; returns (and writes) ``results.json``'s content.
+
+    Started by torchrun, this runs on every rank (see the module docstring) and returns the same content on each.
+    """
+    world = distributed.setup()
+    if world is not None:
+        return _run_sharded(task, adapter, out_dir, progress, world)
     check_capabilities(task, adapter)
     identity = adapter.identity() if adapter is not None else {}
     config = task.hashed_config(adapter)  # validates; nothing is written before this passes
@@ -197,15 +270,20 @@ def run_task(task: Task, adapter: TextAdapter | None, out_dir: Path | str | None
     except BaseException:
         run.abandon()
         raise
+    return _finish(task, adapter, run, config, records, summary)
+
+
+def _finish(task: Task, adapter, run: RunDir, config: dict, records: list[dict], summary: dict, **prov_extra) -> dict:
+    """Write ``results.json`` (its one shape) and let the task tidy up; returns the content."""
     prov = adapter.provenance() if adapter is not None else {}
     results = {
         "task": task.name,
         "model": adapter.name if adapter is not None else None,
         "config": task.shown_config(config),
-        "config_hash": chash,
+        "config_hash": run.config_hash,
         "train_length": adapter.train_length if adapter is not None else None,
         "max_length": adapter.max_length if adapter is not None else None,
-        "provenance": provenance(**prov, **task.provenance_extra()),
+        "provenance": provenance(**prov, **task.provenance_extra(), **prov_extra),
         "records": records,
         "summary": summary,
         "run_dir": str(run.path),
@@ -213,6 +291,68 @@ def run_task(task: Task, adapter: TextAdapter | None, out_dir: Path | str | None
     run.save_results(results)
     task.finished(run)
     return results
+
+
+def _run_sharded(task: Task, adapter: TextAdapter | None, out_dir, progress: bool, world) -> dict:
+    """:func:`run_task` on one of torchrun's ranks."""
+
+    def plan():  # every rank validates: the checks are deterministic, and the ranks need the resolved config
+        if not task.shards and world.size > 1:
+            raise UserError(f"task {task.name} does not share its work among ranks; run it without torchrun")
+        check_capabilities(task, adapter)
+        identity = adapter.identity() if adapter is not None else {}
+        config = task.hashed_config(adapter)
+        chash = config_hash({"task": task.name, **config, **identity})
+        legacy = tuple(config_hash({**old, **identity}) for old in task.legacy_hashed_configs(adapter, config))
+        return config, chash, legacy
+
+    config, chash, legacy = world.agree(plan)
+
+    def claim():  # rank 0 alone writes the manifest and takes in rank files an interrupted run left
+        path = Path(out_dir) if out_dir is not None else _existing_legacy_dir(task, adapter, chash, legacy)
+        run = RunDir.claim(path, task.name, chash, config, legacy)
+        finished = run.load_results() if task.reuse_finished else None
+        return str(run.path), run.created, finished if finished is not None and "summary" in finished else None
+
+    path, created, finished = world.from_main(claim)
+    if finished is not None:
+        return finished
+    run = RunDir(Path(path), task.name, chash, created=created and world.is_main, world=world)
+    world.agree(lambda: _check_shared(run))
+    if adapter is not None:
+        adapter.attach_run(run.path)
+    try:
+        rows = task.execute(adapter, run, progress and world.is_main)
+    except BaseException:
+        if world.is_main:
+            run.abandon()
+        raise
+
+    def finish():  # rank 0 alone aggregates and writes; every rank returns the results
+        run.merge_shards()  # a no-op for the tasks that merge in run order themselves
+        records, summary = task.aggregate(rows, adapter, run)
+        return _finish(task, adapter, run, config, records, summary, world_size=world.size)
+
+    return world.from_main(finish)
+
+
+def _check_shared(run: RunDir, patience: float = 10.0) -> None:
+    """UserError unless this rank sees the manifest rank 0 wrote: rank 0 merges the ranks' record files, so they
+    must share the run directory (on several hosts, a shared filesystem; a few seconds allowed for it to show)."""
+    deadline = time.monotonic() + patience
+    while True:
+        manifest = run.path / MANIFEST_FILE
+        try:
+            if json.loads(manifest.read_text()).get("config_hash") == run.config_hash:
+                return
+        except (OSError, ValueError):
+            pass
+        if time.monotonic() > deadline:
+            raise UserError(
+                f"rank {run.world.rank} does not see {manifest}, which rank 0 wrote; on several hosts the run "
+                "directory must be on a filesystem they all share (--out)"
+            )
+        time.sleep(0.2)
 
 
 def _existing_legacy_dir(task: Task, adapter: TextAdapter | None, chash: str, legacy: tuple[str, ...]) -> Path:

@@ -258,13 +258,20 @@ class DrtPasskeyTask(ItemTask):
     def items(self, adapter: TokenAdapter) -> list[Item]:
         return [Item((c.key(self.subtask),), c) for c in self.cells]
 
+    def batches(self, adapter: TokenAdapter, items: Sequence[Item]) -> list[list[Item]]:
+        """The cells :meth:`evaluate` scores in one forward pass: up to ``batch_size`` of one length."""
+        by_cell = {it.data: it for it in items}
+        groups = cells_by_length([it.data for it in items], self.config.batch_size)
+        return [[by_cell[c] for c in group] for group in groups]
+
     def evaluate(self, adapter: TokenAdapter, items: Sequence[Item], run: RunDir) -> Iterator[dict]:
         if not items:
             return
-        # one haystack window per sample
-        haystack = load_haystack(
-            self.config.haystack, adapter.tokenizer, max(self.lengths) * self.samples, self.config.seed
-        )
+        # one haystack window per sample; kept for the next call (under torchrun each batch is a call of its own)
+        source = (self.config.haystack, adapter.tokenizer.spec, max(self.lengths) * self.samples, self.config.seed)
+        if getattr(self, "_haystack", None) is None or self._haystack[0] != source:
+            self._haystack = (source, load_haystack(source[0], adapter.tokenizer, *source[2:]))
+        haystack = self._haystack[1]
         for batch in cells_by_length([it.data for it in items], self.config.batch_size):
             yield from self._records(adapter, batch, haystack, run.config_hash)
 

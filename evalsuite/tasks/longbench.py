@@ -149,10 +149,13 @@ class LongBenchTask(ItemTask):
     def items(self, adapter: TextAdapter) -> list[Item]:
         return [Item((f"{r.task}|{r.index}|{r.id or ''}",), r) for r in self.records]
 
+    def batches(self, adapter: TextAdapter, items: Sequence[Item]) -> list[list[Item]]:
+        """The records :meth:`evaluate` generates for together: up to ``batch_size`` of one task, in order."""
+        size = self.config.batch_size
+        return [group[i : i + size] for group in _by_task(items).values() for i in range(0, len(group), size)]
+
     def evaluate(self, adapter: TextAdapter, items: Sequence[Item], run: RunDir) -> Iterator[dict]:
-        by_task: dict[str, list[Item]] = defaultdict(list)
-        for item in items:
-            by_task[item.data.task].append(item)
+        by_task = _by_task(items)
         size = self.config.batch_size
         for task, group in by_task.items():
             spec = self.spec["tasks"][task]
@@ -224,6 +227,13 @@ class LongBenchTask(ItemTask):
     def _long(adapter: TextAdapter, subtask: str, value: float | None, n: int) -> dict:
         return {"model": adapter.name, "task": "longbench", "subtask": subtask, "length": None, "depth": None,
                 "metric": "score", "value": value, "n": n}  # fmt: skip
+
+
+def _by_task(items: Sequence[Item]) -> dict[str, list[Item]]:
+    by_task: dict[str, list[Item]] = defaultdict(list)
+    for item in items:
+        by_task[item.data.task].append(item)
+    return by_task
 
 
 def run_longbench(adapter: TextAdapter, config: LongBenchConfig, out_dir=None, progress: bool = True) -> dict:

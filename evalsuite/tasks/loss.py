@@ -18,6 +18,7 @@ Outputs in the run directory:
 
 from __future__ import annotations
 
+import itertools
 import math
 import zipfile
 from collections.abc import Iterator
@@ -31,6 +32,7 @@ from evalsuite.adapters.base import TOKENS, TokenAdapter
 from evalsuite.data.corpus import Document, corpus_files, count_documents, iter_documents
 from evalsuite.data.haystack import safe_cut
 from evalsuite.data.synthetic import synthetic_documents
+from evalsuite.distributed import PeerFailed
 from evalsuite.errors import UserError
 from evalsuite.progress import progress_bar
 from evalsuite.rundir import RunDir
@@ -93,6 +95,58 @@ def roll_window(x: np.ndarray, seed: int, doc_index: int) -> np.ndarray:
     return np.roll(x, shift)
 
 
+@dataclass
+class _Batch:
+    """Up to ``batch_size`` windows (``[L]`` int64 token ids each) in corpus order; ``next_doc``: the corpus index
+    after the last one; ``skipped``: documents too short among those before ``next_doc``."""
+
+    windows: list[np.ndarray]
+    next_doc: int
+    skipped: int
+
+
+class _Walk:
+    """The batches of a run from ``state`` on, as one process forms them (every rank walks the same way).
+
+    ``skipped`` counts every too-short document walked so far (after the walk: the run's total)."""
+
+    def __init__(self, config: LossConfig, tokenizer: Tokenizer, docs: Iterator[Document], state: _State):
+        self.config, self.tokenizer, self.docs = config, tokenizer, docs
+        self.start, self.used, self.skipped = state.next_doc, state.used, state.skipped
+
+    def __iter__(self) -> Iterator[_Batch]:
+        config, target = self.config, self.config.max_docs
+        batch: list[tuple[int, np.ndarray]] = []
+        skipped_at_batch = self.skipped
+        for index, doc in enumerate(self.docs):
+            if index < self.start:
+                continue
+            if target is not None and self.used + len(batch) >= target:
+                break
+            window = window_tokens(doc, self.tokenizer, config.length)
+            if window is None:
+                self.skipped += 1
+                continue
+            if config.roll:
+                window = roll_window(window, config.seed, index)
+            batch.append((index, window))
+            skipped_at_batch = self.skipped
+            if len(batch) == config.batch_size:
+                self.used += len(batch)
+                yield _Batch([w for _, w in batch], index + 1, skipped_at_batch)
+                batch = []
+        if batch:
+            self.used += len(batch)
+            yield _Batch([w for _, w in batch], batch[-1][0] + 1, skipped_at_batch)
+
+
+def _nll(adapter: TokenAdapter, batch: _Batch) -> np.ndarray:
+    """Per-position NLL of each window, float64 ``[n, L]``: position ``i`` scores ``x_i`` given BOS, ``x_<i``."""
+    ids = np.stack(batch.windows)
+    inputs = np.concatenate([np.full((len(ids), 1), adapter.tokenizer.bos_id), ids[:, :-1]], axis=1)
+    return adapter.token_nll(torch.from_numpy(inputs), torch.from_numpy(ids)).double().numpy()
+
+
 class _State:
     """Running sums; saved and restored as one npz."""
 
@@ -102,6 +156,14 @@ class _State:
         self.next_doc = 0  # corpus index of the first document not yet consumed
         self.used = 0
         self.skipped = 0
+
+    def add(self, nll: np.ndarray, batch: _Batch) -> None:
+        """Add a batch's NLL rows, one document at a time: the float64 sum does not depend on the batching."""
+        for row in nll:
+            self.sum += row
+            self.count += 1
+        self.used += len(batch.windows)
+        self.next_doc, self.skipped = batch.next_doc, batch.skipped
 
     def save(self, path: Path, chash: str) -> None:
         atomic_save_npz(
@@ -149,6 +211,7 @@ class LossTask(Task):
     needs = frozenset({TOKENS})
     Config = LossConfig
     reuse_finished = True
+    shards = True
 
     def hashed_config(self, adapter: TokenAdapter) -> dict:
         config = self.config
@@ -168,54 +231,47 @@ class LossTask(Task):
         return asdict(config)
 
     def execute(self, adapter: TokenAdapter, run: RunDir, progress: bool = True) -> list[dict]:
-        """Accumulate the sums (resuming from ``state.npz``); the rows are the long records of the result."""
+        """Accumulate the sums (resuming from ``state.npz``); the rows are the long records of the result.
+
+        Under torchrun the batches are dealt round-robin, ``world.size`` at a time: each rank scores its batch, rank
+        0 gathers the NLL rows and adds them in corpus order, so the sums are bit for bit those of one process."""
         finished = run.load_results()
         if finished is not None and (run.path / LOSS_CURVE_FILE).exists():  # written before the shared shape
             self._documents = finished["documents"]
             return finished["records"]
-        config, tok = self.config, adapter.tokenizer
+        config, world = self.config, run.world
         state_path = run.path / STATE_FILE
-        state = _State.load(state_path, config.length, run.config_hash) or _State(config.length)
+        main = world is None or world.is_main
+        state = (_State.load(state_path, config.length, run.config_hash) if main else None) or _State(config.length)
+        if world is not None:  # the other ranks walk the corpus from where rank 0's saved sums stop
+            state.next_doc, state.used, state.skipped = world.broadcast((state.next_doc, state.used, state.skipped))
         n_docs, docs = documents(config)
-        target = config.max_docs
-        batch: list[tuple[int, np.ndarray]] = []
-
-        def flush(next_doc: int) -> None:
-            ids = np.stack([w for _, w in batch])
-            inputs = np.concatenate([np.full((len(batch), 1), tok.bos_id), ids[:, :-1]], axis=1)
-            nll = adapter.token_nll(torch.from_numpy(inputs), torch.from_numpy(ids)).double().numpy()
-            for row in nll:  # one document at a time: the float64 sum is independent of batching
-                state.sum += row
-                state.count += 1
-            state.used += len(batch)
-            state.next_doc = next_doc
-            state.save(state_path, run.config_hash)
-            batch.clear()
-
-        total = n_docs if target is None else min(target, n_docs)  # upper bound: short documents are skipped
+        walk = _Walk(config, adapter.tokenizer, docs, state)
+        total = n_docs if config.max_docs is None else min(config.max_docs, n_docs)  # short documents are skipped
         with progress_bar(total, f"loss {adapter.name}", enabled=progress, completed=state.used) as bar:
-            for index, doc in enumerate(docs):
-                if index < state.next_doc:
-                    continue
-                if target is not None and state.used + len(batch) >= target:
-                    break
-                window = window_tokens(doc, tok, config.length)
-                if window is None:
-                    state.skipped += 1
-                    continue
-                if config.roll:
-                    window = roll_window(window, config.seed, index)
-                batch.append((index, window))
-                if len(batch) == config.batch_size:
-                    flush(index + 1)
-                    bar.advance(config.batch_size)
-            if batch:
-                n = len(batch)
-                flush(batch[-1][0] + 1)
-                bar.advance(n)
-        if state.used == 0:
-            state_path.unlink(missing_ok=True)
-            raise UserError(f"no document has at least {config.length} tokens ({state.skipped} too short)")
+            if world is None:
+                for batch in walk:
+                    state.add(_nll(adapter, batch), batch)
+                    state.save(state_path, run.config_hash)
+                    bar.advance(len(batch.windows))
+            else:
+                batches = iter(walk)
+                while step := list(itertools.islice(batches, world.size)):  # the same step on every rank
+                    mine = step[world.rank] if world.rank < len(step) else None
+                    rows = world.gather(_nll(adapter, mine) if mine is not None else None)
+                    if main:
+                        for batch, nll in zip(step, rows, strict=False):
+                            state.add(nll, batch)
+                            bar.advance(len(batch.windows))
+                        state.save(state_path, run.config_hash)
+        state.skipped = walk.skipped
+        if walk.used == 0:  # (only rank 0 adds up the sums; every rank walks the same documents)
+            if main:
+                state_path.unlink(missing_ok=True)
+            message = f"no document has at least {config.length} tokens ({state.skipped} too short)"
+            raise UserError(message) if main else PeerFailed(message, user_error=True)
+        if not main:
+            return []
         atomic_save_npz(run.path / LOSS_CURVE_FILE, loss_per_token=state.sum / state.count, count=state.count)
         self._documents = {"used": state.used, "skipped_too_short": state.skipped}
         return summarize(state.sum, state.count, adapter.name, state.used)

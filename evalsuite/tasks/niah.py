@@ -27,7 +27,7 @@ stored predictions without generating again.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -45,6 +45,7 @@ from evalsuite.tasks.base import RUNS_ROOT, Item, ItemTask, register_task, run_t
 from evalsuite.tokenizers import Tokenizer
 
 MODES = ("easy", "standard", "2hop")
+AUTO = "auto"  # batch_size: prompts per call from free memory
 BUFFER = 200  # FoX/gkamradt "final_context_length_buffer"
 
 # FoX's strings (config-prompt-{easy,standard}.yaml, prompt.py, config-eval.yaml), verbatim.
@@ -168,7 +169,7 @@ class NiahConfig:
     haystack: str = SYNTHETIC
     max_new_tokens: int | None = None
     stop_newline: bool = False
-    batch_size: int = 4
+    batch_size: int | str = 4  # prompts per generate call; "auto": as many as fit in free memory (issue #18)
     judge: str | None = None  # openai:MODEL
     seed: int = 0
 
@@ -205,8 +206,10 @@ def resolve_config(config: NiahConfig, device_type: str = "cpu") -> NiahConfig:
         raise UserError("NIAH lengths must be positive token counts")
     for d in depths:
         _check_depth(d)
-    if samples < 1 or max_new < 1 or config.batch_size < 1:
-        raise UserError("--samples, --max-new-tokens and --batch-size must be at least 1")
+    if samples < 1 or max_new < 1:
+        raise UserError("--samples and --max-new-tokens must be at least 1")
+    if config.batch_size != AUTO and not (isinstance(config.batch_size, int) and config.batch_size >= 1):
+        raise UserError(f"--batch-size must be a positive integer or {AUTO!r}; got {config.batch_size!r}")
     if config.mode != "2hop" and samples != 1:
         raise UserError("--samples applies to --mode 2hop only (easy/standard cells are deterministic)")
     return replace(
@@ -243,14 +246,16 @@ def subtasks(config: NiahConfig) -> tuple[str, ...]:
     return ("2hop", "1hop") if config.mode == "2hop" else (config.mode,)
 
 
-def cells_by_length(cells: Sequence[Cell], size: int) -> Iterator[list[Cell]]:
-    """Up to ``size`` cells of one length at a time: prompts of one length need (almost) no padding."""
+def cells_by_length(cells: Sequence[Cell], size: int | Callable[[int], int]) -> Iterator[list[Cell]]:
+    """Up to ``size`` cells of one length at a time (``size(length)`` when callable): prompts of one length need
+    (almost) no padding."""
     by_length: dict[int, list[Cell]] = {}
     for cell in cells:
         by_length.setdefault(cell.length, []).append(cell)
-    for group in by_length.values():
-        for i in range(0, len(group), size):
-            yield group[i : i + size]
+    for length, group in by_length.items():
+        n = size(length) if callable(size) else size
+        for i in range(0, len(group), n):
+            yield group[i : i + n]
 
 
 def split_by_max_length(cells: list[Cell], max_length: int | None, model: str) -> tuple[list[Cell], list[dict]]:
@@ -352,9 +357,11 @@ class NiahTask(ItemTask):
         self.judge = (
             judge if judge is not None else (OpenAIJudge.from_spec(self.config.judge) if self.config.judge else None)
         )
+        self._haystack: tuple | None = None  # (source, Haystack) of the last evaluate call
 
     def hashed_config(self, adapter: TextAdapter) -> dict:
         self.resolved = resolve_config(self.config, adapter.device.type)
+        self._auto_sizes: dict[int, int] | None = None  # batch_size "auto": cells per call by length, once per run
         self.cells, self.skipped = split_by_max_length(grid_cells(self.resolved), adapter.max_length, adapter.name)
         hashed = {**asdict(self.resolved), "batch_size": None, "preset": None}  # neither changes a record
         hashed["haystack"] = haystack_identity(self.resolved.haystack, self.resolved.seed)
@@ -374,9 +381,17 @@ class NiahTask(ItemTask):
         names = subtasks(self.resolved)
         return [Item(tuple(c.key(s) for s in names), c) for c in self.cells]
 
+    def batches(self, adapter: TextAdapter, items: Sequence[Item]) -> list[list[Item]]:
+        """The cells :meth:`evaluate` generates for together: up to a batch of prompts of one length."""
+        by_cell = {it.data: it for it in items}
+        size = self._cells_per_call(adapter, len(subtasks(self.resolved)))
+        return [[by_cell[c] for c in group] for group in cells_by_length([it.data for it in items], size)]
+
     def execute(self, adapter: TextAdapter, run: RunDir, progress: bool = True) -> list[dict]:
         if self.judge is not None:
             stale = [r for r in run.latest().values() if _needs_judge(r)]
+            if run.world is not None:  # each rank re-judges its share
+                stale = run.world.shard(stale)
             with progress_bar(len(stale), f"judge {adapter.name}", enabled=progress and bool(stale)) as bar:
                 for record in stale:
                     run.append(_rejudge(record, self.judge))
@@ -388,13 +403,34 @@ class NiahTask(ItemTask):
             return
         config, tok = self.resolved, adapter.tokenizer
         # FoX repeats a short haystack to the grid's longest length (the whole grid's, so a resumed run sees
-        # the same text).
-        haystack = load_haystack(config.haystack, tok, max(config.lengths), config.seed)
+        # the same text). Kept for the next call: under torchrun each batch is a call of its own.
+        source = (config.haystack, tok.spec, max(config.lengths), config.seed)
+        if self._haystack is None or self._haystack[0] != source:
+            self._haystack = (source, load_haystack(*source[:1], tok, *source[2:]))
+        haystack = self._haystack[1]
         done = run.latest()
         per_cell = len(subtasks(config))
-        for batch in cells_by_length([it.data for it in items], max(1, config.batch_size // per_cell)):
+        for batch in cells_by_length([it.data for it in items], self._cells_per_call(adapter, per_cell)):
             jobs = [j for c in batch for j in cell_jobs(config, c, haystack, tok) if j.key not in done]
             yield from self._answer(adapter, jobs, run.config_hash)
+
+    def _cells_per_call(self, adapter: TextAdapter, per_cell: int) -> int | Callable[[int], int]:
+        """Cells per generate call: ``batch_size`` prompts, or with ``auto`` per length what fits in free memory
+        (:func:`evalsuite.generation.prompts_per_call`)."""
+        config = self.resolved
+        if config.batch_size != AUTO:
+            return max(1, config.batch_size // per_cell)
+        if self._auto_sizes is None:  # once, before any generation: free memory with the weights alone loaded
+            from evalsuite import distributed
+            from evalsuite.generation import prompts_per_call
+
+            new = config.max_new_tokens
+            sizes = {n: max(1, prompts_per_call(adapter, n, new) // per_cell) for n in config.lengths}
+            world = distributed.current()
+            if world is not None:  # under torchrun every rank must form the same batches: the smallest fits all
+                sizes = {n: min(s[n] for s in world.all_gather(sizes)) for n in sizes}
+            self._auto_sizes = sizes
+        return self._auto_sizes.__getitem__
 
     def _answer(self, adapter: TextAdapter, jobs: list[Job], chash: str) -> Iterator[dict]:
         """Generate for a batch of jobs (greedy, cached, batched), then score each answer."""

@@ -263,15 +263,25 @@ class SummarizeTask(ItemTask):
     def items(self, adapter: TextAdapter) -> list[Item]:
         return [Item((doc.key,), doc) for doc in self.docs]
 
+    def batches(self, adapter: TextAdapter, items: Sequence[Item]) -> list[list[Item]]:
+        """The documents :meth:`evaluate` summarises together (the prompt lengths decide them when greedy)."""
+        jobs = [(it, fit_prompt(it.data.document, self.render, adapter.tokenizer, self.budget)) for it in items]
+        return [[it for it, _ in batch] for batch in self._batches(jobs)]
+
+    def _batches(self, jobs: list[tuple]) -> list[list[tuple]]:
+        """``(x, Prompt)`` jobs in generation batches: greedy, similar lengths share a batch (less left padding);
+        sampled, one at a time (each document's seed)."""
+        sampling = self.config.temperature > 0
+        if not sampling:
+            jobs = sorted(jobs, key=lambda job: job[1].tokens)  # stable: ties keep the run order
+        size = 1 if sampling else self.config.batch_size
+        return [jobs[i : i + size] for i in range(0, len(jobs), size)]
+
     def evaluate(self, adapter: TextAdapter, items: Sequence[Item], run: RunDir) -> Iterator[dict]:
         config, tok = self.config, adapter.tokenizer
         jobs = [(it.data, fit_prompt(it.data.document, self.render, tok, self.budget)) for it in items]
         sampling = config.temperature > 0
-        if not sampling:  # similar lengths share a batch (less left padding)
-            jobs.sort(key=lambda job: job[1].tokens)
-        size = 1 if sampling else config.batch_size
-        for i in range(0, len(jobs), size):
-            batch = jobs[i : i + size]
+        for batch in self._batches(jobs):
             seed = sample_seed(config.seed, batch[0][0].key) if sampling else config.seed
             gen_config = GenerationConfig(
                 config.max_new_tokens,

@@ -73,7 +73,8 @@ def _decode_kernel(
 
     Query row i sits at absolute position ``Tk - Tq + i``; key j is visible when ``key_start[b] <= j <= pos``.
     With ``HAS_KL`` the key count is read from ``KL`` (a device scalar, ``<= Tk``) instead: a cache of capacity Tk
-    holding fewer keys, whose length a CUDA graph cannot pass as an argument. Grid: (B*H, cdiv(Tq, BLOCK_M), n_splits). Split s covers keys [s*keys_per_split, (s+1)*keys_per_split).
+    holding fewer keys, whose length a CUDA graph cannot pass as an argument.
+    Grid: (B*H, cdiv(Tq, BLOCK_M), n_splits). Split s covers keys [s*keys_per_split, (s+1)*keys_per_split).
     Writes O_PART [S, B, H, Tq, D] (normalised within the split, 0 where nothing is visible) and
     LSE_PART [S, B, H, Tq] (log2 units, -inf where nothing is visible); the host merges the splits.
     """
@@ -216,9 +217,11 @@ def forgetting_attention_decode_triton(q, k, v, cum_q=None, cum_k=None, *, scale
     ks = key_start if has_ks else lse_part
     kl = key_length if has_kl else lse_part
     _decode_kernel[(B * H, n_m, num_splits)](
-        q, k, v, cq, ck, ks, kl, o_part, lse_part, *_strides4(q), *_strides4(k), *_strides4(v), *cq_strides, *ck_strides,
+        q, k, v, cq, ck, ks, kl, o_part, lse_part,
+        *_strides4(q), *_strides4(k), *_strides4(v), *cq_strides, *ck_strides,
         Tq, Tk, H, keys_per_split, sm_scale, mult,
-        HAS_C=has_c, HAS_KS=has_ks, HAS_KL=has_kl, HEAD_DIM=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, UPCAST=_upcast(q.dtype),
+        HAS_C=has_c, HAS_KS=has_ks, HAS_KL=has_kl, HEAD_DIM=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+        UPCAST=_upcast(q.dtype),
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
 

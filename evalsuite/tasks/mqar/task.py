@@ -12,6 +12,7 @@ what the records share (device, dtype, versions, ...) and, under ``summary``, wh
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 import time
@@ -24,7 +25,7 @@ from evalsuite.errors import UserError
 from evalsuite.pool import run_pool
 from evalsuite.progress import progress_bar
 from evalsuite.provenance import device_name, provenance
-from evalsuite.rundir import RunDir
+from evalsuite.rundir import RunDir, ShardFollower
 from evalsuite.runtime import resolve_device
 from evalsuite.store import config_hash
 from evalsuite.tasks.base import Task, register_task, run_task
@@ -53,6 +54,7 @@ class MQARTask(Task):
     name = "mqar"
     needs = frozenset()
     Config = MQARSweep
+    shards = True  # under torchrun each rank trains its own cells (its device: cuda:LOCAL_RANK)
     reuse_finished = False  # the run-level config is constant: a finished directory may still lack this sweep's cells
 
     def __init__(
@@ -112,8 +114,10 @@ class MQARTask(Task):
     def execute(self, adapter, run: RunDir, progress: bool = True) -> list[dict]:
         """Train the cells not in ``run`` yet, appending each record as it finishes; the rows are the latest record
         of every cell in the directory (this sweep's and any other's)."""
-        self._reuse_early_stops(run)
-        done = finished_keys(run.records())
+        world = run.world
+        # every rank works out the same reuses from records.jsonl; one writes them
+        reused = self._reuse_early_stops(run, write=world is None or world.is_main)
+        done = finished_keys(run.records()) | reused
         pending = [(i, c) for i, (c, h) in enumerate(zip(self._cells, self._hashes, strict=True)) if h not in done]
         deadline = None if self.time_limit is None else time.time() + self.time_limit
         threads = torch.get_num_threads()
@@ -125,16 +129,24 @@ class MQARTask(Task):
             self._errors = self._train(run, pending, deadline, progress)
         finally:
             torch.set_num_threads(threads)
+        if world is not None:  # every rank's failed cells, and their records in records.jsonl, on rank 0
+            errors = world.gather(self._errors)
+            if not world.is_main:
+                return []
+            self._errors = [e for rank_errors in errors for e in rank_errors]
+            run.merge_shards(order=self._hashes)
         return latest_cells(run.records())
 
-    def _reuse_early_stops(self, run: RunDir) -> None:
+    def _reuse_early_stops(self, run: RunDir, write: bool = True) -> set[str]:
         """Record, for each pending cell, a run of it under a smaller step budget that stopped early (solved), as
-        :func:`hashes_at_smaller_budgets` allows; the copy names its origin (``reused_from``)."""
+        :func:`hashes_at_smaller_budgets` allows; the copy names its origin (``reused_from``). Returns the keys of
+        the cells so recorded (``write=False``: only works them out)."""
         records = {cell_key(r): r for r in latest_cells(run.records())}
         solved = {k: r for k, r in records.items() if r.get("stopped_early") and (r.get("config") or {}).get("train")}
         budgets = sorted({r["config"]["train"]["max_steps"] for r in solved.values()})
+        keys: set[str] = set()
         if not budgets:
-            return
+            return keys
         for cell, chash in zip(self._cells, self._hashes, strict=True):
             if chash in records:
                 continue
@@ -142,18 +154,32 @@ class MQARTask(Task):
                 if old in solved:
                     config = cell_config(self.config, cell)
                     reused = {**solved[old], "key": chash, "config_hash": chash, "config": config}
-                    run.append({**reused, "reused_from": {"key": old, "max_steps": budget}})
+                    if write:
+                        run.append({**reused, "reused_from": {"key": old, "max_steps": budget}})
                     records[chash] = reused
+                    keys.add(chash)
                     break
+        return keys
 
     def _train(self, run: RunDir, pending: list[tuple[int, Cell]], deadline: float | None, progress: bool) -> list:
-        """Run the pending cells through the worker pool; the parent appends every record (no file locking).
-        Returns the error messages of failed cells (in subprocesses; in-process a failure raises)."""
+        """Run the pending cells (under torchrun: this rank's share) through the worker pool; the parent appends
+        every record (no file locking). Returns the error messages of failed cells (in subprocesses; in-process a
+        failure raises). Rank 0's bar counts the steps of its own cells as they go and the cells other ranks
+        finish, from their record files."""
+        world = run.world
         steps, cells = self.config.max_steps, self._cells
         advanced: dict[int, int] = {}
         finished = (len(cells) - len(pending)) * steps
+        mine = world.shard(pending) if world is not None else pending
+        others = {self._hashes[i] for i, _ in pending} - {self._hashes[i] for i, _ in mine}
         with progress_bar(len(cells) * steps, "mqar", enabled=progress, completed=finished) as bar:
             heartbeat = {"last": time.time(), "steps": finished}
+
+            def credit(records: list[dict]) -> None:  # rank 0: cells the other ranks finished, from their files
+                for record in records:
+                    if record.get("key") in others:
+                        others.discard(record["key"])
+                        bar.advance(steps)
 
             def on_start(index: int) -> None:
                 c = cells[index]
@@ -180,25 +206,30 @@ class MQARTask(Task):
                 c = cells[index]
                 bar.update(description=f"mqar {cell_label(c)}: {record['value']:.3f}")
 
-            return run_pool(
-                pending,
-                functools.partial(
-                    cell_handler,
-                    self.config.to_dict(),
-                    str(self._device),
-                    self.attention,
-                    self.cuda_graph,
-                    self.compile,
-                ),
-                workers=self.workers,
-                threads=self.threads,
-                deadline=deadline,
-                torch_threads=max(1, torch.get_num_threads() // max(1, self.workers * self.threads)),
-                on_start=on_start,
-                on_progress=on_progress,
-                on_result=on_result,
-                on_error=lambda index, _message: index is not None and advanced.pop(index, None),
-            )
+            following = world is not None and world.is_main
+            with ShardFollower(run.path, credit) if following else contextlib.nullcontext():
+                errors = run_pool(
+                    mine,
+                    functools.partial(
+                        cell_handler,
+                        self.config.to_dict(),
+                        str(self._device),
+                        self.attention,
+                        self.cuda_graph,
+                        self.compile,
+                    ),
+                    workers=self.workers,
+                    threads=self.threads,
+                    deadline=deadline,
+                    torch_threads=max(1, torch.get_num_threads() // max(1, self.workers * self.threads)),
+                    on_start=on_start,
+                    on_progress=on_progress,
+                    on_result=on_result,
+                    on_error=lambda index, _message: index is not None and advanced.pop(index, None),
+                )
+                if world is not None:  # wait for the other ranks' cells, the bar still moving
+                    world.wait()
+            return errors
 
     def aggregate(self, rows: list[dict], adapter, run: RunDir) -> tuple[list[dict], dict]:
         done = finished_keys(rows)

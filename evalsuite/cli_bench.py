@@ -1,0 +1,154 @@
+"""The benchmark commands, ``evalsuite bench attention|linear|gca|generate``: thin layers over
+:mod:`evalsuite.bench`. Registered on the ``bench`` group of :mod:`evalsuite.cli`, which imports this module."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from evalsuite.cli import DeviceOpt, _csv_list, bench_app
+from evalsuite.errors import UserError
+
+
+@bench_app.command("attention")
+def bench_attention_cmd(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (JSON, PNG).")] = Path("results/bench/run"),
+    seq_lens: Annotated[str, typer.Option(help="Comma-separated T values.")] = "1024,2048,4096,8192,16384,32768,65536",
+    head_dims: Annotated[str, typer.Option(help="Comma-separated head dims.")] = "64,128",
+    providers: Annotated[
+        str, typer.Option(help="Comma-separated: fox_triton, triton_causal, sdpa_causal, fla_forgetting.")
+    ] = "fox_triton,triton_causal,sdpa_causal,fla_forgetting",
+    n_heads: Annotated[int, typer.Option(help="Heads per call.")] = 16,
+    tokens_per_call: Annotated[int, typer.Option(help="B*T, fixed across T.")] = 65536,
+    dtype: Annotated[str, typer.Option(help="bfloat16 or float16.")] = "bfloat16",
+    parity_seq_lens: Annotated[str, typer.Option(help="Comma-separated T for the parity check ('' to skip).")] = (
+        "1024,2048,4096,8192,16384"
+    ),
+    tune: Annotated[bool, typer.Option(help="Sweep block configs first and use the best.")] = False,
+):
+    """Time our Forgetting Attention kernel against SDPA causal (and fla when installed): fwd, fwd+bwd, memory."""
+    from evalsuite.bench.attention import PROVIDERS, bench_attention
+
+    chosen = _csv_list(providers, str, "--providers")
+    bad = [p for p in chosen if p not in PROVIDERS]
+    if bad or dtype not in ("bfloat16", "float16"):
+        raise UserError(f"unknown provider(s) {', '.join(bad)}" if bad else "--dtype must be bfloat16 or float16")
+    bench_attention(
+        out,
+        seq_lens=_csv_list(seq_lens, int, "--seq-lens"),
+        head_dims=_csv_list(head_dims, int, "--head-dims"),
+        providers=chosen,
+        n_heads=n_heads,
+        tokens_per_call=tokens_per_call,
+        dtype=dtype,
+        parity_seq_lens=_csv_list(parity_seq_lens, int, "--parity-seq-lens") or [],
+        tune=tune,
+    )
+    typer.echo(f"wrote {out}/attention_bench.json and .png")
+
+
+@bench_app.command("linear")
+def bench_linear_cmd(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (JSON, PNG, summary).")] = Path(
+        "results/bench/linear"
+    ),
+    seq_lens: Annotated[str, typer.Option(help="Comma-separated T values.")] = "1024,2048,4096,8192,16384,32768,65536",
+    ops: Annotated[str, typer.Option(help="Comma-separated: gsa, lightning.")] = "gsa,lightning",
+    providers: Annotated[
+        str, typer.Option(help="Comma-separated (default: Triton + fla + SDPA on CUDA, the chunked twins on CPU).")
+    ] = "",
+    modes: Annotated[str, typer.Option(help="Comma-separated: fwd, fwdbwd, decode, memory.")] = (
+        "fwd,fwdbwd,decode,memory"
+    ),
+):
+    """Time Gated Slot and Lightning Attention against fla (fwd, fwd+bwd, decode step) and decode-state memory."""
+    from evalsuite.bench import linear
+
+    chosen = {"--ops": _csv_list(ops, str, "--ops"), "--providers": _csv_list(providers, str, "--providers"),
+              "--modes": _csv_list(modes, str, "--modes")}  # fmt: skip
+    allowed = {"--ops": linear.OPS, "--providers": linear.PROVIDERS, "--modes": linear.MODES}
+    for option, values in chosen.items():
+        bad = [v for v in values if v not in allowed[option]]
+        if bad:
+            raise UserError(f"unknown {option} value(s) {', '.join(bad)}; choose from {', '.join(allowed[option])}")
+    linear.bench_linear(out, seq_lens=_csv_list(seq_lens, int, "--seq-lens"), ops=chosen["--ops"],
+                        providers=chosen["--providers"] or None, modes=chosen["--modes"])  # fmt: skip
+    typer.echo(f"wrote {out}/{linear.JSON_NAME}, .png and .md")
+
+
+@bench_app.command("gca")
+def bench_gca_cmd(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (JSON, Markdown, PNG).")] = Path(
+        "results/bench/gca"
+    ),
+    seq_lens: Annotated[str, typer.Option(help="Comma-separated T values (C = T / 64 chunks).")] = "4096,16384,65536",
+    batches: Annotated[str, typer.Option(help="Comma-separated batch sizes.")] = "1,4",
+    providers: Annotated[
+        str, typer.Option(help="Comma-separated: gca_triton, gca_reference, sdpa_chunks.")
+    ] = "gca_triton,gca_reference,sdpa_chunks",
+    modes: Annotated[str, typer.Option(help="Comma-separated: fwd, fwdbwd.")] = "fwd,fwdbwd",
+    softmax_one: Annotated[str, typer.Option(help="Comma-separated: off, on (SDPA emulates on).")] = "off,on",
+    dtype: Annotated[str, typer.Option(help="bfloat16, float16 or float32.")] = "bfloat16",
+    parity_t: Annotated[
+        int, typer.Option("--parity-T", help="T of the parity check vs the reference (0: skip).")
+    ] = 4096,
+):
+    """Time our Triton GCA kernel against its reference and per-chunk SDPA (K = 8, 64-token chunks, H = 12, D = 64)."""
+    from evalsuite.bench import gca
+
+    chosen = {"--providers": _csv_list(providers, str, "--providers"), "--modes": _csv_list(modes, str, "--modes"),
+              "--softmax-one": _csv_list(softmax_one, str, "--softmax-one")}  # fmt: skip
+    allowed = {"--providers": gca.PROVIDERS, "--modes": gca.MODES, "--softmax-one": ("off", "on")}
+    for option, values in chosen.items():
+        bad = [v for v in values if v not in allowed[option]]
+        if bad:
+            raise UserError(f"unknown {option} value(s) {', '.join(bad)}; choose from {', '.join(allowed[option])}")
+    if dtype not in ("bfloat16", "float16", "float32"):
+        raise UserError("--dtype must be bfloat16, float16 or float32")
+    one = [s == "on" for s in chosen["--softmax-one"]]
+    gca.bench_gca(out, seq_lens=_csv_list(seq_lens, int, "--seq-lens"), batches=_csv_list(batches, int, "--batches"),
+                  providers=chosen["--providers"], modes=chosen["--modes"], softmax_one=one, dtype=dtype,
+                  parity_T=parity_t or None)  # fmt: skip
+    typer.echo(f"wrote {out}/{gca.JSON_NAME}, .md and .png")
+
+
+@bench_app.command("generate")
+def bench_generate_cmd(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (JSON, Markdown, PNG); a rerun resumes.")] = (
+        Path("results/bench/generate")
+    ),
+    model: Annotated[
+        list[str] | None,
+        typer.Option("--model", "-m", help="A card or hf:DIR; repeatable (default: fox-pro, 760M shapes)."),
+    ] = None,
+    lengths: Annotated[str, typer.Option(help="Comma-separated prompt lengths.")] = (
+        "1024,2048,4096,8192,16384,32768,65536"
+    ),
+    batches: Annotated[str, typer.Option(help="Comma-separated batch sizes.")] = "1,8,32",
+    new_tokens: Annotated[int, typer.Option(help="Tokens per timed generate call.")] = 128,
+    paths: Annotated[str, typer.Option(help="Comma-separated decode paths: eager, static, graph.")] = "eager,graph",
+    device: DeviceOpt = "auto",
+    dtype: Annotated[
+        str | None, typer.Option(help="float32, bfloat16 or float16 (default: bfloat16 on CUDA, float32 on CPU).")
+    ] = None,
+    weights: Annotated[str, typer.Option(help="random (the cards' shapes, seed 0) or card (the cards' weights).")] = (
+        "random"
+    ),
+    copy_mib: Annotated[
+        int | None, typer.Option(help="MiB of the bandwidth copy (default: 1024 on CUDA, 256 on CPU).", min=1)
+    ] = None,
+    warmup: Annotated[bool, typer.Option(help="One untimed call per cell first (compiles, autotunes).")] = True,
+):
+    """Prefill and decode tokens/s of generate calls per path, length and batch, against the bandwidth bound."""
+    from evalsuite.bench import generate as gen
+    from evalsuite.runtime import DTYPES
+
+    if dtype is not None and dtype not in DTYPES:
+        raise UserError(f"unknown --dtype {dtype!r}; use {', '.join(DTYPES)}")
+    gen.bench_generate(out, models=model or list(gen.DEFAULT_MODELS), lengths=_csv_list(lengths, int, "--lengths"),
+                       batches=_csv_list(batches, int, "--batches"), new_tokens=new_tokens,
+                       paths=_csv_list(paths, str, "--paths"), device=device, dtype=dtype, weights=weights,
+                       copy_mib=copy_mib, warmup=warmup)  # fmt: skip
+    typer.echo(f"wrote {out}/{gen.JSON_NAME}, .md and .png")

@@ -1,0 +1,313 @@
+"""The decode engine behind :meth:`NativeAdapter.generate <evalsuite.adapters.native.NativeAdapter.generate>`
+(issue #18): one prefill pass over the left-padded prompts, then one token per step with as few host round trips
+as the stop rules allow, and on CUDA the step replayed as a CUDA graph.
+
+Decode paths (``path``):
+
+* ``eager``: :class:`EagerStepDecoder`, ``model.forward`` with a decode state, a token at a time -- any family,
+  and the reference every other path must equal token for token.
+* ``static``: the family's ``CausalLM.static_decoder(batch, capacity, start)``
+  (:class:`~evalsuite.models.base.StaticDecoder`: preallocated state, fixed shapes, the length on the device),
+  stepped eagerly.
+* ``graph``: the static decoder's step, the LM head and the argmax recorded once per call as a CUDA graph
+  (:class:`CudaGraphStep`) and replayed per token; greedy decoding on CUDA, with a decoder whose ``graph_safe``.
+* ``auto``: on CUDA with greedy decoding, ``graph`` where the family's static decoder is graph-safe, ``static``
+  where it is not; else ``eager``. The CPU keeps the eager path and never touches ``torch.cuda``.
+
+Host syncs: greedy tokens are chosen on the device and written into a ``[B, max_new_tokens]`` buffer; EOS sets a
+device-side ``done`` mask. The host looks every ``sync_every`` tokens only: at ``done.all()`` without stop strings,
+at the new tokens with them (stop strings need text). How each row ends is decided on the host by
+:class:`Finisher`, which applies the per-token loop's rules token by token, so the tokens made past a row's end
+(fewer than ``sync_every``) are dropped and the outputs equal the per-token loop's exactly. Sampling (temperature
+> 0) draws on the CPU from a seeded generator, so seeds agree across devices; it checks every token.
+
+Also the batch size from free memory (issue #18 point 3): :func:`prompts_per_call`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+
+import torch
+
+from evalsuite.adapters.base import Generation, GenerationConfig, apply_stop
+from evalsuite.errors import UserError
+
+PATHS = ("auto", "eager", "static", "graph")
+SYNC_EVERY = 16  # tokens between host checks of EOS / stop strings on the greedy path
+GRAPH_WARMUP = 2  # eager steps on a side stream before the capture
+
+# Batch size from memory. ACTIVATION_FACTOR: live prefill activations per prompt token, in float32 vectors of the
+# model width; FoX (Pro) 760M scoring one 64K window peaks at ~2.9 GiB beyond its weights on an H100, i.e. ~7.7
+# (results/bench/h100/README.md), so 12 leaves room. HEADROOM: the share of free memory we plan to fill.
+ACTIVATION_FACTOR = 12
+HEADROOM = 0.85
+MAX_PROMPTS = 256
+FALLBACK_PROMPTS = 4  # on a CPU, or for a model we cannot size (hf, API): NIAH's default batch
+
+
+class EagerStepDecoder:
+    """The generic decoder of every family: ``model.forward(ids, state)`` over ``model.new_state`` (eager, not
+    graph-safe). It has the shape of ``CausalLM.static_decoder``'s result, so the engine has one code path.
+
+    ``prefill(ids [B, T] long) -> hidden [B, D]`` of the last position; ``step(ids [B, 1] long) -> hidden [B, D]``.
+    """
+
+    graph_safe = False
+
+    def __init__(self, model, batch: int, capacity: int, start: torch.Tensor | None = None):
+        self.model = model
+        self.state = model.new_state(batch, capacity, start)
+
+    def prefill(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model(ids, state=self.state)[:, -1]
+
+    def step(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model(ids, state=self.state)[:, -1]
+
+
+def static_decoder(model, batch: int, capacity: int, start: torch.Tensor | None = None):
+    """The family's graph-safe decoder, or None where it offers none (``CausalLM.static_decoder``'s default)."""
+    make = getattr(model, "static_decoder", None)
+    return None if make is None else make(batch, capacity, start)
+
+
+def static_support(model) -> str | None:
+    """What the family's static decoder allows on the model's device and backend: ``"graph"`` (graph-safe),
+    ``"static"`` (eager steps only) or None (no static decoder); probed with a one-sequence, two-position state."""
+    decoder = static_decoder(model, 1, 2)
+    return None if decoder is None else ("graph" if decoder.graph_safe else "static")
+
+
+def sample_next(logits: torch.Tensor, config: GenerationConfig, gen: torch.Generator) -> torch.Tensor:
+    """logits ``[B, V]`` -> token ids ``[B]``: argmax at temperature 0, else temperature, top-k then top-p sampling
+    on the CPU (so seeds agree across devices); the ids come back on the logits' device."""
+    if config.temperature == 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.float().cpu() / config.temperature, dim=-1)
+    if config.top_k > 0:
+        kth = probs.topk(min(config.top_k, probs.shape[-1]), dim=-1).values[..., -1:]
+        probs = probs * (probs >= kth)  # renormalised by multinomial and by the top_p step
+        probs = probs / probs.sum(-1, keepdim=True)
+    if config.top_p < 1:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        keep = sorted_p.cumsum(-1) - sorted_p < config.top_p  # smallest prefix reaching top_p
+        sorted_p = sorted_p * keep
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+    return torch.multinomial(probs, 1, generator=gen).squeeze(-1).to(logits.device)
+
+
+def left_pad(prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(ids ``[B, T]`` long, start ``[B]`` long or None without padding): prompts right-aligned, zeros before them;
+    the model masks the padding through the state's ``start``."""
+    B, longest = len(prompts), max(len(p) for p in prompts)
+    ids = torch.zeros(B, longest, dtype=torch.long)
+    for b, p in enumerate(prompts):
+        ids[b, longest - len(p) :] = torch.tensor(p, dtype=torch.long)
+    start = torch.tensor([longest - len(p) for p in prompts])
+    return ids, (start if int(start.max()) > 0 else None)
+
+
+class Finisher:
+    """How each row ends, decided on the host token by token with the per-token loop's rules: EOS ends a row (the
+    EOS is not kept); else the token is kept, and a stop string in the decoded text ends the row (the text cut
+    before it, the token ids up to this token); rows still open at the end stop for ``"length"``. Tokens after a
+    row's end are ignored, so feeding a block of tokens at once gives the same result as one at a time."""
+
+    def __init__(self, batch: int, tokenizer, eos: int | None, stop: Sequence[str]):
+        self.tokenizer, self.eos, self.stop = tokenizer, eos, list(stop)
+        self.new: list[list[int]] = [[] for _ in range(batch)]
+        self.results: list[Generation | None] = [None] * batch
+
+    def feed(self, rows: list[list[int]]) -> None:
+        """``rows[b]``: row b's next tokens, in order."""
+        for b, tokens in enumerate(rows):
+            for tok in tokens:
+                if self.results[b] is not None:
+                    break
+                self._take(b, tok)
+
+    def _take(self, b: int, tok: int) -> None:
+        new = self.new[b]
+        if tok == self.eos:
+            self.results[b] = Generation(self.tokenizer.decode(new), new, "eos")
+            return
+        new.append(tok)
+        if self.stop:
+            text, stopped = apply_stop(self.tokenizer.decode(new), self.stop)
+            if stopped:
+                self.results[b] = Generation(text, new, "stop")
+
+    def all_done(self) -> bool:
+        return all(r is not None for r in self.results)
+
+    def generations(self) -> list[Generation]:
+        done = zip(self.results, self.new, strict=True)
+        return [r or Generation(self.tokenizer.decode(new), new, "length") for r, new in done]
+
+
+class CudaGraphStep:
+    """``tok [B] -> next greedy tok [B]``: the decoder's ``step``, the LM head and the argmax as one CUDA graph.
+
+    The first ``warmup`` calls run eagerly on a side stream (lazy initialisation and Triton autotuning must not
+    happen inside a capture: the recipe of the torch.cuda.graphs notes); they are real decode steps and their
+    tokens are used. The next call records the same function -- a capture records kernels without running them,
+    so the state is not advanced by it -- and replays it; later calls copy the token in and replay. The returned
+    tensor is the graph's static output: read it before the next call.
+    """
+
+    def __init__(self, model, decoder, warmup: int = GRAPH_WARMUP):
+        self.model, self.decoder, self.warmup = model, decoder, warmup
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.inp = self.out = None  # static buffers: every replay reads and writes these addresses
+
+    def _step(self) -> None:
+        hidden = self.decoder.step(self.inp[:, None])
+        self.out.copy_(self.model.logits(hidden).argmax(-1))
+
+    def __call__(self, tok: torch.Tensor) -> torch.Tensor:
+        if self.inp is None:
+            self.inp, self.out = torch.empty_like(tok), torch.empty_like(tok)
+        self.inp.copy_(tok)
+        if self.graph is None and self.warmup > 0:
+            self.warmup -= 1
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self._step()
+            torch.cuda.current_stream().wait_stream(side)
+            return self.out
+        if self.graph is None:
+            self.graph = torch.cuda.CUDAGraph()
+            with _uncached_autocast("cuda"), torch.cuda.graph(self.graph):
+                self._step()
+        self.graph.replay()
+        return self.out
+
+
+def _uncached_autocast(device_type: str):
+    """Autocast without its weight-cast cache, for a capture: a cast cached outside the graph lives in memory the
+    cache frees when autocast exits, and the graph would keep reading it (the torch.cuda.graphs notes)."""
+    if not torch.is_autocast_enabled(device_type):
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, dtype=torch.get_autocast_dtype(device_type), cache_enabled=False)
+
+
+def _decoder(model, path: str, device: torch.device, greedy: bool, batch: int, capacity: int, start):
+    """(decoder, the path taken): see the module docstring; an impossible explicit path is a UserError."""
+    if path not in PATHS:
+        raise UserError(f"unknown decode path {path!r}; choose from {', '.join(PATHS)}")
+    if path == "graph" and (device.type != "cuda" or not greedy):
+        raise UserError("decode path 'graph' needs a CUDA device and greedy decoding (temperature 0)")
+    if path == "eager" or (path == "auto" and (device.type != "cuda" or not greedy)):
+        return EagerStepDecoder(model, batch, capacity, start), "eager"
+    fast = static_decoder(model, batch, capacity, start)
+    if fast is None and path == "auto":
+        return EagerStepDecoder(model, batch, capacity, start), "eager"
+    if fast is None:
+        raise UserError(f"decode path {path!r}: {type(model).__name__} offers no static decoder; use eager or auto")
+    if path == "graph" and not fast.graph_safe:
+        raise UserError(f"decode path 'graph': {type(model).__name__}'s static step is not graph-safe with backend "
+                        f"{model.attention_backend!r} on {device}")  # fmt: skip
+    return fast, ("graph" if fast.graph_safe else "static") if path == "auto" else path
+
+
+def generate(
+    model,
+    ids: torch.Tensor,
+    start: torch.Tensor | None,
+    config: GenerationConfig,
+    tokenizer,
+    *,
+    path: str = "auto",
+    sync_every: int = SYNC_EVERY,
+) -> list[Generation]:
+    """Continue the left-padded prompts ``ids [B, T]`` (``start [B]``: first real token per row, or None).
+
+    ``model``: a ``CausalLM`` on its device, under the caller's autocast and inference mode. Returns one
+    :class:`Generation` per row, equal to the per-token loop's (see the module docstring).
+    """
+    if sync_every < 1:
+        raise ValueError(f"sync_every must be at least 1, got {sync_every}")
+    device = model.input_embedding.weight.device
+    B, T = ids.shape
+    n = config.max_new_tokens
+    greedy = config.temperature == 0
+    start = None if start is None else start.to(device)
+    decoder, taken = _decoder(model, path, device, greedy, B, T + n, start)
+    gen = torch.Generator().manual_seed(config.seed)
+
+    def select(logits):  # [B, V] -> [B] on the device
+        return logits.argmax(-1) if greedy else sample_next(logits, config, gen)
+
+    if taken == "graph":
+        step = CudaGraphStep(model, decoder)
+    else:
+
+        def step(tok):
+            return select(model.logits(decoder.step(tok[:, None])))
+
+    eos = tokenizer.eos_id if config.stop_at_eos else None
+    finisher = Finisher(B, tokenizer, eos, config.stop)
+    out = torch.empty(B, n, dtype=torch.long, device=device)
+    tok = select(model.logits(decoder.prefill(ids.to(device))))
+    out[:, 0] = tok
+    done = tok == eos if eos is not None and not config.stop else None  # with stop strings the host sees all
+    every = sync_every if greedy else 1  # sampling has synced already: check every token
+    made, checked = 1, 0
+    while made < n:
+        if made % every == 0:  # a host sync: has every row ended?
+            if config.stop:
+                finisher.feed(out[:, checked:made].tolist())
+                checked = made
+                if finisher.all_done():
+                    break
+            elif done is not None and bool(done.all()):
+                break
+        tok = step(tok)
+        out[:, made] = tok
+        if done is not None:
+            done |= tok == eos
+        made += 1
+    finisher.feed(out[:, checked:made].tolist())
+    return finisher.generations()
+
+
+# -- batch size from free memory (issue #18 point 3) ------------------------------------------------------------
+
+
+def bytes_per_prompt(model, length: int, new_tokens: int, dtype: torch.dtype) -> int:
+    """Device bytes one more prompt of ``length`` tokens adds to a generate call of ``new_tokens``: its decode state
+    at ``length + new_tokens`` (the capacity a call preallocates), its prefill activations
+    (:data:`ACTIVATION_FACTOR` float32 vectors of the model width per token) and its logits row (float32 ``[V]``,
+    three times: logits, probabilities, sorted probabilities when sampling)."""
+    state = int(model.decode_state_size(length + new_tokens, dtype)["bytes"])
+    activations = ACTIVATION_FACTOR * length * model.input_embedding.embedding_dim * 4
+    return state + activations + 3 * model.vocab_size * 4
+
+
+def batch_for_memory(per_prompt: int, free: int, *, headroom: float = HEADROOM, cap: int = MAX_PROMPTS) -> int:
+    """How many prompts of ``per_prompt`` bytes fit in ``headroom`` of ``free`` bytes, between 1 and ``cap``."""
+    if per_prompt <= 0:
+        raise ValueError("per_prompt must be positive")
+    return max(1, min(cap, int(headroom * free) // per_prompt))
+
+
+def free_device_bytes(device: torch.device) -> int:
+    """Free CUDA memory: the driver's free bytes plus the blocks PyTorch's caching allocator holds unused."""
+    free, _ = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+
+
+def prompts_per_call(adapter, length: int, new_tokens: int) -> int:
+    """Prompts of ``length`` tokens per generate call of ``new_tokens`` that fit the device's free memory, for our
+    own models on CUDA (:func:`bytes_per_prompt`, :func:`batch_for_memory`); :data:`FALLBACK_PROMPTS` on a CPU and
+    for models whose decode state we cannot size."""
+    from evalsuite.models.base import CausalLM
+
+    model = getattr(adapter, "model", None)
+    if adapter.device.type != "cuda" or not isinstance(model, CausalLM):
+        return FALLBACK_PROMPTS
+    per_prompt = bytes_per_prompt(model, length, new_tokens, adapter.dtype)
+    return batch_for_memory(per_prompt, free_device_bytes(adapter.device))

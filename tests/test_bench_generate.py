@@ -1,0 +1,78 @@
+"""``evalsuite bench generate`` on a CPU at tiny shapes: files, records, the bandwidth bound, resume, errors."""
+
+import json
+
+import pytest
+import torch
+from conftest import assert_one_line_error
+
+from evalsuite.bench import generate as bench
+from evalsuite.errors import UserError
+
+TINY = dict(models=["fox-pro-tiny"], lengths=[128, 256], batches=[1, 2], new_tokens=4, copy_mib=8, warmup=False,
+            verbose=False)  # fmt: skip
+
+
+def test_bench_writes_records_table_and_plot_and_resumes(tmp_path):
+    records = bench.bench_generate(tmp_path, paths=["eager", "static", "graph"], **TINY)
+    for name in (bench.JSON_NAME, bench.MD_NAME, bench.PNG_NAME):
+        assert (tmp_path / name).stat().st_size > 0
+    doc = json.loads((tmp_path / bench.JSON_NAME).read_text())
+    assert doc["env"]["device"] == "cpu" and doc["env"]["copy_bandwidth"]["bytes_per_s"] > 0
+    assert doc["params"]["dtype"] == "float32" and len(doc["records"]) == len(records) == 12
+    by = {(r["path"], r["length"], r["batch"]): r for r in records}
+    assert all(by[("graph", L, B)]["status"] == "unavailable: needs CUDA" for L in (128, 256) for B in (1, 2))
+    bw = doc["env"]["copy_bandwidth"]["bytes_per_s"]
+    for path in ("eager", "static"):
+        for L in (128, 256):
+            for B in (1, 2):
+                r = by[(path, L, B)]
+                assert r["status"] == "ok" and r["tokens_made"] == 4 * B, r
+                assert r["prefill_tokens_per_s"] > 0 and r["decode_tokens_per_s"] > 0
+                # the bound: B tokens per (weight bytes + B * state bytes at L) / bandwidth
+                assert r["state_bytes"] == 2 * (2 * L * 64 * 4 + 2 * 64 * 4 + L * 4 * 4)  # fox-pro-tiny, fp32
+                assert r["bound_tokens_per_s"] == pytest.approx(B * bw / (r["weight_bytes"] + B * r["state_bytes"]))
+                assert r["fraction_of_bound"] == pytest.approx(r["decode_tokens_per_s"] / r["bound_tokens_per_s"])
+    adapter = bench.load_model("fox-pro-tiny", "cpu", "float32", "random")
+    params = sum(p.numel() for p in adapter.model.parameters())
+    assert by[("eager", 128, 1)]["weight_bytes"] == 4 * (params - 50257 * 64)  # untied: no input embedding
+    table = (tmp_path / bench.MD_NAME).read_text()
+    assert "## fox-pro-tiny" in table and "| eager | 128 | 1 |" in table and "unavailable: needs CUDA" in table
+
+    # a rerun resumes: finished cells are kept as they were, new lengths are added
+    again = bench.bench_generate(tmp_path, paths=["eager", "static", "graph"], **{**TINY, "lengths": [128, 256, 64]})
+    kept = {(r["path"], r["length"], r["batch"]): r for r in again}
+    assert len(again) == 18 and all(kept[k]["total_s"] == r["total_s"] for k, r in by.items() if "total_s" in r)
+    assert kept[("eager", 64, 2)]["status"] == "ok"
+    with pytest.raises(UserError, match="holds a run with other settings .*new_tokens 4 there vs 6"):
+        bench.bench_generate(tmp_path, **{**TINY, "new_tokens": 6})
+
+
+def test_cells_that_do_not_fit_are_skipped_not_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "free_bytes", lambda device: 2**20)  # 1 MiB free: an L = 512 cell needs ~2 MiB
+    records = bench.bench_generate(tmp_path, paths=["eager"], **{**TINY, "lengths": [512]})
+    assert {r["status"].split(":")[0] for r in records} == {"skipped"}
+    assert "GiB free" in records[0]["status"] and "prefill_s" not in records[0]
+
+
+def test_a_model_that_cannot_load_is_recorded(tmp_path):
+    records = bench.bench_generate(tmp_path, paths=["eager"], **{**TINY, "models": ["no-such-card"]})
+    assert len(records) == 4 and all(r["status"].startswith("error: ") for r in records)
+
+
+def test_copy_bandwidth_counts_read_and_write():
+    out = bench.measure_copy_bandwidth(torch.device("cpu"), mib=4, reps=3)
+    assert out["copy_mib"] == 4 and out["bytes_per_s"] == pytest.approx(2 * 4 * 2**20 / out["seconds"])
+
+
+def test_cli_bench_generate(tmp_path, run_cli):
+    args = ["bench", "generate", "--out", "b", "--model", "tnl-tiny", "--lengths", "64", "--batches", "1",
+            "--new-tokens", "3", "--copy-mib", "4", "--no-warmup"]  # fmt: skip
+    code, out, err = run_cli(args, tmp_path)
+    assert code == 0, err
+    assert "generate_bench.json" in out and (tmp_path / "b" / bench.PNG_NAME).exists()
+    bad_options = [(["--paths", "warp"], "unknown path(s) warp"), (["--lengths", "x"], "--lengths takes"),
+                   (["--dtype", "int8"], "unknown --dtype 'int8'"), (["--new-tokens", "1"], "at least 2")]  # fmt: skip
+    for bad, message in bad_options:
+        code, _, err = run_cli([*args[:3], "b2", *args[4:], *bad], tmp_path)
+        assert_one_line_error(code, err, message)

@@ -1,0 +1,215 @@
+"""The decode engine (evalsuite/generation.py, issue #18) against the per-token loop NativeAdapter.generate ran
+before it: greedy and sampled outputs equal token for token, with left padding, stop strings and EOS, for every
+``sync_every``; the static decoders' eager steps likewise; the CPU never enters the CUDA branch. Then the batch
+size from memory and NIAH's ``batch_size: auto``."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from evalsuite import generation as engine
+from evalsuite.adapters.base import Generation, GenerationConfig, apply_stop
+from evalsuite.adapters.native import NativeAdapter
+from evalsuite.cards import load_card
+from evalsuite.errors import UserError
+from evalsuite.models.registry import resolve_architecture
+from evalsuite.tokenizers import get_tokenizer
+
+TEXTS = ["The quick brown fox jumps over the lazy dog, twice.", "Hello", "A prompt of middling length here."]
+
+
+def reference_sample(logits, config, gen):
+    """The sampling step of the per-token loop, as it was (temperature, top-k, top-p; on the CPU)."""
+    if config.temperature == 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.float().cpu() / config.temperature, dim=-1)
+    if config.top_k > 0:
+        kth = probs.topk(min(config.top_k, probs.shape[-1]), dim=-1).values[..., -1:]
+        probs = probs * (probs >= kth)
+        probs = probs / probs.sum(-1, keepdim=True)
+    if config.top_p < 1:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        sorted_p = sorted_p * (sorted_p.cumsum(-1) - sorted_p < config.top_p)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+    return torch.multinomial(probs, 1, generator=gen).squeeze(-1).to(logits.device)
+
+
+@torch.inference_mode()
+def reference_generate(adapter, prompts, config):
+    """NativeAdapter.generate before the engine: every token to the host, EOS and stop strings checked per token."""
+    model, tok = adapter.model, adapter.tokenizer
+    B, longest = len(prompts), max(len(p) for p in prompts)
+    ids = torch.zeros(B, longest, dtype=torch.long)
+    for b, p in enumerate(prompts):
+        ids[b, longest - len(p) :] = torch.tensor(p)
+    start = torch.tensor([longest - len(p) for p in prompts])
+    start = start if int(start.max()) > 0 else None
+    gen = torch.Generator().manual_seed(config.seed)
+    eos = tok.eos_id if config.stop_at_eos else None
+    new = [[] for _ in range(B)]
+    results = [None] * B
+    with adapter._autocast():
+        state = model.new_state(B, longest + config.max_new_tokens, start)
+        logits = model.logits(model(ids, state=state)[:, -1])
+        for step_index in range(config.max_new_tokens):
+            tokens = reference_sample(logits, config, gen).tolist()
+            for b, t in enumerate(tokens):
+                if results[b] is not None:
+                    continue
+                if t == eos:
+                    results[b] = Generation(tok.decode(new[b]), new[b], "eos")
+                    continue
+                new[b].append(t)
+                if config.stop:
+                    text, stopped = apply_stop(tok.decode(new[b]), config.stop)
+                    if stopped:
+                        results[b] = Generation(text, new[b], "stop")
+            if all(r is not None for r in results) or step_index == config.max_new_tokens - 1:
+                break
+            logits = model.logits(model(torch.tensor(tokens)[:, None], state=state)[:, -1])
+    return [r or Generation(tok.decode(new[b]), new[b], "length") for b, r in enumerate(results)]
+
+
+def _same(a, b):
+    return [(g.text, g.token_ids, g.finish_reason) for g in a] == [(g.text, g.token_ids, g.finish_reason) for g in b]
+
+
+@pytest.fixture(scope="module", params=["fox-pro-tiny", "gsa-tiny", "tnl-tiny", "drt-tiny"])
+def adapter(request):
+    return NativeAdapter(load_card(request.param), device="cpu")
+
+
+def test_greedy_equals_the_per_token_loop(adapter):
+    """Left-padded mixed lengths. Three endings: none (length), a stop string row 0 makes mid-way together with an
+    EOS id row 1 makes (the host checks every token), the EOS alone (the device's done mask). Sync intervals 1 (per
+    token), 4 (rows end mid-block) and 16 (the default; one sync); the static decoder's eager steps where the family
+    has one, a one-line error where it has none."""
+    prompts = [adapter.tokenizer.encode(t) for t in TEXTS]
+    n = 8 if adapter.card.name == "drt-tiny" else 12  # DRT's tiny model is the slow one on a CPU
+    free = reference_generate(adapter, prompts, GenerationConfig(max_new_tokens=n, stop_at_eos=False))
+    assert all(g.finish_reason == "length" for g in free)
+    text0 = free[0].text
+    stop = next(text0[i : i + 2] for i in range(n // 3, len(text0) - 1) if text0[i : i + 2].strip())
+    configs = [GenerationConfig(max_new_tokens=n, stop_at_eos=False), GenerationConfig(max_new_tokens=n, stop=[stop]),
+               GenerationConfig(max_new_tokens=n)]  # fmt: skip
+    runs = [("eager", 1), ("eager", 4), ("eager", 16)]
+    runs += [("static", 4)] if engine.static_support(adapter.model) else []
+    saved = adapter.tokenizer.eos_id
+    adapter.tokenizer.eos_id = free[1].token_ids[n // 2]
+    try:
+        for i, config in enumerate(configs):
+            want = free if i == 0 else reference_generate(adapter, prompts, config)
+            if i == 1:
+                assert [g.finish_reason for g in want[:2]] == ["stop", "eos"]
+            if i == 2:
+                assert want[1].finish_reason == "eos" and want[0].finish_reason == "length"
+            for path, every in runs:
+                adapter.decode_path, adapter.sync_every = path, every
+                assert _same(adapter.generate(prompts, config), want), (path, every, config)
+    finally:
+        adapter.tokenizer.eos_id = saved
+        adapter.decode_path, adapter.sync_every = "auto", engine.SYNC_EVERY
+    if not engine.static_support(adapter.model):
+        adapter.decode_path = "static"
+        with pytest.raises(UserError, match="offers no static decoder"):
+            adapter.generate(prompts, configs[0])
+        adapter.decode_path = "auto"
+
+
+def test_sampling_and_bfloat16_equal_the_per_token_loop():
+    adapter = NativeAdapter(load_card("fox-pro-tiny"), device="cpu")
+    prompts = [adapter.tokenizer.encode(t) for t in TEXTS]
+    config = GenerationConfig(max_new_tokens=8, temperature=0.8, top_k=50, top_p=0.9, seed=3, stop=["e"])
+    for path in ("eager", "static"):
+        adapter.decode_path = path
+        assert _same(adapter.generate(prompts, config), reference_generate(adapter, prompts, config))
+    half = NativeAdapter(load_card("fox-pro-tiny"), device="cpu", dtype="bfloat16")
+    config = GenerationConfig(max_new_tokens=8, stop_at_eos=False)
+    want = reference_generate(half, prompts, config)
+    for path in ("eager", "static"):
+        half.decode_path = path
+        assert _same(half.generate(prompts, config), want)
+
+
+def test_the_cpu_never_enters_the_cuda_branch(monkeypatch):
+    def cuda_called(*args, **kwargs):
+        raise AssertionError("torch.cuda used on a CPU")
+
+    for name in ("CUDAGraph", "graph", "Stream", "stream", "current_stream", "synchronize", "mem_get_info"):
+        monkeypatch.setattr(torch.cuda, name, cuda_called)
+    adapter = NativeAdapter(load_card("fox-pro-tiny"), device="cpu")
+    out = adapter.generate([adapter.tokenizer.encode("Hello")], GenerationConfig(max_new_tokens=20))
+    assert len(out[0].token_ids) == 20 or out[0].finish_reason == "eos"
+    assert engine.prompts_per_call(adapter, 4096, 64) == engine.FALLBACK_PROMPTS
+
+
+def test_bad_paths_are_one_line_errors():
+    with pytest.raises(UserError, match="unknown decode path 'warp'"):
+        NativeAdapter(load_card("fox-pro-tiny"), device="cpu", decode_path="warp")
+    adapter = NativeAdapter(load_card("fox-pro-tiny"), device="cpu", decode_path="graph")
+    with pytest.raises(UserError, match="'graph' needs a CUDA device"):
+        adapter.generate([[1, 2, 3]], GenerationConfig(max_new_tokens=2))
+
+
+def test_finisher_takes_blocks_like_single_tokens():
+    tok = get_tokenizer("bytes")
+    ids = [[*b"ab\ncd"], [*b"xyz"], [*b"q"]]
+    eos = ids[1][1]  # "y" ends row 1
+    one, block = (engine.Finisher(3, tok, eos, ["\n"]) for _ in range(2))
+    for i in range(5):
+        one.feed([row[i : i + 1] for row in ids])
+    block.feed(ids)
+    for f in (one, block):
+        g = f.generations()
+        assert [(x.text, x.token_ids, x.finish_reason) for x in g] == [
+            ("ab", [*b"ab\n"], "stop"),  # text cut before the stop string, ids up to the token that completed it
+            ("x", [*b"x"], "eos"),  # EOS not kept; tokens after it ignored
+            ("q", [*b"q"], "length"),
+        ]
+    assert block.all_done() is False and engine.Finisher(1, tok, None, []).all_done() is False
+
+
+# -- batch size from memory ---------------------------------------------------------------------------------
+
+
+def test_batch_for_memory_arithmetic():
+    assert engine.batch_for_memory(10, 100, headroom=0.85) == 8  # floor(85 / 10)
+    assert engine.batch_for_memory(10, 100, headroom=1.0) == 10
+    assert engine.batch_for_memory(1000, 100) == 1  # never below one prompt
+    assert engine.batch_for_memory(1, 10**12, cap=32) == 32
+    with pytest.raises(ValueError):
+        engine.batch_for_memory(0, 100)
+
+
+def test_bytes_per_prompt_of_the_760m_fox():
+    """FoX (Pro) 760M (24 layers, d = 1536, 24 heads, V = 50257), bf16 cache: every term written out by hand."""
+    family, arch = resolve_architecture("fox-pro")
+    with torch.device("meta"):
+        model = family.build(family.make_config(arch, {}))
+    L, n = 16384, 1024
+    cache = 24 * ((2 * (L + n) * 1536 + 2 * 1536) * 2 + (L + n) * 24 * 4)  # k, v, KV-shift rows; fp32 cum
+    activations = 12 * L * 1536 * 4
+    logits = 3 * 50257 * 4
+    per = engine.bytes_per_prompt(model, L, n, torch.bfloat16)
+    assert per == cache + activations + logits
+    free = 70 * 2**30  # an H100 with the weights loaded
+    assert engine.batch_for_memory(per, free) == int(0.85 * free) // per == 16
+    assert engine.batch_for_memory(engine.bytes_per_prompt(model, 65536, n, torch.bfloat16), free) == 4
+
+
+def test_niah_batch_size_auto(tmp_path):
+    from evalsuite.tasks.niah import NiahConfig, cells_by_length, resolve_config, run_niah
+
+    assert resolve_config(NiahConfig(batch_size="auto")).batch_size == "auto"
+    for bad in ("many", 0, 2.5):
+        with pytest.raises(UserError, match="--batch-size must be a positive integer or 'auto'"):
+            resolve_config(NiahConfig(batch_size=bad))
+    cells = [type("C", (), {"length": n})() for n in (5, 5, 5, 7, 7)]
+    assert [len(b) for b in cells_by_length(cells, lambda n: n - 3)] == [2, 1, 2]
+    adapter = NativeAdapter(load_card("fox-pro-tiny"), device="cpu")
+    config = NiahConfig(mode="easy", lengths=[300], depths=[0, 50], max_new_tokens=2, batch_size="auto")
+    results = run_niah(adapter, config, tmp_path / "run", progress=False)
+    assert {r["length"] for r in results["records"]} == {300}
+    fixed = run_niah(adapter, replace(config, batch_size=4), tmp_path / "run4", progress=False)
+    assert results["config_hash"] == fixed["config_hash"]  # the batch size is not part of the configuration
