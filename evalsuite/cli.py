@@ -315,7 +315,9 @@ def niah(
         int | None, typer.Option(help="Generated tokens per answer (default: the preset's; fox: 1024).")
     ] = None,
     stop_newline: Annotated[bool, typer.Option(help="Stop each answer at its first newline.")] = False,
-    batch_size: Annotated[int, typer.Option(min=1, help="Prompts of one length per generate call.")] = 4,
+    batch_size: Annotated[
+        str, typer.Option(help="Prompts of one length per generate call, or 'auto' (as many as fit in GPU memory).")
+    ] = "4",
     judge: Annotated[
         str | None,
         typer.Option(help="openai:MODEL: also score with the FoX judge ($OPENAI_API_KEY, $OPENAI_BASE_URL)."),
@@ -335,6 +337,7 @@ def niah(
         raise UserError(f"unknown --flavour {flavour!r}; use text or drt")
     if flavour == "drt" and mode != "2hop":
         raise UserError("--flavour applies to --mode 2hop only")
+    batch_size = _batch_size(batch_size, allow_auto=flavour != "drt" and mode != "passkey")
     if flavour == "drt" or mode == "passkey":
         from evalsuite.tasks.drt_passkey import DrtConfig, DrtPasskeyTask
 
@@ -376,6 +379,16 @@ def niah(
             typer.echo(f"  {s['subtask']:>9} {s['metric']:>12}: within {within}, beyond {beyond} ({cells})")
     _note_random_weights(adapter)
     typer.echo(f"  results: {results['run_dir']}")
+
+
+def _batch_size(value: str, allow_auto: bool) -> int | str:
+    """``--batch-size``: a positive integer, or ``auto`` where the task sizes batches from free memory."""
+    if value == "auto" and allow_auto:
+        return value
+    if not value.isdigit() or int(value) < 1:
+        choices = "a positive integer or 'auto'" if allow_auto else "a positive integer (the DRT tests take no 'auto')"
+        raise UserError(f"--batch-size must be {choices}; got {value!r}")
+    return int(value)
 
 
 def _run(task, adapter, out: Path | None) -> dict:

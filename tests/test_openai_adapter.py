@@ -409,3 +409,15 @@ def test_token_tasks_refuse_api_models_in_one_line(args, message, tmp_path, run_
     code, _, err = run_cli(args, tmp_path)
     assert_one_line_error(code, err, message)
     assert "which model m does not give (it offers: generate;" in err
+
+
+def test_each_rank_logs_to_its_own_file(faults, tmp_path, monkeypatch):
+    """Under torchrun with several ranks no two processes append to one request log: requests.rank-<r>.jsonl."""
+    from evalsuite import distributed
+
+    adapter = fault_adapter(faults, tmp_path, log=None)
+    adapter.attach_run(tmp_path / "run")
+    assert adapter.log.path == tmp_path / "run" / "requests.jsonl"
+    monkeypatch.setitem(distributed._state, "world", distributed.World(rank=2, size=3, local_rank=2))
+    adapter.attach_run(tmp_path / "run")
+    assert adapter.log.path == tmp_path / "run" / "requests.rank-2.jsonl"

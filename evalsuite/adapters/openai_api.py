@@ -258,9 +258,14 @@ class OpenAIAdapter(TextAdapter):
     # -- runs, pool, requests --------------------------------------------------------------------------------
 
     def attach_run(self, run_dir: Path) -> None:
-        """Log this run's requests to ``run_dir/requests.jsonl`` (unless a ``log`` path was given)."""
+        """Log this run's requests to ``run_dir/requests.jsonl`` (unless a ``log`` path was given); under torchrun
+        each rank of several logs to its own ``requests.rank-<r>.jsonl``, so no two processes append to one file."""
+        from evalsuite import distributed
+
+        world = distributed.current()
+        name = "requests.jsonl" if world is None or world.size == 1 else f"requests.rank-{world.rank}.jsonl"
         if self.fixed_log is None:
-            self.log.path = Path(run_dir) / "requests.jsonl"
+            self.log.path = Path(run_dir) / name
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
