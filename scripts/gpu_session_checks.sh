@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The GPU checks the CPU tests cannot make, for the newer parts (GCA kernel, static decoders and the decode engine,
+# DRT chunk memory, torchrun), in one call on a CUDA machine, from the repository root (no install needed):
+#
+#   OUT=/some/dir [STEPS="gca generate_check generate_bench drt_memory torchrun"] bash scripts/gpu_session_checks.sh
+#
+# Each step writes $OUT/<step>/ and a DONE marker; a rerun skips finished steps (a machine lost mid-way costs one
+# step). Logs: $OUT/log.txt. Copy the folders to results/bench/<device>/ to commit them.
+#   gca             scripts/gpu_gca_check.py: GCA kernel parity (fwd + grads vs float64), block sweep, benchmark
+#   generate_check  scripts/gpu_generate_check.py: graph / static / eager greedy parity per family, 760M FoX (Pro)
+#   generate_bench  evalsuite bench generate: FoX (Pro) 760M shapes, 1K-16K, batch 1 and 8, eager vs graph
+#   drt_memory      scripts/drt_memory.py: DRT chunk memory on the GPU vs in CPU memory, 16K-256K
+#   torchrun        scripts/torchrun_overhead.py: torchrun --nproc-per-node 1 vs a plain run (records, overhead)
+set -uo pipefail
+OUT=${OUT:-/tmp/gpu_session_checks}
+STEPS=${STEPS:-gca generate_check generate_bench drt_memory torchrun}
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+exec > >(tee -a "$OUT/log.txt") 2>&1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
+
+run_step() {  # name, command...
+    local name=$1; shift
+    if [ -f "$OUT/$name/DONE" ]; then echo "== $name: done before, skipped"; return; fi
+    mkdir -p "$OUT/$name"
+    echo "== $name: $* ($(date -u +%H:%M:%S))"
+    local t0=$SECONDS
+    if "$@"; then touch "$OUT/$name/DONE"; echo "== $name: ok in $((SECONDS - t0)) s"
+    else echo "== $name: FAILED (exit $?) after $((SECONDS - t0)) s"; fi
+}
+
+for step in $STEPS; do
+    case $step in
+        gca) run_step gca python3 scripts/gpu_gca_check.py --out "$OUT/gca" ;;
+        generate_check) run_step generate_check python3 scripts/gpu_generate_check.py --out "$OUT/generate_check" ;;
+        generate_bench) run_step generate_bench python3 -m evalsuite.cli bench generate --out "$OUT/generate_bench" \
+            --lengths 1024,4096,16384 --batches 1,8 --paths eager,graph --new-tokens 128 ;;
+        drt_memory) run_step drt_memory python3 scripts/drt_memory.py --out "$OUT/drt_memory" ;;
+        torchrun) run_step torchrun python3 scripts/torchrun_overhead.py --out "$OUT/torchrun" --model fox-pro-random \
+            --device cuda --dtype bfloat16 --length 16384 --repeats 3 ;;
+        *) echo "unknown step $step" ;;
+    esac
+done
