@@ -43,7 +43,6 @@ import hashlib
 import json
 import os
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -61,6 +60,7 @@ from evalsuite.adapters.base import (
 )
 from evalsuite.adapters.registry import ADAPTERS, AdapterOptions
 from evalsuite.errors import UserError
+from evalsuite.store import atomic_write_bytes
 from evalsuite.tokenizers import Tokenizer, get_tokenizer
 
 APIS = ("chat", "completions")
@@ -118,19 +118,9 @@ class ResponseCache:
         return reply if isinstance(reply, dict) else None
 
     def put(self, key: str, request: dict, reply: dict) -> None:
-        path = self.path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        data = json.dumps({"key": key, "request": request, "reply": reply}, ensure_ascii=False)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{key[:12]}-", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic_write_bytes(
+            self.path(key), json.dumps({"key": key, "request": request, "reply": reply}, ensure_ascii=False)
+        )
 
 
 class RequestLog:
