@@ -4,6 +4,7 @@ for the Triton interpreter; relative error; ``evalsuite serve`` in a subprocess 
 import importlib
 import math
 import sys
+import threading
 
 import pytest
 
@@ -170,3 +171,24 @@ def served_fox():
     server = ServeProcess("fox-pro-tiny").wait_ready()
     yield server
     server.stop()
+
+
+class LocalHTTPServer:
+    """A scripted stand-in for an HTTP API: ``handler`` (a ``BaseHTTPRequestHandler`` class) served on a free port
+    of 127.0.0.1 from a background thread while the ``with`` block runs; ``base_url`` ends in ``/v1``."""
+
+    def __init__(self, handler):
+        from http.server import ThreadingHTTPServer
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.httpd.daemon_threads = True
+        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()

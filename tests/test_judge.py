@@ -3,9 +3,10 @@
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
+from conftest import LocalHTTPServer
 
 from evalsuite.adapters.native import NativeAdapter
 from evalsuite.cards import load_card
@@ -14,7 +15,7 @@ from evalsuite.metrics.judge import JUDGE_SYSTEM, OpenAIJudge, judge_message, pa
 from evalsuite.tasks.niah import JUDGE_QUESTION, STANDARD_NEEDLE, NiahConfig, run_niah
 
 
-class FakeOpenAI:
+class FakeOpenAI(LocalHTTPServer):
     """``POST /v1/chat/completions`` on 127.0.0.1: replies from a script, then a default "[[7]]" reply.
 
     A script step is ``(status, content, headers, delay)``: status 200 sends a chat completion whose message is
@@ -63,17 +64,7 @@ class FakeOpenAI:
             def log_message(self, *args):
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().__init__(Handler)
 
 
 @pytest.fixture

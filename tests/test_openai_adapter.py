@@ -11,10 +11,10 @@ import subprocess
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
-from conftest import assert_one_line_error
+from conftest import LocalHTTPServer, assert_one_line_error
 from test_contracts import check_text_adapter
 
 from evalsuite.adapters.base import GENERATE, LOGLIKELIHOOD, GenerationConfig
@@ -135,7 +135,7 @@ def _stats(served_fox) -> dict:
 # -- a fault-injecting endpoint -------------------------------------------------------------------------------------
 
 
-class FaultServer:
+class FaultServer(LocalHTTPServer):
     """``POST /v1/completions`` and ``/v1/chat/completions`` on 127.0.0.1, replying from a script of faults.
 
     A script step is ``("ok" | "status" | "slow" | "malformed" | "hold", arg)``: ``ok`` answers, ``status`` sends
@@ -194,19 +194,11 @@ class FaultServer:
             def log_message(self, *args):
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
+        super().__init__(Handler)
 
     def __exit__(self, *exc):
-        self.release.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.release.set()  # held requests end before the server does
+        super().__exit__(*exc)
 
 
 def _body_hash(body: dict) -> str:
