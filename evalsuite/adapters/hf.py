@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from evalsuite.adapters.base import Generation, GenerationConfig, ModelInfo, TokenAdapter, apply_stop
-from evalsuite.adapters.registry import ADAPTERS, AdapterOptions
+from evalsuite.adapters.registry import ADAPTERS, AdapterOptions, parse_options, positive_int_option
 from evalsuite.errors import UserError
 from evalsuite.models.base import LOGIT_BUDGET
 from evalsuite.runtime import dtype_name, resolve_device, resolve_dtype
@@ -72,16 +72,8 @@ def hub_offline() -> bool:
 
 def parse_spec(name: str) -> tuple[str, dict[str, str]]:
     """``"DIR,max_length=8192"`` -> ``("DIR", {"max_length": "8192"})``; unknown keys are a UserError."""
-    source, *pairs = name.split(",")
-    options = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or key.strip() not in SPEC_KEYS:
-            raise UserError(f"hf:{name}: expected key=value with key one of {', '.join(SPEC_KEYS)}; got {pair!r}")
-        options[key.strip()] = value.strip()
-    if not source.strip():
-        raise UserError("hf: needs a model directory, a .gguf file or a hub id, e.g. --model hf:DIR")
-    return source.strip(), options
+    missing = "hf: needs a model directory, a .gguf file or a hub id, e.g. --model hf:DIR"
+    return parse_options("hf", name, SPEC_KEYS, missing)
 
 
 @dataclass(frozen=True)
@@ -407,13 +399,6 @@ class HFAdapter(TokenAdapter):
         }
 
 
-def _int_option(options: dict[str, str], key: str) -> int | None:
-    value = options.get(key)
-    if value is not None and (not value.isdigit() or int(value) < 1):
-        raise UserError(f"hf: {key} must be a positive integer; got {value!r}")
-    return None if value is None else int(value)
-
-
 def hf_adapter(name: str, options: AdapterOptions) -> HFAdapter:
     """The ``hf`` kind: ``--model hf:DIR``, ``hf:FILE.gguf``, ``hf:ORG/NAME[,gguf_file=F][,max_length=N]``."""
     source, kv = parse_spec(name)
@@ -425,8 +410,8 @@ def hf_adapter(name: str, options: AdapterOptions) -> HFAdapter:
         revision=kv.get("revision"),
         device=options.device,
         dtype=options.dtype,
-        max_length=_int_option(kv, "max_length"),
-        train_length=_int_option(kv, "train_length"),
+        max_length=positive_int_option(kv, "max_length", "hf"),
+        train_length=positive_int_option(kv, "train_length", "hf"),
         attention=options.attention,
         cache=kv.get("cache", "dynamic"),
         compile=_bool_option(kv, "compile"),

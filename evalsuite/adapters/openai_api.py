@@ -58,7 +58,7 @@ from evalsuite.adapters.base import (
     TextAdapter,
     apply_stop,
 )
-from evalsuite.adapters.registry import ADAPTERS, AdapterOptions
+from evalsuite.adapters.registry import ADAPTERS, AdapterOptions, parse_options, positive_int_option
 from evalsuite.errors import UserError
 from evalsuite.store import atomic_write_bytes
 from evalsuite.tokenizers import Tokenizer, get_tokenizer
@@ -79,16 +79,7 @@ def default_cache_dir() -> Path:
 
 def parse_spec(name: str) -> tuple[str, dict[str, str]]:
     """``"gpt-4o,api=chat,concurrency=4"`` -> ``("gpt-4o", {"api": "chat", "concurrency": "4"})``."""
-    model, *pairs = name.split(",")
-    options: dict[str, str] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or key.strip() not in SPEC_KEYS:
-            raise UserError(f"openai:{name}: expected key=value with key one of {', '.join(SPEC_KEYS)}; got {pair!r}")
-        options[key.strip()] = value.strip()
-    if not model.strip():
-        raise UserError("openai: needs a model name, e.g. --model openai:gpt-4o-mini")
-    return model.strip(), options
+    return parse_options("openai", name, SPEC_KEYS, "openai: needs a model name, e.g. --model openai:gpt-4o-mini")
 
 
 def request_hash(endpoint: str, api: str, body: dict) -> str:
@@ -407,15 +398,6 @@ class OpenAIAdapter(TextAdapter):
         }
 
 
-def _int(options: dict[str, str], key: str, model: str) -> int | None:
-    value = options.get(key)
-    if value is None:
-        return None
-    if not value.isdigit() or int(value) < 1:
-        raise UserError(f"openai:{model}: {key} must be a positive integer; got {value!r}")
-    return int(value)
-
-
 def _float(options: dict[str, str], key: str, model: str, default: float) -> float:
     value = options.get(key)
     try:
@@ -437,15 +419,15 @@ def openai_adapter(name: str, options: AdapterOptions) -> OpenAIAdapter:
         base_url=kv.get("base_url") or None,
         api_key_env=kv.get("api_key_env") or "OPENAI_API_KEY",
         api=kv.get("api", "chat"),
-        concurrency=_int(kv, "concurrency", model) or 8,
+        concurrency=positive_int_option(kv, "concurrency", f"openai:{model}") or 8,
         tokenizer=kv.get("tokenizer") or None,
-        context_length=_int(kv, "context_length", model),
-        train_length=_int(kv, "train_length", model),
+        context_length=positive_int_option(kv, "context_length", f"openai:{model}"),
+        train_length=positive_int_option(kv, "train_length", f"openai:{model}"),
         card=kv.get("card") or None,
         cache=kv.get("cache") or None,
         log=kv.get("log") or None,
         timeout=_float(kv, "timeout", model, 600.0),
-        max_attempts=_int(kv, "max_attempts", model) or 6,
+        max_attempts=positive_int_option(kv, "max_attempts", f"openai:{model}") or 6,
     )
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evalsuite.adapters.base import TextAdapter
+from evalsuite.errors import UserError
 from evalsuite.registry import Registry
 
 DEFAULT_KIND = "native"
@@ -41,6 +42,31 @@ def split_spec(spec: str) -> tuple[str, str]:
     if sep and kind in ADAPTERS:
         return kind, name
     return DEFAULT_KIND, spec
+
+
+def parse_options(kind: str, name: str, keys: tuple[str, ...], missing: str) -> tuple[str, dict[str, str]]:
+    """A kind's ``NAME,key=value,...`` -> ``(NAME, {key: value})``; a key not in ``keys`` is a UserError, and so is
+    an empty NAME (``missing`` is that message)."""
+    head, *pairs = name.split(",")
+    options: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or key.strip() not in keys:
+            raise UserError(f"{kind}:{name}: expected key=value with key one of {', '.join(keys)}; got {pair!r}")
+        options[key.strip()] = value.strip()
+    if not head.strip():
+        raise UserError(missing)
+    return head.strip(), options
+
+
+def positive_int_option(options: dict[str, str], key: str, where: str) -> int | None:
+    """``options[key]`` as a positive integer, None when absent; ``where`` starts the error message."""
+    value = options.get(key)
+    if value is None:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise UserError(f"{where}: {key} must be a positive integer; got {value!r}")
+    return int(value)
 
 
 def load_adapter(spec: str, options: AdapterOptions | None = None) -> TextAdapter:

@@ -17,8 +17,6 @@ resumed run can try again. Other HTTP errors (bad key, unknown model, bad reques
 from __future__ import annotations
 
 import re
-import time
-from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 
 from evalsuite.errors import UserError
@@ -99,41 +97,14 @@ class OpenAIJudge:
 
     Args:
         model: the judge model name sent to the endpoint.
-        api_key / base_url: default to ``$OPENAI_API_KEY`` / ``$OPENAI_BASE_URL``; a missing key is a UserError
-            (raised here, so a run fails before it generates anything).
-        max_attempts: tries per answer (FoX: 5).
-        backoff / max_backoff: first retry delay in seconds, doubled per retry, capped.
-        timeout: seconds per request.
-        sleep: the sleep function (tests pass a recorder).
+        client_options: :class:`~evalsuite.openai_client.OpenAIClient`'s (``api_key``, ``base_url``, ``env``,
+            ``max_attempts`` (FoX: 5, the default), ``backoff``, ``max_backoff``, ``timeout``, ``sleep``); a missing
+            key is a UserError raised here, so a run fails before it generates anything.
     """
 
-    def __init__(
-        self,
-        model: str,
-        *,
-        api_key: str | None = None,
-        base_url: str | None = None,
-        max_attempts: int = 5,
-        backoff: float = 1.0,
-        max_backoff: float = 30.0,
-        timeout: float = 120.0,
-        env: Mapping[str, str] | None = None,
-        sleep: Callable[[float], None] = time.sleep,
-    ):
+    def __init__(self, model: str, **client_options):
         self.model = model
-        self.client = OpenAIClient(
-            api_key=api_key,
-            base_url=base_url,
-            purpose="the judge",
-            max_attempts=max_attempts,
-            backoff=backoff,
-            max_backoff=max_backoff,
-            timeout=timeout,
-            env=env,
-            sleep=sleep,
-        )
-        self.base_url = self.client.base_url
-        self.max_attempts = max_attempts
+        self.client = OpenAIClient(purpose="the judge", **client_options)
 
     @classmethod
     def from_spec(cls, spec: str, **kwargs) -> OpenAIJudge:
