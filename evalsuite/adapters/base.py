@@ -151,14 +151,15 @@ class TokenAdapter(TextAdapter):
         Args: input_ids, targets: ``[B, T]`` long (targets are the inputs shifted left by one).
         Returns: ``[B, T]`` float32 on the CPU.
         """
-        return self._scores(input_ids, targets)[0]
+        return self.token_scores(input_ids, targets)[0]
 
     @torch.inference_mode()
     def token_argmax(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Greedy next token after every prefix (teacher forcing): ``[B, T]`` long on the CPU."""
-        return self._scores(input_ids, None)[1]
+        return self.token_scores(input_ids, None)[1]
 
-    def _scores(
+    @torch.inference_mode()
+    def token_scores(
         self, input_ids: torch.Tensor, targets: torch.Tensor | None
     ) -> tuple[torch.Tensor | None, torch.Tensor]:
         """(NLL of ``targets`` or None, argmax), both ``[B, T]`` on the CPU, from one pass over the logits."""
@@ -185,7 +186,7 @@ class TokenAdapter(TextAdapter):
             if not ctx or not cont:
                 raise UserError("loglikelihood needs a non-empty context (or a BOS token) and continuation")
             ids = torch.tensor([ctx + cont])
-            nll, argmax = self._scores(ids[:, :-1], ids[:, 1:])
+            nll, argmax = self.token_scores(ids[:, :-1], ids[:, 1:])
             n = len(cont)
             greedy = bool((argmax[0, -n:] == ids[0, -n:]).all())
             out.append((-float(nll[0, -n:].double().sum()), greedy))

@@ -31,7 +31,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
@@ -215,14 +214,8 @@ class EvalsuiteLM(LM):
             ids = torch.zeros(len(batch), width, dtype=torch.long)
             for row, i in enumerate(batch):
                 ids[row, : len(seqs[i])] = torch.tensor(seqs[i])
-            inputs, targets = ids[:, :-1], ids[:, 1:].to(adapter.device)
-            nll, hit = [], []
-            for s, logits in adapter.chunked_logits(inputs):
-                tgt = targets[:, s : s + logits.shape[1]]
-                loss = F.cross_entropy(logits.float().flatten(0, 1), tgt.flatten(), reduction="none")
-                nll.append(loss.view(tgt.shape))
-                hit.append(logits.argmax(-1) == tgt)
-            nll_all, hit_all = torch.cat(nll, 1).cpu(), torch.cat(hit, 1).cpu()
+            nll_all, argmax = adapter.token_scores(ids[:, :-1], ids[:, 1:])
+            hit_all = argmax == ids[:, 1:]
             for row, i in enumerate(batch):
                 end, n = len(seqs[i]) - 1, n_scored[i]  # targets[row, :end] are real
                 logprob = -float(nll_all[row, end - n : end].double().sum())
