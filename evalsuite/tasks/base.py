@@ -252,15 +252,9 @@ def run_task(task: Task, adapter: TextAdapter | None, out_dir: Path | str | None
     world = distributed.setup()
     if world is not None:
         return _run_sharded(task, adapter, out_dir, progress, world)
-    check_capabilities(task, adapter)
-    identity = adapter.identity() if adapter is not None else {}
-    config = task.hashed_config(adapter)  # validates; nothing is written before this passes
-    chash = config_hash({"task": task.name, **config, **identity})
-    legacy = tuple(config_hash({**old, **identity}) for old in task.legacy_hashed_configs(adapter, config))
-    out_dir = Path(out_dir) if out_dir is not None else _existing_legacy_dir(task, adapter, chash, legacy)
-    run = RunDir.claim(out_dir, task.name, chash, config, legacy)
-    finished = run.load_results() if task.reuse_finished else None
-    if finished is not None and "summary" in finished:  # (older result files are re-aggregated)
+    config, chash, legacy = _plan(task, adapter)  # validates; nothing is written before this passes
+    run, finished = _claim(task, adapter, out_dir, config, chash, legacy)
+    if finished is not None:
         return finished
     if adapter is not None:
         adapter.attach_run(run.path)
@@ -271,6 +265,25 @@ def run_task(task: Task, adapter: TextAdapter | None, out_dir: Path | str | None
         run.abandon()
         raise
     return _finish(task, adapter, run, config, records, summary)
+
+
+def _plan(task: Task, adapter: TextAdapter | None) -> tuple[dict, str, tuple[str, ...]]:
+    """(the validated hashed config, its hash, the hashes older schemas gave it); UserError for a bad config or a
+    model that lacks what the task needs."""
+    check_capabilities(task, adapter)
+    identity = adapter.identity() if adapter is not None else {}
+    config = task.hashed_config(adapter)
+    chash = config_hash({"task": task.name, **config, **identity})
+    legacy = tuple(config_hash({**old, **identity}) for old in task.legacy_hashed_configs(adapter, config))
+    return config, chash, legacy
+
+
+def _claim(task: Task, adapter, out_dir, config: dict, chash: str, legacy: tuple) -> tuple[RunDir, dict | None]:
+    """The run directory (``out_dir``, or the default one) and its finished results when the task reuses them."""
+    path = Path(out_dir) if out_dir is not None else _existing_legacy_dir(task, adapter, chash, legacy)
+    run = RunDir.claim(path, task.name, chash, config, legacy)
+    finished = run.load_results() if task.reuse_finished else None
+    return run, (finished if finished is not None and "summary" in finished else None)  # older files re-aggregate
 
 
 def _finish(task: Task, adapter, run: RunDir, config: dict, records: list[dict], summary: dict, **prov_extra) -> dict:
@@ -299,20 +312,13 @@ def _run_sharded(task: Task, adapter: TextAdapter | None, out_dir, progress: boo
     def plan():  # every rank validates: the checks are deterministic, and the ranks need the resolved config
         if not task.shards and world.size > 1:
             raise UserError(f"task {task.name} does not share its work among ranks; run it without torchrun")
-        check_capabilities(task, adapter)
-        identity = adapter.identity() if adapter is not None else {}
-        config = task.hashed_config(adapter)
-        chash = config_hash({"task": task.name, **config, **identity})
-        legacy = tuple(config_hash({**old, **identity}) for old in task.legacy_hashed_configs(adapter, config))
-        return config, chash, legacy
+        return _plan(task, adapter)
 
     config, chash, legacy = world.agree(plan)
 
     def claim():  # rank 0 alone writes the manifest and takes in rank files an interrupted run left
-        path = Path(out_dir) if out_dir is not None else _existing_legacy_dir(task, adapter, chash, legacy)
-        run = RunDir.claim(path, task.name, chash, config, legacy)
-        finished = run.load_results() if task.reuse_finished else None
-        return str(run.path), run.created, finished if finished is not None and "summary" in finished else None
+        run, finished = _claim(task, adapter, out_dir, config, chash, legacy)
+        return str(run.path), run.created, finished
 
     path, created, finished = world.from_main(claim)
     if finished is not None:
