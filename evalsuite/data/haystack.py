@@ -167,3 +167,19 @@ def _repeat_pass(one_pass: str, tokenizer: Tokenizer, n_tokens: int, source: str
         if len(ids) >= n_tokens:
             return Haystack(text, ids, complete=True, passes=k, source=source, n_prefix=n_prefix)
         k += 1
+
+
+class LastHaystack:
+    """The haystack of the last :meth:`get`, kept while the same one is asked for again: a task's ``evaluate`` runs
+    once per batch under torchrun, and the haystack of a long grid costs seconds to build."""
+
+    def __init__(self):
+        self._key: tuple | None = None
+        self._haystack: Haystack | None = None
+
+    def get(self, source: str, tokenizer: Tokenizer, n_tokens: int, seed: int = 0) -> Haystack:
+        """:func:`load_haystack`'s result for these arguments."""
+        key = (source, tokenizer.spec, n_tokens, seed)
+        if key != self._key:
+            self._key, self._haystack = key, load_haystack(source, tokenizer, n_tokens, seed)
+        return self._haystack

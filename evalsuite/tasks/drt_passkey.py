@@ -31,12 +31,12 @@ import numpy as np
 import torch
 
 from evalsuite.adapters.base import TOKENS, TokenAdapter
-from evalsuite.data.haystack import SYNTHETIC, Haystack, haystack_identity, load_haystack
+from evalsuite.data.haystack import SYNTHETIC, Haystack, LastHaystack, haystack_identity
 from evalsuite.errors import UserError
 from evalsuite.metrics.cells import cell_means, within_beyond
 from evalsuite.rundir import RunDir
 from evalsuite.tasks.base import RUNS_ROOT, Item, ItemTask, register_task, run_task
-from evalsuite.tasks.niah import Cell, cells_by_length, preset_for, split_by_max_length
+from evalsuite.tasks.niah import Cell, cells_by_length, items_by_length, preset_for, split_by_max_length
 from evalsuite.tokenizers import Tokenizer
 
 SUBTASKS = {"2hop": "2hop-drt", "passkey": "passkey-drt"}
@@ -220,6 +220,10 @@ class DrtPasskeyTask(ItemTask):
     needs = frozenset({TOKENS})
     Config = DrtConfig
 
+    def __init__(self, config: DrtConfig | None = None):
+        super().__init__(config)
+        self._haystack = LastHaystack()
+
     def hashed_config(self, adapter: TokenAdapter) -> dict:
         config = self.config
         self.preset_name, preset = preset_for(config.preset, adapter.device.type)
@@ -260,18 +264,14 @@ class DrtPasskeyTask(ItemTask):
 
     def batches(self, adapter: TokenAdapter, items: Sequence[Item]) -> list[list[Item]]:
         """The cells :meth:`evaluate` scores in one forward pass: up to ``batch_size`` of one length."""
-        by_cell = {it.data: it for it in items}
-        groups = cells_by_length([it.data for it in items], self.config.batch_size)
-        return [[by_cell[c] for c in group] for group in groups]
+        return items_by_length(items, self.config.batch_size)
 
     def evaluate(self, adapter: TokenAdapter, items: Sequence[Item], run: RunDir) -> Iterator[dict]:
         if not items:
             return
-        # one haystack window per sample; kept for the next call (under torchrun each batch is a call of its own)
-        source = (self.config.haystack, adapter.tokenizer.spec, max(self.lengths) * self.samples, self.config.seed)
-        if getattr(self, "_haystack", None) is None or self._haystack[0] != source:
-            self._haystack = (source, load_haystack(source[0], adapter.tokenizer, *source[2:]))
-        haystack = self._haystack[1]
+        # one haystack window per sample
+        haystack = self._haystack.get(self.config.haystack, adapter.tokenizer, max(self.lengths) * self.samples,
+                                      self.config.seed)  # fmt: skip
         for batch in cells_by_length([it.data for it in items], self.config.batch_size):
             yield from self._records(adapter, batch, haystack, run.config_hash)
 

@@ -32,7 +32,14 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from evalsuite.adapters.base import GenerationConfig, TextAdapter
-from evalsuite.data.haystack import SYNTHETIC, Haystack, decode_skip_special, haystack_identity, load_haystack
+from evalsuite.data.haystack import (
+    SYNTHETIC,
+    Haystack,
+    LastHaystack,
+    decode_skip_special,
+    haystack_identity,
+    load_haystack,
+)
 from evalsuite.errors import UserError
 from evalsuite.metrics.cells import cell_means, within_beyond
 from evalsuite.metrics.judge import OpenAIJudge
@@ -258,6 +265,12 @@ def cells_by_length(cells: Sequence[Cell], size: int | Callable[[int], int]) -> 
             yield group[i : i + n]
 
 
+def items_by_length(items: Sequence[Item], size: int | Callable[[int], int]) -> list[list[Item]]:
+    """:func:`cells_by_length` over items whose data are cells (the units a rank gets under torchrun)."""
+    by_cell = {it.data: it for it in items}
+    return [[by_cell[c] for c in group] for group in cells_by_length([it.data for it in items], size)]
+
+
 def split_by_max_length(cells: list[Cell], max_length: int | None, model: str) -> tuple[list[Cell], list[dict]]:
     """(cells the model can take, notes on the lengths skipped beyond its max_length); none left is an error."""
     skipped = sorted({c.length for c in cells if max_length is not None and c.length > max_length})
@@ -357,7 +370,7 @@ class NiahTask(ItemTask):
         self.judge = (
             judge if judge is not None else (OpenAIJudge.from_spec(self.config.judge) if self.config.judge else None)
         )
-        self._haystack: tuple | None = None  # (source, Haystack) of the last evaluate call
+        self._haystack = LastHaystack()
 
     def hashed_config(self, adapter: TextAdapter) -> dict:
         self.resolved = resolve_config(self.config, adapter.device.type)
@@ -383,9 +396,7 @@ class NiahTask(ItemTask):
 
     def batches(self, adapter: TextAdapter, items: Sequence[Item]) -> list[list[Item]]:
         """The cells :meth:`evaluate` generates for together: up to a batch of prompts of one length."""
-        by_cell = {it.data: it for it in items}
-        size = self._cells_per_call(adapter, len(subtasks(self.resolved)))
-        return [[by_cell[c] for c in group] for group in cells_by_length([it.data for it in items], size)]
+        return items_by_length(items, self._cells_per_call(adapter, len(subtasks(self.resolved))))
 
     def execute(self, adapter: TextAdapter, run: RunDir, progress: bool = True) -> list[dict]:
         if self.judge is not None:
@@ -403,11 +414,8 @@ class NiahTask(ItemTask):
             return
         config, tok = self.resolved, adapter.tokenizer
         # FoX repeats a short haystack to the grid's longest length (the whole grid's, so a resumed run sees
-        # the same text). Kept for the next call: under torchrun each batch is a call of its own.
-        source = (config.haystack, tok.spec, max(config.lengths), config.seed)
-        if self._haystack is None or self._haystack[0] != source:
-            self._haystack = (source, load_haystack(*source[:1], tok, *source[2:]))
-        haystack = self._haystack[1]
+        # the same text).
+        haystack = self._haystack.get(config.haystack, tok, max(config.lengths), config.seed)
         done = run.latest()
         per_cell = len(subtasks(config))
         for batch in cells_by_length([it.data for it in items], self._cells_per_call(adapter, per_cell)):
