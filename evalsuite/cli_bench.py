@@ -12,6 +12,14 @@ from evalsuite.cli import DeviceOpt, _csv_list, bench_app
 from evalsuite.errors import UserError
 
 
+def _check_choices(chosen: dict[str, list[str]], allowed: dict[str, tuple[str, ...]]) -> None:
+    """A UserError naming the first option with a value outside its ``allowed`` choices."""
+    for option, values in chosen.items():
+        bad = [v for v in values if v not in allowed[option]]
+        if bad:
+            raise UserError(f"unknown {option} value(s) {', '.join(bad)}; choose from {', '.join(allowed[option])}")
+
+
 @bench_app.command("attention")
 def bench_attention_cmd(
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (JSON, PNG).")] = Path("results/bench/run"),
@@ -68,11 +76,7 @@ def bench_linear_cmd(
 
     chosen = {"--ops": _csv_list(ops, str, "--ops"), "--providers": _csv_list(providers, str, "--providers"),
               "--modes": _csv_list(modes, str, "--modes")}  # fmt: skip
-    allowed = {"--ops": linear.OPS, "--providers": linear.PROVIDERS, "--modes": linear.MODES}
-    for option, values in chosen.items():
-        bad = [v for v in values if v not in allowed[option]]
-        if bad:
-            raise UserError(f"unknown {option} value(s) {', '.join(bad)}; choose from {', '.join(allowed[option])}")
+    _check_choices(chosen, {"--ops": linear.OPS, "--providers": linear.PROVIDERS, "--modes": linear.MODES})
     linear.bench_linear(out, seq_lens=_csv_list(seq_lens, int, "--seq-lens"), ops=chosen["--ops"],
                         providers=chosen["--providers"] or None, modes=chosen["--modes"])  # fmt: skip
     typer.echo(f"wrote {out}/{linear.JSON_NAME}, .png and .md")
@@ -100,11 +104,7 @@ def bench_gca_cmd(
 
     chosen = {"--providers": _csv_list(providers, str, "--providers"), "--modes": _csv_list(modes, str, "--modes"),
               "--softmax-one": _csv_list(softmax_one, str, "--softmax-one")}  # fmt: skip
-    allowed = {"--providers": gca.PROVIDERS, "--modes": gca.MODES, "--softmax-one": ("off", "on")}
-    for option, values in chosen.items():
-        bad = [v for v in values if v not in allowed[option]]
-        if bad:
-            raise UserError(f"unknown {option} value(s) {', '.join(bad)}; choose from {', '.join(allowed[option])}")
+    _check_choices(chosen, {"--providers": gca.PROVIDERS, "--modes": gca.MODES, "--softmax-one": ("off", "on")})
     if dtype not in ("bfloat16", "float16", "float32"):
         raise UserError("--dtype must be bfloat16, float16 or float32")
     one = [s == "on" for s in chosen["--softmax-one"]]
