@@ -67,16 +67,10 @@ class EagerStepDecoder:
         return self.model(ids, state=self.state)[:, -1]
 
 
-def static_decoder(model, batch: int, capacity: int, start: torch.Tensor | None = None):
-    """The family's graph-safe decoder, or None where it offers none (``CausalLM.static_decoder``'s default)."""
-    make = getattr(model, "static_decoder", None)
-    return None if make is None else make(batch, capacity, start)
-
-
 def static_support(model) -> str | None:
     """What the family's static decoder allows on the model's device and backend: ``"graph"`` (graph-safe),
     ``"static"`` (eager steps only) or None (no static decoder); probed with a one-sequence, two-position state."""
-    decoder = static_decoder(model, 1, 2)
+    decoder = model.static_decoder(1, 2)
     return None if decoder is None else ("graph" if decoder.graph_safe else "static")
 
 
@@ -202,7 +196,7 @@ def _decoder(model, path: str, device: torch.device, greedy: bool, batch: int, c
         raise UserError("decode path 'graph' needs a CUDA device and greedy decoding (temperature 0)")
     if path == "eager" or (path == "auto" and (device.type != "cuda" or not greedy)):
         return EagerStepDecoder(model, batch, capacity, start), "eager"
-    fast = static_decoder(model, batch, capacity, start)
+    fast = model.static_decoder(batch, capacity, start)
     if fast is None and path == "auto":
         return EagerStepDecoder(model, batch, capacity, start), "eager"
     if fast is None:
