@@ -272,13 +272,17 @@ def generate(
 
 
 def bytes_per_prompt(model, length: int, new_tokens: int, dtype: torch.dtype) -> int:
-    """Device bytes one more prompt of ``length`` tokens adds to a generate call of ``new_tokens``: its decode state
-    at ``length + new_tokens`` (the capacity a call preallocates), its prefill activations
-    (:data:`ACTIVATION_FACTOR` float32 vectors of the model width per token) and its logits row (float32 ``[V]``,
-    three times: logits, probabilities, sorted probabilities when sampling)."""
+    """Device bytes one more prompt of ``length`` tokens adds to a generate call of ``new_tokens`` on our ``model``:
+    :func:`prompt_bytes` with its decode state at ``length + new_tokens`` (the capacity a call preallocates)."""
     state = int(model.decode_state_size(length + new_tokens, dtype)["bytes"])
-    activations = ACTIVATION_FACTOR * length * model.input_embedding.embedding_dim * 4
-    return state + activations + 3 * model.vocab_size * 4
+    return prompt_bytes(state, length, model.input_embedding.embedding_dim, model.vocab_size)
+
+
+def prompt_bytes(state: int, length: int, width: int, vocab: int) -> int:
+    """A prompt's ``state`` bytes, its prefill activations (:data:`ACTIVATION_FACTOR` float32 vectors of the model
+    ``width`` per token) and its logits row (float32 ``[vocab]``, three times: logits, probabilities, sorted
+    probabilities when sampling)."""
+    return state + ACTIVATION_FACTOR * length * width * 4 + 3 * vocab * 4
 
 
 def batch_for_memory(per_prompt: int, free: int, *, headroom: float = HEADROOM, cap: int = MAX_PROMPTS) -> int:

@@ -34,7 +34,7 @@ import torch
 
 from evalsuite.adapters.base import GenerationConfig
 from evalsuite.errors import UserError
-from evalsuite.generation import ACTIVATION_FACTOR, HEADROOM, bytes_per_prompt, free_device_bytes
+from evalsuite.generation import HEADROOM, bytes_per_prompt, free_device_bytes, prompt_bytes
 
 PATHS = ("eager", "static", "graph")
 DEFAULT_MODELS = ("fox-pro",)  # the 760M FoX (Pro) shapes of the paper
@@ -157,7 +157,7 @@ def cell_bytes(adapter, length: int, batch: int, new_tokens: int) -> int | None:
     kv = _hf_kv_bytes(adapter.config, length + new_tokens, adapter.dtype)
     if kv is None:
         return None
-    return batch * (kv + ACTIVATION_FACTOR * length * adapter.config.hidden_size * 4 + 3 * adapter.vocab * 4)
+    return batch * prompt_bytes(kv, length, adapter.config.hidden_size, adapter.vocab)
 
 
 def free_bytes(device: torch.device) -> int | None:
