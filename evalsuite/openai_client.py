@@ -68,7 +68,7 @@ class OpenAIClient:
 
     Args:
         api_key / base_url: default to ``$<api_key_env>`` / ``$OPENAI_BASE_URL``. A missing key is a UserError
-            naming ``purpose`` when ``require_key`` (the default); otherwise a placeholder is sent.
+            naming ``purpose`` when ``require_key`` (the default); otherwise the key ``none`` is sent.
         max_attempts: tries per request; backoff / max_backoff: the first retry delay in seconds, doubled per retry,
             capped (``Retry-After`` is capped too); timeout: seconds per attempt; sleep: tests pass a recorder.
     """
