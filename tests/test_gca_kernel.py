@@ -144,6 +144,20 @@ def test_dispatcher_and_input_rules():
     assert dw.dtype == torch.float64
 
 
+def test_auto_keeps_fp32_backward_within_shared_memory():
+    """H100 measurement (scripts/gpu_gca_check.py): the fp32 backward of a 65-row chunk needs 246-288 KB of shared
+    memory, over the 227 KB there; "auto" sends fp32 chunks of more than 64 rows with a gradient to the reference."""
+    from evalsuite.kernels.grouped_cross import _fits_triton
+
+    def fits(Sq, D, dtype, grad=True):
+        q, k, v, w, _ = make_inputs(1, 1, Sq, 2, 8, 1, D)
+        return _fits_triton(q.to(dtype).requires_grad_(grad), k, v, w)
+
+    assert fits(64, 64, torch.float32) and fits(65, 64, torch.bfloat16) and fits(128, 64, torch.float16)
+    assert not fits(65, 64, torch.float32) and not fits(64, 128, torch.float32)
+    assert fits(65, 64, torch.float32, grad=False) and not fits(MAX_TRITON_SQ + 1, 64, torch.bfloat16)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The reference itself
 # ---------------------------------------------------------------------------------------------------------------

@@ -39,8 +39,16 @@ def _triton_inputs(q, k, v):
 
 
 def _fits_triton(q, k, v, w) -> bool:
+    """The backward keeps a whole query chunk in one block: up to MAX_TRITON_SQ rows, and in float32 at most 64 rows
+    and one 64 x 64 tile (a 65-row chunk, a 128-row block, needs 246 KB of shared memory at D = 32 and 288 KB at
+    D = 64; an H100 has 227 KB)."""
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, w))
-    return q.shape[2] <= MAX_TRITON_SQ or not needs_grad
+    if not needs_grad:
+        return True
+    device = q.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else q.dtype
+    rows = max(16, 1 << (q.shape[2] - 1).bit_length())
+    return q.shape[2] <= MAX_TRITON_SQ and (dtype != torch.float32 or (rows <= 64 and rows * q.shape[-1] <= 64 * 64))
 
 
 def grouped_cross_attention(q, k, v, w, *, softmax_one: bool = True, scale: float | None = None, backend: str = "auto"):

@@ -25,8 +25,7 @@ class FoxStaticDecoder(StaticDecoder):
         self.state = model.new_state(batch, capacity, start)
         device = model.embed.weight.device
         self.length = torch.zeros(1, dtype=torch.long, device=device)
-        probe = torch.empty(0, dtype=self.state.layers[0].k.dtype, device=device)
-        self.graph_safe = cached_attention_graph_safe(probe, model.attention_backend)
+        self.graph_safe = cached_attention_graph_safe(self.state.layers[0].k, model.attention_backend)
 
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
         hidden = self.model(input_ids, state=self.state)
