@@ -64,8 +64,12 @@ class ModelCard:
             raise UserError(f"model card {self.name}: {e}") from None
 
     def build_module(self):
-        """A fresh, uninitialised module of this card's architecture."""
-        return self.family.build(self.model_config())
+        """A fresh, uninitialised module of this card's architecture: fill it with ``init_weights(seed)`` or a
+        checkpoint (torch's default random init is skipped, see :func:`~evalsuite.models.base.skip_random_init`)."""
+        from evalsuite.models.base import skip_random_init
+
+        with skip_random_init():
+            return self.family.build(self.model_config())
 
     def with_config(self, overrides: dict) -> ModelCard:
         """This card with config ``overrides`` on top (e.g. MQAR's widths)."""

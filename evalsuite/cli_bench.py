@@ -128,7 +128,9 @@ def bench_generate_cmd(
     ),
     batches: Annotated[str, typer.Option(help="Comma-separated batch sizes.")] = "1,8,32",
     new_tokens: Annotated[int, typer.Option(help="Tokens per timed generate call.")] = 128,
-    paths: Annotated[str, typer.Option(help="Comma-separated decode paths: eager, static, graph.")] = "eager,graph",
+    paths: Annotated[
+        str, typer.Option(help="Comma-separated decode paths: eager, static, graph, compiled.")
+    ] = "eager,graph",
     device: DeviceOpt = "auto",
     dtype: Annotated[
         str | None, typer.Option(help="float32, bfloat16 or float16 (default: bfloat16 on CUDA, float32 on CPU).")

@@ -11,6 +11,9 @@ Decode paths (``path``):
   stepped eagerly.
 * ``graph``: the static decoder's step, the LM head and the argmax recorded once per call as a CUDA graph
   (:class:`CudaGraphStep`) and replayed per token; greedy decoding on CUDA, with a decoder whose ``graph_safe``.
+* ``compiled``: ``graph`` over the decoder's step put through ``torch.compile`` first
+  (:meth:`~evalsuite.models.base.StaticDecoder.compile_step`: the step's many small kernels fused), where the
+  family offers it (FoX).
 * ``auto``: on CUDA with greedy decoding, ``graph`` where the family's static decoder is graph-safe, ``static``
   where it is not; else ``eager``. The CPU keeps the eager path and never touches ``torch.cuda``.
 
@@ -34,7 +37,7 @@ import torch
 from evalsuite.adapters.base import Generation, GenerationConfig, apply_stop
 from evalsuite.errors import UserError
 
-PATHS = ("auto", "eager", "static", "graph")
+PATHS = ("auto", "eager", "static", "graph", "compiled")
 SYNC_EVERY = 16  # tokens between host checks of EOS / stop strings on the greedy path
 GRAPH_WARMUP = 2  # eager steps on a side stream before the capture
 
@@ -192,8 +195,8 @@ def _decoder(model, path: str, device: torch.device, greedy: bool, batch: int, c
     """(decoder, the path taken): see the module docstring; an impossible explicit path is a UserError."""
     if path not in PATHS:
         raise UserError(f"unknown decode path {path!r}; choose from {', '.join(PATHS)}")
-    if path == "graph" and (device.type != "cuda" or not greedy):
-        raise UserError("decode path 'graph' needs a CUDA device and greedy decoding (temperature 0)")
+    if path in ("graph", "compiled") and (device.type != "cuda" or not greedy):
+        raise UserError(f"decode path {path!r} needs a CUDA device and greedy decoding (temperature 0)")
     if path == "eager" or (path == "auto" and (device.type != "cuda" or not greedy)):
         return EagerStepDecoder(model, batch, capacity, start), "eager"
     fast = model.static_decoder(batch, capacity, start)
@@ -201,9 +204,11 @@ def _decoder(model, path: str, device: torch.device, greedy: bool, batch: int, c
         return EagerStepDecoder(model, batch, capacity, start), "eager"
     if fast is None:
         raise UserError(f"decode path {path!r}: {type(model).__name__} offers no static decoder; use eager or auto")
-    if path == "graph" and not fast.graph_safe:
-        raise UserError(f"decode path 'graph': {type(model).__name__}'s static step is not graph-safe with backend "
+    if path in ("graph", "compiled") and not fast.graph_safe:
+        raise UserError(f"decode path {path!r}: {type(model).__name__}'s static step is not graph-safe with backend "
                         f"{model.attention_backend!r} on {device}")  # fmt: skip
+    if path == "compiled" and not fast.compile_step():
+        raise UserError(f"decode path 'compiled': {type(model).__name__} offers no compiled step; use graph")
     return fast, ("graph" if fast.graph_safe else "static") if path == "auto" else path
 
 
@@ -235,7 +240,7 @@ def generate(
     def select(logits):  # [B, V] -> [B] on the device
         return logits.argmax(-1) if greedy else sample_next(logits, config, gen)
 
-    if taken == "graph":
+    if taken in ("graph", "compiled"):
         step = CudaGraphStep(model, decoder)
     else:
 

@@ -35,7 +35,7 @@ for step in $STEPS; do
         gca) run_step gca python3 scripts/gpu_gca_check.py --out "$OUT/gca" ;;
         generate_check) run_step generate_check python3 scripts/gpu_generate_check.py --out "$OUT/generate_check" ;;
         generate_bench) run_step generate_bench python3 -m evalsuite.cli bench generate --out "$OUT/generate_bench" \
-            --lengths 1024,4096,16384 --batches 1,8 --paths eager,graph --new-tokens 128 ;;
+            --lengths 1024,4096,16384 --batches 1,8 --paths eager,graph,compiled --new-tokens 128 ;;
         drt_memory) run_step drt_memory python3 scripts/drt_memory.py --out "$OUT/drt_memory" ;;
         torchrun) run_step torchrun python3 scripts/torchrun_overhead.py --out "$OUT/torchrun" --model fox-pro-random \
             --device cuda --dtype bfloat16 --length 16384 --repeats 3 ;;

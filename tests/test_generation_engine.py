@@ -150,6 +150,9 @@ def test_bad_paths_are_one_line_errors():
     adapter = NativeAdapter(load_card("fox-pro-tiny"), device="cpu", decode_path="graph")
     with pytest.raises(UserError, match="'graph' needs a CUDA device"):
         adapter.generate([[1, 2, 3]], GenerationConfig(max_new_tokens=2))
+    adapter.decode_path = "compiled"
+    with pytest.raises(UserError, match="'compiled' needs a CUDA device"):
+        adapter.generate([[1, 2, 3]], GenerationConfig(max_new_tokens=2))
 
 
 def test_finisher_takes_blocks_like_single_tokens():
@@ -213,3 +216,30 @@ def test_niah_batch_size_auto(tmp_path):
     assert {r["length"] for r in results["records"]} == {300}
     fixed = run_niah(adapter, replace(config, batch_size=4), tmp_path / "run4", progress=False)
     assert results["config_hash"] == fixed["config_hash"]  # the batch size is not part of the configuration
+
+
+def test_compiled_fox_step_equals_the_static_step():
+    """The ``compiled`` path's step (torch.compile of FoxStaticDecoder's device part; on CUDA it is then captured as
+    a CUDA graph) gives the static step's hidden states on the CPU, with left padding, across two cache sizes (the
+    second compiles with a dynamic cache length) and keeps the host-side length count."""
+    torch.manual_seed(0)
+    model = load_card("fox-pro-tiny").build_module()
+    model.init_weights(0)
+    model.eval()
+    for T, capacity in ((5, 12), (9, 20)):
+        ids = torch.randint(0, 100, (2, T))
+        start = torch.tensor([0, 2])
+        plain, compiled = model.static_decoder(2, capacity, start), model.static_decoder(2, capacity, start)
+        assert compiled.compile_step()
+        with torch.inference_mode():
+            torch.testing.assert_close(compiled.prefill(ids), plain.prefill(ids))
+            tok = ids[:, -1:]
+            for _ in range(4):
+                want = plain.step(tok)
+                torch.testing.assert_close(compiled.step(tok), want, atol=1e-5, rtol=1e-5)
+                tok = model.logits(want).argmax(-1)[:, None]
+        assert compiled.state.length == plain.state.length == T + 4
+        assert int(compiled.length) == T + 4
+    gsa = load_card("gsa-tiny").build_module()
+    gsa.init_weights(0)
+    assert not gsa.static_decoder(1, 2).compile_step()  # the recurrent families do not offer it

@@ -181,3 +181,24 @@ def test_static_decoder_steps_equal_cached_forward(arch, padded):
     assert not decoder.graph_safe  # CPU: the reference attention slices the cache on the host
     torch.testing.assert_close(torch.stack(got), torch.stack(want), atol=1e-6, rtol=1e-6)
     assert int(decoder.length) == decoder.state.length == prompt + new and decoder.state.nbytes() == cache.nbytes()
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["fox-pro-tiny", "fox-llama-tiny", "transformer-pro-tiny", "transformer-llama-tiny", "gsa-tiny", "tnl-tiny",
+     "drt-tiny", "fox-pro-timescale-init"],
+)  # fmt: skip
+def test_skipping_torch_default_init_leaves_the_same_weights(name):
+    """build_module skips torch's random default init (start-up time); init_weights must fill every tensor itself,
+    so the weights equal those of a module built with the default init first."""
+    card = load_card(name)
+    if name == "fox-pro-timescale-init":  # the 760M shapes: a small width keeps the test fast
+        card = card.with_config({"hidden_size": 64, "num_layers": 2, "num_heads": 2})
+    fast = card.build_module()
+    torch.manual_seed(123)  # the default init draws from the global RNG: any seed must give the same result
+    slow = card.family.build(card.model_config())
+    fast.init_weights(3)
+    slow.init_weights(3)
+    slow_state = slow.state_dict()
+    for key, tensor in fast.state_dict().items():
+        assert torch.equal(tensor, slow_state[key]), key

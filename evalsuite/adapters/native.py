@@ -90,7 +90,7 @@ class NativeAdapter(TokenAdapter):
         if decode_path not in engine.PATHS:
             raise UserError(f"unknown decode path {decode_path!r}; choose from {', '.join(engine.PATHS)}")
         self.card = card
-        self.decode_path = decode_path  # evalsuite.generation.PATHS: auto, eager, static or graph
+        self.decode_path = decode_path  # evalsuite.generation.PATHS: auto, eager, static, graph or compiled
         self.sync_every = engine.SYNC_EVERY
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype)

@@ -36,7 +36,7 @@ from evalsuite.adapters.base import GenerationConfig
 from evalsuite.errors import UserError
 from evalsuite.generation import HEADROOM, bytes_per_prompt, free_device_bytes, prompt_bytes
 
-PATHS = ("eager", "static", "graph")
+PATHS = ("eager", "static", "graph", "compiled")
 DEFAULT_MODELS = ("fox-pro",)  # the 760M FoX (Pro) shapes of the paper
 DEFAULT_LENGTHS = tuple(2**i for i in range(10, 17))  # 1K .. 64K
 DEFAULT_BATCHES = (1, 8, 32)
@@ -101,19 +101,23 @@ def set_path(adapter, path: str) -> str | None:
 
     cuda = adapter.device.type == "cuda"
     if _native(adapter):
-        if path == "graph" and not cuda:
+        if path in ("graph", "compiled") and not cuda:
             return "needs CUDA"
         with adapter._autocast():  # graph safety may depend on the cache dtype
             support = static_support(adapter.model) if path != "eager" else None
         if path != "eager" and support is None:
             return f"{type(adapter.model).__name__} offers no static decoder"
-        if path == "graph" and support != "graph":
+        if path in ("graph", "compiled") and support != "graph":
             return f"{type(adapter.model).__name__}'s static step is not graph-safe here"
+        if path == "compiled" and not adapter.model.static_decoder(1, 2).compile_step():  # compiles lazily: cheap
+            return f"{type(adapter.model).__name__} offers no compiled step"
         adapter.decode_path = path
         return None
     if isinstance(adapter, HFAdapter):
         if path != "eager" and not cuda:
             return "needs CUDA"
+        if path == "compiled":
+            return "its graph path is the compiled one (static cache + torch.compile)"
         adapter.cache, adapter.compile = ("dynamic", False) if path == "eager" else ("static", path == "graph")
         return None
     return f"{type(adapter).__name__} has no decode paths" if path != "eager" else None
@@ -362,7 +366,7 @@ def plot_generate_bench(records, path, env=None) -> None:
     fig = Figure(figsize=(5.5 * len(models), 7.5))
     axes = fig.subplots(2, len(models), squeeze=False)
     batches = sorted({r["batch"] for r in ok})
-    styles = dict(zip(PATHS, ("-", "-.", "--"), strict=True))
+    styles = dict(zip(PATHS, ("-", "-.", "--", ":"), strict=True))
     for col, model in enumerate(models):
         ax_d, ax_p = axes[0][col], axes[1][col]
         for i, B in enumerate(batches):

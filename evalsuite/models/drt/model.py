@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from evalsuite.kernels.grouped_cross import BACKENDS
-from evalsuite.models.base import EmbeddingHeadLM
+from evalsuite.models.base import EmbeddingHeadLM, normal_init_
 from evalsuite.models.drt.layers import ChunkEncoder, DecoderLayer, GCAPlan, drt_alibi_slopes
 from evalsuite.models.drt.memory import ChunkMemory, ChunkMemoryState, Retrieval, RowGroup
 from evalsuite.models.layers import RMSNorm
@@ -201,7 +201,7 @@ class DRTForCausalLM(EmbeddingHeadLM):
             if p.dim() == 1:
                 p.fill_(1.0)
             else:
-                p.copy_(torch.randn(p.shape, generator=gen) * self.cfg.initializer_range)
+                normal_init_(p, self.cfg.initializer_range, gen)
         for name, b in self.named_buffers():
             if name.endswith("self_attn.m"):
                 b.copy_(drt_alibi_slopes(self.cfg.num_heads))

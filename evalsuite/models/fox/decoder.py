@@ -26,6 +26,7 @@ class FoxStaticDecoder(StaticDecoder):
         device = model.embed.weight.device
         self.length = torch.zeros(1, dtype=torch.long, device=device)
         self.graph_safe = cached_attention_graph_safe(self.state.layers[0].k, model.attention_backend)
+        self._device_step = self._step_on_device
 
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
         hidden = self.model(input_ids, state=self.state)
@@ -36,6 +37,16 @@ class FoxStaticDecoder(StaticDecoder):
         return hidden[:, -1]
 
     def step(self, input_ids: torch.Tensor) -> torch.Tensor:
+        hidden = self._device_step(input_ids)
+        self.state.length += 1  # the host-side count, outside what compile_step compiles
+        return hidden
+
+    def compile_step(self) -> bool:
+        self._device_step = torch.compile(self._step_on_device)  # dynamic after the first new cache size
+        return True
+
+    def _step_on_device(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The step without host-side state: what a CUDA graph replays (and ``torch.compile`` may fuse)."""
         model, state = self.model, self.state
         B = input_ids.shape[0]
         positions = self.length.expand(B)[:, None]  # absolute positions counted from each sequence's start
@@ -45,5 +56,4 @@ class FoxStaticDecoder(StaticDecoder):
         for block, cache in zip(model.blocks, state.layers, strict=True):
             h = block.step(h, positions, cache, self.length, state.start, model.attention_backend)
         self.length += 1
-        state.length += 1
         return model.norm(h)[:, -1]

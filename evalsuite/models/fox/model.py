@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from evalsuite.kernels.forgetting import BACKENDS, attention, cached_attention, cumsum_over_time
-from evalsuite.models.base import DecodeState, EmbeddingHeadLM
+from evalsuite.models.base import DecodeState, EmbeddingHeadLM, normal_init_
 from evalsuite.models.fox.decoder import FoxStaticDecoder
 from evalsuite.models.layers import HeadRMSNorm, RMSNorm, ShiftProjection, SwiGLU, rope
 
@@ -342,7 +342,7 @@ class ForgettingTransformer(EmbeddingHeadLM):
             elif name.endswith("bias"):
                 p.zero_()
             else:
-                p.copy_(torch.randn(p.shape, generator=gen) * self.cfg.initializer_range)
+                normal_init_(p, self.cfg.initializer_range, gen)
         if self.cfg.decay_time_min is not None:
             bias = decay_time_bias(self.cfg.num_heads, self.cfg.decay_time_min, self.cfg.decay_time_max)
             for block in self.blocks:

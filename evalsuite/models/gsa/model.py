@@ -26,7 +26,7 @@ from torch import nn
 
 from evalsuite.kernels.gated_slot import BACKENDS, gated_slot_attention
 from evalsuite.kernels.gated_slot import triton_available as gsa_triton_available
-from evalsuite.models.base import EmbeddingHeadLM, RecurrentState, RecurrentStaticDecoder
+from evalsuite.models.base import EmbeddingHeadLM, RecurrentState, RecurrentStaticDecoder, normal_init_
 from evalsuite.models.layers import RMSNorm, SwiGLU, rms_norm
 
 FEATURE_MAPS = ("swish", "relu", "identity")
@@ -194,7 +194,7 @@ class GSAForCausalLM(EmbeddingHeadLM):
                 std = self.cfg.initializer_range * (
                     rescale if name.endswith(("o_proj.weight", "down_proj.weight")) else 1
                 )
-                p.copy_(torch.randn(p.shape, generator=gen) * std)
+                normal_init_(p, std, gen)
 
     def new_state(self, batch: int, capacity: int, start: torch.Tensor | None = None) -> RecurrentState:
         """Zero ``(hk [B, H, dk, m], hv [B, H, m, dv])`` float32 per layer; ``capacity`` is irrelevant (the state

@@ -32,7 +32,7 @@ from torch import nn
 
 from evalsuite.kernels.lightning import BACKENDS, lightning_attention
 from evalsuite.kernels.lightning import triton_available as lightning_triton_available
-from evalsuite.models.base import EmbeddingHeadLM, RecurrentState, RecurrentStaticDecoder
+from evalsuite.models.base import EmbeddingHeadLM, RecurrentState, RecurrentStaticDecoder, normal_init_
 from evalsuite.models.layers import rms_norm
 
 DECAY_SCHEDULES = ("code", "paper")
@@ -210,7 +210,7 @@ class TransNormerLLM(EmbeddingHeadLM):
             if name.endswith("lrpe_theta"):
                 p.copy_(lrpe_theta(self.cfg.num_heads, self.cfg.head_dim))
             else:
-                p.copy_(torch.randn(p.shape, generator=gen) * self.cfg.initializer_range)
+                normal_init_(p, self.cfg.initializer_range, gen)
 
     def new_state(self, batch: int, capacity: int, start: torch.Tensor | None = None) -> RecurrentState:
         """Zero ``kv [B, H, dk, dv]`` float32 per layer (dk doubled on LRPE layers); ``capacity`` is irrelevant (the
