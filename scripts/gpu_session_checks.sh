@@ -7,8 +7,8 @@
 # Each step writes $OUT/<step>/ and a DONE marker; a rerun skips finished steps (a machine lost mid-way costs one
 # step). Logs: $OUT/log.txt. Copy the folders to results/bench/<device>/ to commit them.
 #   gca             scripts/gpu_gca_check.py: GCA kernel parity (fwd + grads vs float64), block sweep, benchmark
-#   generate_check  scripts/gpu_generate_check.py: graph / static / eager greedy parity per family, 760M FoX (Pro)
-#   generate_bench  evalsuite bench generate: FoX (Pro) 760M shapes, 1K-16K, batch 1 and 8, eager vs graph
+#   generate_check  scripts/gpu_generate_check.py: compiled/graph/static/eager greedy parity per family, 760M FoX (Pro)
+#   generate_bench  evalsuite bench generate: FoX (Pro) 760M shapes, 1K-16K, batch 1 and 8, eager, graph, compiled
 #   drt_memory      scripts/drt_memory.py: DRT chunk memory on the GPU vs in CPU memory, 16K-256K
 #   torchrun        scripts/torchrun_overhead.py: torchrun --nproc-per-node 1 vs a plain run (records, overhead)
 set -uo pipefail

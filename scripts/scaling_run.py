@@ -27,10 +27,10 @@ rank ``OMP_NUM_THREADS=1`` when N > 1 and the variable is unset; export it to gi
 
 Records compared with the baseline's: every record of ``records.jsonl`` by key, and ``results.json``'s ``config``,
 ``config_hash``, ``records`` and ``summary``. Fields that legitimately differ and are ignored: ``results.json``'s
-``provenance`` (creation time, ``world_size``) and ``run_dir``; in records, the time fields MQAR writes
-(``train_seconds``, ``history[].seconds``, ``provenance.created``). NIAH records have no time fields and must be
-equal (exit status 1 if not); MQAR differences are reported, not fatal (training on a GPU is not bitwise
-deterministic in general).
+``provenance`` (creation time, ``world_size``, ``execute_seconds``) and ``run_dir``; in records, the time fields
+MQAR writes (``train_seconds``, ``history[].seconds``, ``provenance.created``). NIAH records have no time fields
+and must be equal (exit status 1 if not); MQAR differences are reported, not fatal (training on a GPU is not
+bitwise deterministic in general).
 
 Resume (rerun the same command with the same ``--out``): a run that finished under this script (its timing in
 ``DIR/logs/<name>.json`` and its ``results.json`` present) is not redone and keeps its recorded time, so a scaling
@@ -303,6 +303,10 @@ def measured(run: Run, timing: dict, ranks: int, units: list | None) -> dict:
         "records": records,
         "cells_per_min": records / (timing["wall_s"] / 60) if timing["wall_s"] > 0 else None,
     }
+    results = json.loads((run.dir / "results.json").read_text())
+    execute_s = results["provenance"].get("execute_seconds")  # the task's own work (rank 0: until every rank ends)
+    if execute_s:
+        row["execute_s"], row["startup_s"] = execute_s, round(timing["wall_s"] - execute_s, 3)
     if units is not None:
         counts = [len(units[r::ranks]) for r in range(ranks)]
         row["units"] = len(units)
@@ -318,6 +322,8 @@ def score(rows: list[dict], base: dict, base_dir: Path, runs: dict[str, Run]) ->
         row["speedup"] = tput / tput1 if tput and tput1 else None
         row["efficiency"] = row["speedup"] / row["ranks"] if row["speedup"] is not None else None
         row["meets_target"] = row["efficiency"] >= TARGET if row["efficiency"] is not None else None
+        if row.get("execute_s") and base.get("execute_s"):  # the same without each process's start-up
+            row["work_efficiency"] = base["execute_s"] / (row["execute_s"] * row["ranks"])
         same = {"records_equal": True, "differences": [], "provenance_fields_differing": []}
         row.update(compare(base_dir, runs[row["name"]].dir) if row is not base else same)
 
@@ -429,7 +435,8 @@ def markdown(report: dict) -> str:
         f"{len(niah['config']['depths'])} depths, {niah['config']['max_new_tokens']} new tokens, "
         f"{niah['batch_size']} cells per generate call (the unit a rank gets)",
         f"- efficiency = throughput_N / (N x throughput_1), target {report['target_efficiency']}; times are whole "
-        "commands (start-up and model load included)",
+        "commands (start-up and model load included); start-up = wall - the task's own time (results.json's "
+        "`execute_seconds`, rank 0's), work efficiency = the efficiency of those task times",
     ]
     if report["note"]:
         lines.append(f"- **{report['note']}**")
@@ -439,14 +446,16 @@ def markdown(report: dict) -> str:
     for title, part in sections:
         units = "units" in part["runs"][0]
         lines += ["", f"## {title} (baseline: {part['baseline']})", ""]
-        lines.append("| run | ranks | wall s | records | cells/min | speedup | efficiency | >= target | records equal |"
-                     + (" units per rank |" if units else ""))  # fmt: skip
-        lines.append("|---|---:|---:|---:|---:|---:|---:|---|---|" + ("---|" if units else ""))
+        lines.append("| run | ranks | wall s | start-up s | records | cells/min | speedup | efficiency | >= target | "
+                     "work efficiency | records equal |" + (" units per rank |" if units else ""))  # fmt: skip
+        lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|" + ("---|" if units else ""))
         for r in part["runs"]:
             numbers = (f"{r[k]:.2f}" if r[k] is not None else "-" for k in ("cells_per_min", "speedup", "efficiency"))
             target = {True: "yes", False: "no", None: "-"}[r["meets_target"]]
-            cells = [r["name"], str(r["ranks"]), f"{r['wall_s']:.1f}", str(r["records"]), *numbers, target,
-                     "yes" if r["records_equal"] else "no"]  # fmt: skip
+            startup = f"{r['startup_s']:.1f}" if "startup_s" in r else "-"
+            work = f"{r['work_efficiency']:.2f}" if "work_efficiency" in r else "-"
+            cells = [r["name"], str(r["ranks"]), f"{r['wall_s']:.1f}", startup, str(r["records"]), *numbers, target,
+                     work, "yes" if r["records_equal"] else "no"]  # fmt: skip
             if units:
                 cells.append(",".join(map(str, r["units_per_rank"])))
             lines.append("| " + " | ".join(cells) + " |")

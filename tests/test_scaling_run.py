@@ -60,10 +60,13 @@ def test_scaling_json_records_equal_and_fields(finished):
         assert r["records_equal"] is True and r["differences"] == [] and not r["reused"]
         assert r["efficiency"] == pytest.approx(r["cells_per_min"] / (r["ranks"] * plain["cells_per_min"]))
         assert r["meets_target"] == (r["efficiency"] >= 0.9) and Path(r["run_dir"], "results.json").exists()
+        assert 0 < r["execute_s"] < r["wall_s"] and r["startup_s"] == pytest.approx(r["wall_s"] - r["execute_s"])
+        assert r["work_efficiency"] == pytest.approx(plain["execute_s"] / (r["ranks"] * r["execute_s"]))
     assert plain["speedup"] == 1 and two["units_per_rank"] == [2, 2] and two["balance_bound"] == 1
-    assert set(two["provenance_fields_differing"]) <= {"created", "world_size"}
+    assert set(two["provenance_fields_differing"]) <= {"created", "world_size", "execute_seconds"}
     md = (finished / "scaling.md").read_text()
-    assert "| niah-torchrun-2 | 2 |" in md and "share this machine's CPU cores" in md and two["command"] in md
+    assert "| niah-torchrun-2 | 2 |" in md and "work efficiency" in md
+    assert "share this machine's CPU cores" in md and two["command"] in md
 
 
 def test_rerun_reuses_finished_runs_and_retimes_an_unfinished_one(finished):

@@ -258,13 +258,14 @@ def run_task(task: Task, adapter: TextAdapter | None, out_dir: Path | str | None
         return finished
     if adapter is not None:
         adapter.attach_run(run.path)
+    t0 = time.monotonic()
     try:
         rows = task.execute(adapter, run, progress)
         records, summary = task.aggregate(rows, adapter, run)
     except BaseException:
         run.abandon()
         raise
-    return _finish(task, adapter, run, config, records, summary)
+    return _finish(task, adapter, run, config, records, summary, execute_seconds=round(time.monotonic() - t0, 3))
 
 
 def _plan(task: Task, adapter: TextAdapter | None) -> tuple[dict, str, tuple[str, ...]]:
@@ -327,6 +328,7 @@ def _run_sharded(task: Task, adapter: TextAdapter | None, out_dir, progress: boo
     world.agree(lambda: _check_shared(run))
     if adapter is not None:
         adapter.attach_run(run.path)
+    t0 = time.monotonic()
     try:
         rows = task.execute(adapter, run, progress and world.is_main)
     except BaseException:
@@ -337,7 +339,8 @@ def _run_sharded(task: Task, adapter: TextAdapter | None, out_dir, progress: boo
     def finish():  # rank 0 alone aggregates and writes; every rank returns the results
         run.merge_shards()  # a no-op for the tasks that merge in run order themselves
         records, summary = task.aggregate(rows, adapter, run)
-        return _finish(task, adapter, run, config, records, summary, world_size=world.size)
+        seconds = round(time.monotonic() - t0, 3)  # rank 0's share of the work, from its start to every rank's end
+        return _finish(task, adapter, run, config, records, summary, world_size=world.size, execute_seconds=seconds)
 
     return world.from_main(finish)
 

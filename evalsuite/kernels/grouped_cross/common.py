@@ -67,7 +67,7 @@ def _warps(block_m: int, head_dim: int) -> int:
     return 4 if block_m * head_dim <= 64 * 64 else 8
 
 
-def _stages(stages: int, head_dim: int, itemsize: int) -> int:
+def _stages(stages: int, itemsize: int) -> int:
     """One pipeline stage for fp32 tiles (twice the shared memory of bf16): two stages of a ragged 64-key block
     need 262 KB in the backward on an H100 (227 KB there)."""
     return stages if itemsize < 4 else 1
@@ -77,14 +77,14 @@ def fwd_config(Sq: int, D: int, itemsize: int = 2) -> tuple[int, int, int, int]:
     """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of the forward for query chunks of ``Sq`` rows."""
     max_m, block_n, stages = pick_config(FWD_CONFIGS, D, INTERPRET_FWD)
     block_m = min(max_m, _pow2(Sq))
-    return block_m, block_n, _warps(block_m, D), _stages(stages, D, itemsize)
+    return block_m, block_n, _warps(block_m, D), _stages(stages, itemsize)
 
 
 def bwd_config(Sq: int, D: int, itemsize: int = 2) -> tuple[int, int, int, int]:
     """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of the backward: BLOCK_M covers the whole query chunk."""
     block_n, stages = pick_config(BWD_CONFIGS, D, INTERPRET_BWD)
     block_m = _pow2(Sq)
-    return block_m, block_n, _warps(block_m, D), _stages(stages, D, itemsize)
+    return block_m, block_n, _warps(block_m, D), _stages(stages, itemsize)
 
 
 # ----------------------------------------------------------------------------------------------------------------
