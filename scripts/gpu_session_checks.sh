@@ -2,7 +2,8 @@
 # The GPU checks the CPU tests cannot make, for the newer parts (GCA kernel, static decoders and the decode engine,
 # DRT chunk memory, torchrun), in one call on a CUDA machine, from the repository root (no install needed):
 #
-#   OUT=/some/dir [STEPS="gca generate_check generate_bench drt_memory torchrun"] bash scripts/gpu_session_checks.sh
+#   OUT=/some/dir [STEPS="gca generate_check generate_bench drt_memory torchrun"] [DATA=DIR] \
+#       bash scripts/gpu_session_checks.sh      (DATA: the Gutenberg folder, for longbench_time)
 #
 # Each step writes $OUT/<step>/ and a DONE marker; a rerun skips finished steps (a machine lost mid-way costs one
 # step). Logs: $OUT/log.txt. Copy the folders to results/bench/<device>/ to commit them.
@@ -11,6 +12,10 @@
 #   generate_bench  evalsuite bench generate: FoX (Pro) 760M shapes, 1K-16K, batch 1 and 8, eager, graph, compiled
 #   drt_memory      scripts/drt_memory.py: DRT chunk memory on the GPU vs in CPU memory, 16K-256K
 #   torchrun        scripts/torchrun_overhead.py: torchrun --nproc-per-node 1 vs a plain run (records, overhead)
+#   niah_grid       issue #18's target: the FoX NIAH easy grid (121 cells, 1K-32K, 1,024 new tokens each: random
+#                   weights never stop early) on fox-pro-random, batch size from free memory; time in results.json
+#   longbench_time  issue #18: LongBench's 14 FoX tasks on a self-made fixture (20 records each, from the books in
+#                   $DATA/heldout: scripts/make_longbench_fixture.py) on fox-pro-random; time in results.json
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_session_checks}
 STEPS=${STEPS:-gca generate_check generate_bench drt_memory torchrun}
@@ -39,6 +44,12 @@ for step in $STEPS; do
         drt_memory) run_step drt_memory python3 scripts/drt_memory.py --out "$OUT/drt_memory" ;;
         torchrun) run_step torchrun python3 scripts/torchrun_overhead.py --out "$OUT/torchrun" --model fox-pro-random \
             --device cuda --dtype bfloat16 --length 16384 --repeats 3 ;;
+        niah_grid) run_step niah_grid python3 -m evalsuite.cli niah --model fox-pro-random --mode easy --device cuda \
+            --dtype bfloat16 --batch-size auto --out "$OUT/niah_grid/run" ;;
+        longbench_time) run_step longbench_time bash -c "python3 scripts/make_longbench_fixture.py \
+            --books '${DATA:-../shared/data/gutenberg}/heldout' --out '$OUT/longbench_time/fixture' --per-task 20 && \
+            python3 -m evalsuite.cli longbench --model fox-pro-random --data '$OUT/longbench_time/fixture' \
+            --device cuda --dtype bfloat16 --batch-size 8 --out '$OUT/longbench_time/run'" ;;
         *) echo "unknown step $step" ;;
     esac
 done
