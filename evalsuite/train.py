@@ -20,6 +20,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -32,6 +33,7 @@ from evalsuite.models.base import CausalLM
 from evalsuite.train_step import EagerStep, GraphedStep, autocast
 
 IGNORE_INDEX = -100
+SNAPSHOT_EVERY_S = 120.0  # seconds of training between snapshots of an interruptible run (train's ``snapshot``)
 AMP_MODES = ("auto", "bf16", "none")
 
 
@@ -291,6 +293,8 @@ def train(
     on_step: Callable[[int], None] | None = None,
     cuda_graph: bool = False,
     compile: bool = False,
+    snapshot: Path | None = None,
+    snapshot_every_s: float | None = None,
 ) -> TrainResult:
     """Train ``model`` in place for up to ``config.max_steps`` optimizer steps.
 
@@ -301,17 +305,25 @@ def train(
     (:class:`evalsuite.train_step.GraphedStep`; a CUDA model, a capture-safe ``loss_fn`` such as
     :func:`gathered_cross_entropy`, batches of one shape). ``compile``: the forward and loss through
     ``torch.compile``, which fuses the chains of elementwise kernels that dominate a small model's step on a GPU.
+    ``snapshot``: a file the run saves itself to (model, optimizer, step, history) at a log step every
+    ``snapshot_every_s`` seconds (default :data:`SNAPSHOT_EVERY_S`), resumes from when it exists (skipping the
+    ``batches`` already seen; same ``config`` and ``batches`` assumed), and deletes when done: a run killed
+    mid-way loses at most that much.
     """
     device = next(model.parameters()).device
     amp_dtype = autocast_dtype(config.amp, device)
     if cuda_graph and device.type != "cuda":
         raise UserError(f"cuda_graph needs a CUDA model, got one on {device}")
     optimizer = make_optimizer(model, config, capturable=cuda_graph)
+    result = TrainResult(steps=0, seconds=0.0)
+    resumed = _resume(snapshot, model, optimizer, result)  # before the stepper: a CUDA graph captures the state
+    for _ in range(result.steps):
+        next(batches)
     if compile:
         loss_fn = compiled(loss_fn)
     stepper = (GraphedStep if cuda_graph else EagerStep)(model, optimizer, loss_fn, config.grad_clip, amp_dtype)
-    result = TrainResult(steps=0, seconds=0.0)
-    start = time.perf_counter()
+    start = time.perf_counter() - resumed
+    saved = start + resumed
     loss_count = 0
     metric = config.early_stop_metric
     model.train()
@@ -325,7 +337,7 @@ def train(
         entry.update({f"eval_{k}": v for k, v in scores.items()})
         return config.early_stop is not None and scores[metric] > config.early_stop
 
-    for step in range(config.max_steps):
+    for step in range(result.steps, config.max_steps):
         lr = lr_at(step, config)
         inputs, labels = next(batches)
         stepper(inputs.to(device, non_blocking=True), labels.to(device, non_blocking=True), lr)
@@ -352,7 +364,35 @@ def train(
         result.history.append(entry)
         if stop:
             break
+        every = SNAPSHOT_EVERY_S if snapshot_every_s is None else snapshot_every_s
+        if snapshot is not None and time.perf_counter() - saved >= every:
+            result.seconds = time.perf_counter() - start
+            _save(snapshot, model, optimizer, result)
+            saved = time.perf_counter()
     if evaluate is not None and result.final_eval is None:
         run_eval(result.steps, {})
     result.seconds = time.perf_counter() - start
+    if snapshot is not None:
+        snapshot.unlink(missing_ok=True)
     return result
+
+
+def _save(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, result: TrainResult) -> None:
+    """Write the run's state to ``path`` atomically (a kill mid-write leaves the previous snapshot)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "result": asdict(result)}, tmp)
+    tmp.replace(path)
+
+
+def _resume(path: Path | None, model: nn.Module, optimizer: torch.optim.Optimizer, result: TrainResult) -> float:
+    """Load a snapshot :func:`_save` wrote into the model, optimizer and ``result``; returns the seconds it had
+    trained (0.0 without one)."""
+    if path is None or not path.exists():
+        return 0.0
+    state = torch.load(path, map_location=next(model.parameters()).device, weights_only=True)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    for key, value in state["result"].items():
+        setattr(result, key, value)
+    return result.seconds

@@ -607,3 +607,32 @@ def test_every_preset_builds_its_models(preset, tmp_path):
     trains), so a new family with constraints of its own (DRT x2's two retrieval groups) cannot break a preset."""
     out = run_mqar(load_preset(preset), tmp_path, device="cpu", progress=False, time_limit=0)
     assert out["summary"]["cells"]["finished"] == 0 and len(out["summary"]["cells"]["pending"]) > 0
+
+
+def test_a_cell_cut_short_resumes_from_its_snapshot(tmp_path, monkeypatch):
+    """The MQAR worker's handler snapshots a cell in training under ``<run>/partial/<key>.pt``; a cell cut short
+    (a GPU lease ending) resumes from it and ends with the uninterrupted cell's record; the snapshot goes."""
+    import evalsuite.train
+    from evalsuite.tasks.mqar.cell import cell_handler
+
+    monkeypatch.setattr(evalsuite.train, "SNAPSHOT_EVERY_S", 0.0)  # a snapshot at every log step
+    sweep = MQARSweep(**{**TINY_SWEEP, "max_steps": 40, "eval_every": 20, "early_stop": None})
+    cell = sweep_cells(sweep)[0]
+    partial = tmp_path / "partial"
+    handler = cell_handler(sweep.to_dict(), "cpu", "auto", snapshot_dir=str(partial))
+    want = cell_handler(sweep.to_dict(), "cpu", "auto")(cell, lambda n: None)
+
+    reported = []
+
+    def cut_at_30(n):
+        reported.append(n)
+        if sum(reported) == 30:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        handler(cell, cut_at_30)
+    assert [p.name for p in partial.iterdir()] == [f"{want['key']}.pt"]
+    got = handler(cell, lambda n: None)
+    assert not list(partial.iterdir()) and got["steps"] == want["steps"] == 40
+    assert got["value"] == want["value"] and got["test_loss"] == want["test_loss"]
+    assert [h["loss"] for h in got["history"]] == [h["loss"] for h in want["history"]]

@@ -259,3 +259,38 @@ def test_eval_runs_after_the_last_step():
     cfg = TrainConfig(lr=1e-3, max_steps=7, eval_every=5, log_every=100)
     result = train(model, shuffled_batches(x, y, 16, np.random.default_rng(0)), cfg, evaluate=evaluate)
     assert len(evals) == 2 and result.final_eval["step"] == 7 and [h["step"] for h in result.history] == [5, 7]
+
+
+def test_a_killed_run_resumes_from_its_snapshot(tmp_path):
+    """A run killed after a snapshot resumes from it (model, optimizer, step, history) and ends where an
+    uninterrupted run ends, bit for bit on the CPU; the snapshot is deleted when the run finishes."""
+    x, y = successor_data(128, 32, 8, seed=0)
+    cfg = TrainConfig(lr=1e-2, max_steps=30, warmup_steps=3, eval_every=10, log_every=5, early_stop=None)
+
+    def run(snapshot=None, on_step=None):
+        model = build_model(tiny_card("fox-llama"), TINY, seed=1)
+        batches = shuffled_batches(x, y, 16, np.random.default_rng(5))
+        evaluate = lambda m: masked_accuracy(m, fixed_batches(x, y, 64)())  # noqa: E731
+        result = train(model, batches, cfg, evaluate=evaluate, on_step=on_step, snapshot=snapshot, snapshot_every_s=0)
+        return model, result
+
+    want_model, want = run()
+    snapshot = tmp_path / "partial" / "cell.pt"
+
+    def kill_at_17(step):
+        if step == 17:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(snapshot, kill_at_17)
+    saved = torch.load(snapshot, weights_only=True)
+    assert saved["result"]["steps"] == 15 and len(saved["result"]["history"]) == 3  # the last log step before 17
+    model, got = run(snapshot)
+    assert not snapshot.exists() and got.steps == 30 and got.final_eval == want.final_eval
+
+    def trace(result):
+        return [(h["step"], h["loss"], h["lr"], h.get("eval_accuracy")) for h in result.history]
+
+    assert trace(got) == trace(want)
+    for (name, a), b in zip(model.state_dict().items(), want_model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name

@@ -11,6 +11,7 @@ import contextlib
 import functools
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -82,11 +83,14 @@ def run_cell(
     on_step: Callable[[int], None] | None = None,
     cuda_graph: bool = False,
     compile: bool = False,
+    snapshot_dir: Path | None = None,
 ) -> dict:
     """Train one fresh model on one cell's data (``{"train"|"test": (inputs, labels)}``, each ``[N, seq_len]``
     long on ``device``); return its record. ``cuda_graph``: each training step replayed as one CUDA graph
     (:mod:`evalsuite.train_step`; the same updates, without the launch overhead); ``compile``: the forward and
-    loss through ``torch.compile`` (fused elementwise kernels; :func:`evalsuite.train.train`)."""
+    loss through ``torch.compile`` (fused elementwise kernels; :func:`evalsuite.train.train`). ``snapshot_dir``: the
+    cell's training snapshots go to ``<snapshot_dir>/<key>.pt``, so a cell cut short (a GPU lease ending) resumes
+    where its last snapshot left it instead of from step 0."""
     card = resolve_model(cell.model)
     config = cell_config(sweep, cell, card)
     sweep, seed = sweep.for_variant(cell.variant), cell.training_seed(sweep)
@@ -109,8 +113,9 @@ def run_cell(
 
     # Static shapes for the graph: every MQAR row has its kv pairs' queries labelled, the same count per setting.
     loss_fn = functools.partial(gathered_cross_entropy, labels_per_row=int((train_y != IGNORE_INDEX).sum(1).max()))
+    snapshot = None if snapshot_dir is None else Path(snapshot_dir) / f"{chash}.pt"
     result = train(model, batches, tcfg, evaluate=evaluate, loss_fn=loss_fn, on_step=on_step,
-                   cuda_graph=cuda_graph, compile=compile)  # fmt: skip
+                   cuda_graph=cuda_graph, compile=compile, snapshot=snapshot)  # fmt: skip
     state = decode_state_size(model, cell.seq_len, amp_dtype or torch.float32)
     final = result.final_eval or {}
     return {
@@ -180,7 +185,12 @@ class DataCache:
 
 
 def cell_handler(
-    sweep_dict: dict, device: str, attention: str, cuda_graph: bool = False, compile: bool = False
+    sweep_dict: dict,
+    device: str,
+    attention: str,
+    cuda_graph: bool = False,
+    compile: bool = False,
+    snapshot_dir: str | None = None,
 ) -> Callable[[Cell, Callable[[int], None]], dict]:
     """A :func:`evalsuite.pool.run_pool` handler (built once per process): ``handler(cell, report) -> record``,
     reporting progress every ``PROGRESS_EVERY`` steps. Takes plain values so it pickles into a worker. On CUDA each
@@ -197,6 +207,7 @@ def cell_handler(
         data = cache.get(data_config(sweep, cell.seq_len, cell.num_kv_pairs))
         stream = torch.cuda.stream(torch.cuda.Stream(dev)) if dev.type == "cuda" else contextlib.nullcontext()
         with stream:
-            return run_cell(sweep, cell, dev, data, attention, on_step=on_step, cuda_graph=cuda_graph, compile=compile)
+            return run_cell(sweep, cell, dev, data, attention, on_step=on_step, cuda_graph=cuda_graph, compile=compile,
+                            snapshot_dir=snapshot_dir)  # fmt: skip
 
     return handle

@@ -41,6 +41,8 @@ from evalsuite.tasks.mqar.sweep import (
 )
 from evalsuite.tasks.mqar_summary import best_records, cell_key, finished_keys, latest_cells, shared_provenance
 
+SNAPSHOT_DIR = "partial"  # in the run directory: snapshots of cells in training (evalsuite.train.train's snapshot)
+
 
 @register_task
 class MQARTask(Task):
@@ -217,6 +219,7 @@ class MQARTask(Task):
                         self.attention,
                         self.cuda_graph,
                         self.compile,
+                        str(run.path / SNAPSHOT_DIR),
                     ),
                     workers=self.workers,
                     threads=self.threads,
