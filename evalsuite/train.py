@@ -324,6 +324,7 @@ def train(
     stepper = (GraphedStep if cuda_graph else EagerStep)(model, optimizer, loss_fn, config.grad_clip, amp_dtype)
     start = time.perf_counter() - resumed
     saved = start + resumed
+    snapshot_every = SNAPSHOT_EVERY_S if snapshot_every_s is None else snapshot_every_s
     loss_count = 0
     metric = config.early_stop_metric
     model.train()
@@ -364,8 +365,7 @@ def train(
         result.history.append(entry)
         if stop:
             break
-        every = SNAPSHOT_EVERY_S if snapshot_every_s is None else snapshot_every_s
-        if snapshot is not None and time.perf_counter() - saved >= every:
+        if snapshot is not None and time.perf_counter() - saved >= snapshot_every:
             result.seconds = time.perf_counter() - start
             _save(snapshot, model, optimizer, result)
             saved = time.perf_counter()

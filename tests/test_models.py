@@ -202,3 +202,19 @@ def test_skipping_torch_default_init_leaves_the_same_weights(name):
     slow_state = slow.state_dict()
     for key, tensor in fast.state_dict().items():
         assert torch.equal(tensor, slow_state[key]), key
+
+
+def test_builds_in_threads_leave_torch_init_intact():
+    """skip_random_init patches torch.nn.init process-wide; concurrent builds (MQAR cells in threads) must not
+    leave the no-op fillers behind."""
+    import threading
+
+    originals = {name: getattr(torch.nn.init, name) for name in ("normal_", "uniform_", "kaiming_uniform_")}
+    card = load_card("fox-pro-tiny")
+    threads = [threading.Thread(target=card.build_module) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(getattr(torch.nn.init, name) is fn for name, fn in originals.items())
+    assert torch.nn.Linear(64, 64).weight.abs().max() > 0  # the default init draws again

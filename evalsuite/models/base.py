@@ -15,6 +15,7 @@ long marks the first real token of each row; tokens before it are padding and mu
 from __future__ import annotations
 
 import contextlib
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import ClassVar
@@ -34,6 +35,7 @@ LOGIT_BUDGET = 2**25
 # torch.nn.init's random fillers, which nn.Linear / nn.Embedding / nn.Conv1d call from reset_parameters when built.
 _RANDOM_INITS = ("uniform_", "normal_", "trunc_normal_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_",
                  "xavier_normal_", "orthogonal_")  # fmt: skip
+_INIT_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
@@ -41,15 +43,17 @@ def skip_random_init():
     """Build modules without torch's default random init: every parameter is then filled by the family's
     ``init_weights`` or by a checkpoint, so drawing it twice is waste (12 s of the 760M FoX's start-up on one CPU
     thread, half of it this first draw). Constant fills (norm weights, zero biases) and buffers are kept.
-    ``tests/test_models.py`` checks that every family's ``init_weights`` still gives the same weights."""
-    saved = {name: getattr(nn.init, name) for name in _RANDOM_INITS}
-    for name in _RANDOM_INITS:
-        setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
-    try:
-        yield
-    finally:
-        for name, fn in saved.items():
-            setattr(nn.init, name, fn)
+    ``tests/test_models.py`` checks that every family's ``init_weights`` still gives the same weights. The patch of
+    ``torch.nn.init`` is process-wide, so builds in threads (MQAR cells) take turns."""
+    with _INIT_LOCK:
+        saved = {name: getattr(nn.init, name) for name in _RANDOM_INITS}
+        for name in _RANDOM_INITS:
+            setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
+        try:
+            yield
+        finally:
+            for name, fn in saved.items():
+                setattr(nn.init, name, fn)
 
 
 def normal_init_(p: torch.Tensor, std: float, gen: torch.Generator) -> None:
