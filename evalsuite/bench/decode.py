@@ -18,6 +18,7 @@ from dataclasses import fields
 import torch
 
 from evalsuite.bench.linear import DECODE_PROVIDERS, Unavailable, _fla, alibi_slopes, time_ms
+from evalsuite.models.base import skip_random_init
 
 DEFAULT_ARCHS = ("gsa", "tnl", "fox-pro")
 DEFAULT_CONTEXTS = (1024, 4096, 16384, 65536)
@@ -172,7 +173,8 @@ def bench_state_memory(
         base["dtype"] = str(dtype if low else torch.float32).removeprefix("torch.")
         try:
             family, arch, cfg, applied = model_config(name, overrides)
-            model = family.build(cfg)
+            with skip_random_init():
+                model = family.build(cfg)
             model.init_weights(seed)
             model.to(device).eval()
             if low:

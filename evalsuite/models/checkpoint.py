@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from evalsuite.errors import UserError
+from evalsuite.models.base import skip_random_init
 from evalsuite.store import file_sha256, read_json_file
 
 OWN_FORMAT = "evalsuite"
@@ -134,6 +135,7 @@ def load_checkpoint(ckpt_dir: Path):
         except UserError as e:
             raise UserError(f"{ckpt_dir}: {e}") from None
         layout = released.name
-    model = family.build(cfg)
+    with skip_random_init():  # every tensor comes from the checkpoint (the load is strict)
+        model = family.build(cfg)
     load_state_strict(model, state, ckpt_dir)
     return model.eval(), layout
