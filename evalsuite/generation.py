@@ -77,6 +77,13 @@ def static_support(model) -> str | None:
     return None if decoder is None else ("graph" if decoder.graph_safe else "static")
 
 
+def compiled_support(model) -> bool:
+    """Whether the ``compiled`` path runs here: a graph-safe static decoder that offers ``compile_step`` (probed as
+    :func:`static_support` does; ``torch.compile`` compiles lazily, so the probe is cheap)."""
+    decoder = model.static_decoder(1, 2)
+    return decoder is not None and decoder.graph_safe and decoder.compile_step()
+
+
 def sample_next(logits: torch.Tensor, config: GenerationConfig, gen: torch.Generator) -> torch.Tensor:
     """logits ``[B, V]`` -> token ids ``[B]``: argmax at temperature 0, else temperature, top-k then top-p sampling
     on the CPU (so seeds agree across devices); the ids come back on the logits' device."""

@@ -322,8 +322,8 @@ def train(
     if compile:
         loss_fn = compiled(loss_fn)
     stepper = (GraphedStep if cuda_graph else EagerStep)(model, optimizer, loss_fn, config.grad_clip, amp_dtype)
-    start = time.perf_counter() - resumed
-    saved = start + resumed
+    saved = time.perf_counter()  # the last snapshot (or the start)
+    start = saved - resumed  # so that times count the resumed run's seconds too
     snapshot_every = SNAPSHOT_EVERY_S if snapshot_every_s is None else snapshot_every_s
     loss_count = 0
     metric = config.early_stop_metric

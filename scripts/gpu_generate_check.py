@@ -30,7 +30,7 @@ from evalsuite.adapters.base import GenerationConfig
 from evalsuite.adapters.native import NativeAdapter
 from evalsuite.bench.attention import env_info
 from evalsuite.cards import list_cards, load_card
-from evalsuite.generation import static_support
+from evalsuite.generation import compiled_support, static_support
 from evalsuite.models.registry import FAMILIES, resolve_architecture
 
 PATHS = ("eager", "static", "graph", "compiled")
@@ -53,12 +53,11 @@ def _sync(device: torch.device) -> None:
 def check_model(card, dtype: str, lengths: list[int], new_tokens: int, device="cuda", seed: int = 0) -> list[dict]:
     adapter = NativeAdapter(card, device=device, dtype=dtype)
     with adapter._autocast():
-        support = static_support(adapter.model)
+        support, compiles = static_support(adapter.model), compiled_support(adapter.model)
     base = {"card": card.name, "architecture": card.architecture, "dtype": dtype, "static_support": support,
             "prompt_lengths": lengths, "new_tokens": new_tokens}  # fmt: skip
     gen = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(0, adapter.tokenizer.vocab_size, (n,), generator=gen).tolist() for n in lengths]
-    compiles = support == "graph" and adapter.model.static_decoder(1, 2).compile_step()  # compiles lazily: cheap
     paths = [p for p in PATHS if p == "eager" or (p == "static" and support) or (p == "graph" and support == "graph")
              or (p == "compiled" and compiles)]  # fmt: skip
     records = []

@@ -97,7 +97,7 @@ def _native(adapter) -> bool:
 def set_path(adapter, path: str) -> str | None:
     """Put ``adapter`` on decode ``path``; returns why it cannot run here, or None."""
     from evalsuite.adapters.hf import HFAdapter
-    from evalsuite.generation import static_support
+    from evalsuite.generation import compiled_support, static_support
 
     cuda = adapter.device.type == "cuda"
     if _native(adapter):
@@ -105,11 +105,12 @@ def set_path(adapter, path: str) -> str | None:
             return "needs CUDA"
         with adapter._autocast():  # graph safety may depend on the cache dtype
             support = static_support(adapter.model) if path != "eager" else None
+            compiles = path == "compiled" and compiled_support(adapter.model)
         if path != "eager" and support is None:
             return f"{type(adapter.model).__name__} offers no static decoder"
         if path in ("graph", "compiled") and support != "graph":
             return f"{type(adapter.model).__name__}'s static step is not graph-safe here"
-        if path == "compiled" and not adapter.model.static_decoder(1, 2).compile_step():  # compiles lazily: cheap
+        if path == "compiled" and not compiles:
             return f"{type(adapter.model).__name__} offers no compiled step"
         adapter.decode_path = path
         return None
