@@ -42,7 +42,6 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import jieba
 import numpy as np
 from rouge import Rouge
 
@@ -92,6 +91,8 @@ def _token_f1(prediction: Sequence[str], ground_truth: Sequence[str]) -> float:
 
 
 def _jieba_tokens(text: str) -> list[str]:
+    import jieba  # only the Chinese tasks need it (its import loads a large dictionary)
+
     return list(jieba.cut(text, cut_all=False))
 
 

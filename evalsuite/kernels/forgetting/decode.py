@@ -78,6 +78,9 @@ def _decode_kernel(
     Writes O_PART [S, B, H, Tq, D] (normalised within the split, 0 where nothing is visible) and
     LSE_PART [S, B, H, Tq] (log2 units, -inf where nothing is visible); the host merges the splits.
     """
+    # torch.compile (inductor) passes Python floats as fp64; fp64 scales would turn the accumulator fp64
+    sm_scale = tl.cast(sm_scale, tl.float32)
+    mult = tl.cast(mult, tl.float32)
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_s = tl.program_id(2)
