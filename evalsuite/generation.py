@@ -42,9 +42,10 @@ SYNC_EVERY = 16  # tokens between host checks of EOS / stop strings on the greed
 GRAPH_WARMUP = 2  # eager steps on a side stream before the capture
 
 # Batch size from memory. ACTIVATION_FACTOR: live prefill activations per prompt token, in float32 vectors of the
-# model width; FoX (Pro) 760M scoring one 64K window peaks at ~2.9 GiB beyond its weights on an H100, i.e. ~7.7
-# (results/bench/h100/README.md), so 12 leaves room. HEADROOM: the share of free memory we plan to fill.
-ACTIVATION_FACTOR = 12
+# model width. A prefill that fills a KV cache peaks far above a scoring pass (~7.7): FoX (Pro) 760M, bf16, on an
+# H100 (2026-11-26) peaked at 0.76 / 2.95 GiB beyond its weights and bf16 cache for one 4K / 16K prompt, i.e. 32.4 /
+# 31.5; 12 here sent the NIAH grid's and LongBench's long cells out of memory. 36 leaves room.
+ACTIVATION_FACTOR = 36
 HEADROOM = 0.85
 MAX_PROMPTS = 256
 FALLBACK_PROMPTS = 4  # on a CPU, or for a model we cannot size (hf, API): NIAH's default batch
@@ -178,7 +179,8 @@ class CudaGraphStep:
             self.warmup -= 1
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
+            # the capture's autocast state already: a compiled step guards on it and would recompile in the capture
+            with _uncached_autocast("cuda"), torch.cuda.stream(side):
                 self._step()
             torch.cuda.current_stream().wait_stream(side)
             return self.out

@@ -49,7 +49,7 @@ for step in $STEPS; do
         longbench_time) run_step longbench_time bash -c "python3 scripts/make_longbench_fixture.py \
             --books '${DATA:-../shared/data/gutenberg}/heldout' --out '$OUT/longbench_time/fixture' --per-task 20 && \
             python3 -m evalsuite.cli longbench --model fox-pro-random --data '$OUT/longbench_time/fixture' \
-            --device cuda --dtype bfloat16 --batch-size 8 --out '$OUT/longbench_time/run'" ;;
+            --device cuda --dtype bfloat16 --batch-size 4 --out '$OUT/longbench_time/run'" ;;
         *) echo "unknown step $step" ;;
     esac
 done

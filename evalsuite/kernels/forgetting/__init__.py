@@ -3,13 +3,14 @@
 ``attention(q, k, v, cum_q, cum_k)``: q ``[B, Tq, H, D]`` are the last Tq positions of k/v ``[B, Tk, H, D]``;
 ``cum_*`` are cumulative log forget gates (float32, ``[B, T, H]``) or None for plain causal attention.
 
-Modules (this package imports only ``reference`` and ``triton_utils``, which need no triton; the rest need it and
-are imported on first use):
+Modules (this package imports ``reference`` and ``triton_utils``, which need no triton, and ``decode`` where triton is
+installed; the rest need it and are imported on first use):
 * ``reference.py`` -- the PyTorch twin (blocked and dense), used on CPU and as the tests' ground truth.
 * ``common.py`` -- block-config tables, shared jit helpers and input checks of the Triton kernels.
 * ``forward.py`` -- full causal forward + autograd: :func:`forgetting_attention_triton`.
 * ``backward.py`` (with ``backward_dkdv.py``, ``backward_dq.py``) -- the backward kernels and their launcher.
-* ``decode.py`` -- split-K decoding over a cache: :func:`forgetting_attention_decode_triton`.
+* ``decode.py`` -- split-K decoding over a cache: :func:`forgetting_attention_decode_triton` (imported with the
+  package where triton is installed).
 * ``cumsum.py`` -- the time scan of log f on CUDA.
 """
 
@@ -21,6 +22,12 @@ from evalsuite.kernels.forgetting.reference import attention_blocked, attention_
 from evalsuite.kernels.triton_utils import triton_installed
 
 BACKENDS = ("auto", "triton", "reference", "dense")
+
+TRITON = triton_installed()  # asked once: torch.compile cannot trace the import machinery it uses
+if TRITON:
+    # Bound once here, not imported in cached_attention: that runs inside torch.compile'd decoding steps, where an
+    # import statement breaks the graph, and the resumed frames recompiled inside the CUDA-graph capture.
+    from evalsuite.kernels.forgetting.decode import forgetting_attention_decode_triton
 
 
 def cumsum_over_time(log_f):
@@ -42,7 +49,7 @@ def triton_available(t: torch.Tensor) -> bool:
     """The kernel runs on CUDA tensors in bf16/fp16 with head dim 16-128; anything else uses the reference."""
     if not t.is_cuda or t.dtype not in (torch.bfloat16, torch.float16) or t.shape[-1] not in (16, 32, 64, 128):
         return False
-    return triton_installed()  # checked once: this runs in every layer of every decoding step
+    return TRITON
 
 
 def _autocast_inputs(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -88,8 +95,6 @@ def cached_attention(q, k_cache, v_cache, cum_q, cum_cache, key_length, *, key_s
         raise ValueError(f"unknown attention backend {backend!r}; choose from {', '.join(BACKENDS)}")
     q, k_cache, v_cache = _autocast_inputs(q, k_cache, v_cache)
     if cached_attention_graph_safe(q, backend):
-        from evalsuite.kernels.forgetting.decode import forgetting_attention_decode_triton
-
         return forgetting_attention_decode_triton(
             q, k_cache, v_cache, cum_q, cum_cache, key_start=key_start, key_length=key_length
         )

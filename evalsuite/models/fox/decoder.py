@@ -26,7 +26,7 @@ class FoxStaticDecoder(StaticDecoder):
         device = model.embed.weight.device
         self.length = torch.zeros(1, dtype=torch.long, device=device)
         self.graph_safe = cached_attention_graph_safe(self.state.layers[0].k, model.attention_backend)
-        self._device_step = self._step_on_device
+        self.compiled = False
 
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
         hidden = self.model(input_ids, state=self.state)
@@ -37,12 +37,13 @@ class FoxStaticDecoder(StaticDecoder):
         return hidden[:, -1]
 
     def step(self, input_ids: torch.Tensor) -> torch.Tensor:
-        hidden = self._device_step(input_ids)
+        hidden = (_compiled_step if self.compiled else FoxStaticDecoder._step_on_device)(self, input_ids)
         self.state.length += 1  # the host-side count, outside what compile_step compiles
         return hidden
 
     def compile_step(self) -> bool:
-        self._device_step = torch.compile(self._step_on_device)  # dynamic after the first new cache size
+        _compile_the_step()
+        self.compiled = True
         return True
 
     def _step_on_device(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -57,3 +58,17 @@ class FoxStaticDecoder(StaticDecoder):
             h = block.step(h, positions, cache, self.length, state.start, model.attention_backend)
         self.length += 1
         return model.norm(h)[:, -1]
+
+
+# One torch.compile of the unbound step, shared by every decoder. Not a compiled bound method kept on the decoder:
+# that reference cycle left each decoder's KV cache (GBs at long context) to the cyclic garbage collector, and NIAH
+# grids ran out of device memory on the H100 (2026-11-26).
+_compiled_step = None
+
+
+def _compile_the_step() -> None:
+    """Make :data:`_compiled_step` once (dynamic in the cache size after the first new size). A function of its
+    own: torch.compile keeps its caller's frame alive, which must not hold a decoder."""
+    global _compiled_step
+    if _compiled_step is None:
+        _compiled_step = torch.compile(FoxStaticDecoder._step_on_device)
