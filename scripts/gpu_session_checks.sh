@@ -12,6 +12,7 @@
 #   generate_bench  evalsuite bench generate: FoX (Pro) 760M shapes, 1K-16K, batch 1 and 8, eager, graph, compiled
 #   drt_memory      scripts/drt_memory.py: DRT chunk memory on the GPU vs in CPU memory, 16K-256K
 #   torchrun        scripts/torchrun_overhead.py: torchrun --nproc-per-node 1 vs a plain run (records, overhead)
+#   compile_breaks  scripts/gpu_compile_breaks.py: where torch.compile breaks FoX's decoding step (760M, bf16)
 #   niah_grid       issue #18's target: the FoX NIAH easy grid (121 cells, 1K-32K, 1,024 new tokens each: random
 #                   weights never stop early) on fox-pro-random, batch size from free memory; time in results.json
 #   longbench_time  issue #18: LongBench's 14 FoX tasks on a self-made fixture (20 records each, from the books in
@@ -44,6 +45,7 @@ for step in $STEPS; do
         drt_memory) run_step drt_memory python3 scripts/drt_memory.py --out "$OUT/drt_memory" ;;
         torchrun) run_step torchrun python3 scripts/torchrun_overhead.py --out "$OUT/torchrun" --model fox-pro-random \
             --device cuda --dtype bfloat16 --length 16384 --repeats 3 ;;
+        compile_breaks) run_step compile_breaks python3 scripts/gpu_compile_breaks.py --out "$OUT/compile_breaks" ;;
         niah_grid) run_step niah_grid python3 -m evalsuite.cli niah --model fox-pro-random --mode easy --device cuda \
             --dtype bfloat16 --batch-size auto --out "$OUT/niah_grid/run" ;;
         longbench_time) run_step longbench_time bash -c "python3 scripts/make_longbench_fixture.py \

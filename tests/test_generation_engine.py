@@ -243,3 +243,43 @@ def test_compiled_fox_step_equals_the_static_step():
     gsa = load_card("gsa-tiny").build_module()
     gsa.init_weights(0)
     assert not gsa.static_decoder(1, 2).compile_step()  # the recurrent families do not offer it
+
+
+def test_static_decoders_free_their_cache_without_the_cycle_collector():
+    """A decoder's KV cache goes as soon as the decoder does (H100, 2026-11-26: a decoder that referenced itself left
+    each cache to the cyclic GC and a 121-cell NIAH grid ran out of device memory)."""
+    import gc
+    import weakref
+
+    model = load_card("fox-pro-tiny").build_module()
+    model.init_weights(0)
+    model.static_decoder(1, 8).compile_step()  # the first compile may keep its caller's frame alive: not this test's
+    gc.collect()
+    gc.disable()
+    try:
+        for compiled in (False, True):
+            decoder = model.static_decoder(1, 8)
+            if compiled:
+                assert decoder.compile_step()
+            cache = weakref.ref(decoder.state)
+            del decoder
+            assert cache() is None, f"compiled={compiled}"
+    finally:
+        gc.enable()
+
+
+def test_compile_breaks_script_finds_the_reference_cache_slice(tmp_path):
+    """scripts/gpu_compile_breaks.py on a CPU: the reference attention slices the cache at ``int(key_length)``, a
+    host sync, so torch.compile must report breaks there (on CUDA the Triton kernel reads the length itself)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "gpu_compile_breaks.py"
+    run = [sys.executable, str(script), "--out", str(tmp_path), "--model", "fox-pro-tiny", "--device", "cpu",
+           "--dtype", "float32", "--prompt", "16"]  # fmt: skip
+    subprocess.run(run, check=True, capture_output=True, timeout=300)
+    report = json.loads((tmp_path / "compile_breaks.json").read_text())
+    assert report["graph_breaks"] >= 1 and report["graphs"] == report["graph_breaks"] + 1
+    assert all("cached_attention" in "".join(b["user_stack"]) for b in report["breaks"])
