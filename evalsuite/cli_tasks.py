@@ -189,21 +189,27 @@ def train_lm_cmd(
     heldout: Annotated[str | None, typer.Option(help="Held-out text (default: the corpus's last windows).")] = None,
     seq_len: Annotated[int, typer.Option(help="Training length in tokens.")] = 1024,
     batch_size: Annotated[int, typer.Option(min=1)] = 32,
-    steps: Annotated[int, typer.Option(min=1, help="Pre-training steps.")] = 3000,
+    steps: Annotated[int, typer.Option(min=0, help="Pre-training steps.")] = 3000,
     finetune_steps: Annotated[int, typer.Option(min=0, help="Then steps on DRT passkey/2-hop rows (0: none).")] = 300,
+    finetune_loss: Annotated[
+        str, typer.Option(help="Fine-tuning loss over 'all' sample tokens (the released data) or the 'answer' only.")
+    ] = "all",
+    init: Annotated[Path | None, typer.Option(help="Start from this checkpoint (e.g. a run's pretrained/).")] = None,
     lr: Annotated[float, typer.Option(help="Peak learning rate (warmup, then cosine).")] = 1e-3,
     max_tokens: Annotated[int | None, typer.Option(help="Read at most this many corpus tokens.")] = None,
     device: DeviceOpt = "auto",
     seed: SeedOpt = 0,
 ):
-    """Train a small LM from scratch on a corpus, then fine-tune it on the DRT retrieval tests (GCA paper §4.2)."""
+    """Train a small LM from scratch (or from --init) on a corpus, then fine-tune it on the DRT retrieval tests (GCA
+    paper §4.2)."""
     from evalsuite.cards import load_card
     from evalsuite.lm_train import LMTrainConfig, train_lm
     from evalsuite.runtime import resolve_device
 
     config = LMTrainConfig(corpus=corpus, seq_len=seq_len, batch_size=batch_size, steps=steps,
-                           finetune_steps=finetune_steps, lr=lr, seed=seed, max_tokens=max_tokens)  # fmt: skip
-    summary = train_lm(load_card(model), config, out, device=resolve_device(device), heldout=heldout)
+                           finetune_steps=finetune_steps, lr=lr, seed=seed, max_tokens=max_tokens,
+                           finetune_loss=finetune_loss)  # fmt: skip
+    summary = train_lm(load_card(model), config, out, device=resolve_device(device), heldout=heldout, init=init)
     final = summary["final_eval"]
     typer.echo(f"{summary['model']}: {summary['steps']} steps in {summary['seconds']:.0f} s, held-out loss "
                f"{final['loss']:.3f}, next-token accuracy {final['accuracy']:.3f}; wrote {out}/checkpoint")  # fmt: skip

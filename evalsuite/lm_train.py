@@ -37,6 +37,7 @@ from evalsuite.train import IGNORE_INDEX, TrainConfig, build_model, train
 
 CACHE_DIR = Path.home() / ".cache" / "evalsuite" / "tokens"
 RETRIEVAL_KINDS = ("passkey", "2hop")
+FINETUNE_LOSSES = ("all", "answer")
 
 
 @dataclass
@@ -57,10 +58,17 @@ class LMTrainConfig:
     eval_rows: int = 32
     seed: int = 0
     max_tokens: int | None = None  # read at most this many corpus tokens (None: all)
+    # "all": the LM loss over the whole fine-tuning sample, as the released data label it (the default); "answer":
+    # only the answer tokens (a small model's retrieval signal is otherwise ~1% of its loss)
+    finetune_loss: str = "all"
 
     def __post_init__(self):
-        if self.seq_len < 2 or self.batch_size < 1 or self.steps < 1 or self.finetune_steps < 0:
-            raise UserError("seq_len >= 2, batch_size >= 1, steps >= 1 and finetune_steps >= 0 are needed")
+        if self.seq_len < 2 or self.batch_size < 1 or self.steps < 0 or self.finetune_steps < 0:
+            raise UserError("seq_len >= 2, batch_size >= 1, steps >= 0 and finetune_steps >= 0 are needed")
+        if self.steps + self.finetune_steps < 1:
+            raise UserError("nothing to train: steps and finetune_steps are both 0")
+        if self.finetune_loss not in FINETUNE_LOSSES:
+            raise UserError(f"finetune_loss must be one of {', '.join(FINETUNE_LOSSES)}, got {self.finetune_loss!r}")
         if self.finetune_steps and (self.seq_len % DRT_CHUNK or self.seq_len < 4 * DRT_CHUNK):
             raise UserError(f"fine-tuning on the DRT tests needs seq_len a multiple of {DRT_CHUNK} and at least "
                             f"{4 * DRT_CHUNK}, got {self.seq_len}")  # fmt: skip
@@ -107,10 +115,12 @@ def lm_batches(tokens: np.ndarray, seq_len: int, batch: int, seed: int) -> Itera
         yield rows[:, :-1], rows[:, 1:]
 
 
-def retrieval_row(tokens: np.ndarray, tokenizer: Tokenizer, seq_len: int, kind: str, rng: np.random.Generator):
+def retrieval_row(
+    tokens: np.ndarray, tokenizer: Tokenizer, seq_len: int, kind: str, rng: np.random.Generator, answer_only=False
+):
     """One fine-tuning row: a passkey or 2-hop sample built on a random ``seq_len``-token window of the corpus, as
     ``(inputs [seq_len], labels [seq_len])``; the LM loss covers the whole sample (haystack, needles, question and
-    answer) and the positions after its last answer token carry no label."""
+    answer), or with ``answer_only`` its answer tokens alone; positions after the last answer token carry no label."""
     start = int(rng.integers(0, len(tokens) - seq_len))
     window = tokens[start : start + seq_len].tolist()
     sample = (passkey_sample if kind == "passkey" else drt_sample)(window, tokenizer, rng)
@@ -119,15 +129,22 @@ def retrieval_row(tokens: np.ndarray, tokenizer: Tokenizer, seq_len: int, kind: 
     labels = torch.full((seq_len,), IGNORE_INDEX, dtype=torch.long)
     inputs[: len(ids) - 1] = ids[:-1]
     labels[: len(ids) - 1] = ids[1:]
+    if answer_only:  # labels[t] is the token after inputs[t]: the answer's labels start one position early
+        lo = sample.answer_start - 1
+        labels[:lo] = IGNORE_INDEX
+        labels[lo + sample.answer_len :] = IGNORE_INDEX
     return inputs, labels
 
 
-def retrieval_batches(tokens: np.ndarray, tokenizer: Tokenizer, seq_len: int, batch: int, seed: int):
+def retrieval_batches(
+    tokens: np.ndarray, tokenizer: Tokenizer, seq_len: int, batch: int, seed: int, answer_only: bool = False
+):
     """Endless batches of :func:`retrieval_row` rows, the kinds drawn half and half."""
     rng = np.random.default_rng([seed, 1])
     while True:
         rows = [
-            retrieval_row(tokens, tokenizer, seq_len, RETRIEVAL_KINDS[int(rng.integers(2))], rng) for _ in range(batch)
+            retrieval_row(tokens, tokenizer, seq_len, RETRIEVAL_KINDS[int(rng.integers(2))], rng, answer_only)
+            for _ in range(batch)
         ]
         yield torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows])
 
@@ -185,13 +202,16 @@ def train_lm(
     *,
     device: str | torch.device = "cpu",
     heldout: str | None = None,
+    init: Path | str | None = None,
     save_dtype: torch.dtype = torch.bfloat16,
     progress: bool = True,
 ) -> dict:
-    """Train ``card``'s model from its random init; write ``out_dir/checkpoint`` (our format, weights in
-    ``save_dtype``), ``out_dir/train.json`` (config, history, held-out scores, provenance) and return the latter.
+    """Train ``card``'s model from its random init (or from the checkpoint ``init``, e.g. an earlier run's
+    ``pretrained/`` to fine-tune it another way); write ``out_dir/checkpoint`` (our format, weights in
+    ``save_dtype``), ``out_dir/pretrained`` (the same, when pre-training is followed by fine-tuning),
+    ``out_dir/train.json`` (config, history, held-out scores, provenance) and return the latter.
     ``heldout``: a corpus for the held-out rows (default: the training corpus's last windows, not trained on)."""
-    from evalsuite.models.checkpoint import save_checkpoint
+    from evalsuite.models.checkpoint import load_checkpoint, read_config, save_checkpoint
 
     device = torch.device(device)
     tokenizer = get_tokenizer(card.tokenizer)
@@ -205,11 +225,27 @@ def train_lm(
         raise UserError(f"held-out corpus too short for {n_eval} rows of {T + 1} tokens")
     rows = torch.from_numpy(held[: n_eval * (T + 1)].astype(np.int64)).view(n_eval, T + 1)
 
-    model = build_model(card, seed=config.seed).to(device)
+    if init is None:
+        model = build_model(card, seed=config.seed)
+    else:
+        model, _ = load_checkpoint(Path(init))
+        stored = read_config(Path(init)).get("architecture")  # ours name it; a released layout names its family
+        if stored not in (None, card.architecture) or not isinstance(model, card.family.model_cls):
+            raise UserError(f"checkpoint {init} holds a {stored or type(model).__name__}, not a {card.architecture} "
+                            "model")  # fmt: skip
+    model = model.to(device).train()
     batches = lm_batches(tokens, T, config.batch_size, config.seed)
     if config.finetune_steps:
-        batches = staged(batches, config.steps, retrieval_batches(tokens, tokenizer, T, config.batch_size, config.seed))
+        answer_only = config.finetune_loss == "answer"
+        tests = retrieval_batches(tokens, tokenizer, T, config.batch_size, config.seed, answer_only)
+        batches = staged(batches, config.steps, tests)
     total = config.steps + config.finetune_steps
+
+    def after_step(step: int) -> None:
+        bar.update(completed=step)
+        if step == config.steps and config.finetune_steps:  # keep the pre-trained model: fine-tune it another way
+            save_checkpoint(model, out_dir / "pretrained", architecture=card.architecture, dtype=save_dtype)
+
     train_config = TrainConfig(
         lr=config.lr,
         max_steps=total,
@@ -227,7 +263,7 @@ def train_lm(
             train_config,
             evaluate=lambda m: held_out_scores(m, rows[:, :-1], rows[:, 1:]),
             loss_fn=chunked_cross_entropy,
-            on_step=lambda step: bar.update(completed=step),
+            on_step=after_step,
         )
     model.to(save_dtype)
     save_checkpoint(model, out_dir / "checkpoint", architecture=card.architecture)
@@ -236,6 +272,7 @@ def train_lm(
         "architecture": card.architecture,
         "params": sum(p.numel() for p in model.parameters()),
         "config": asdict(config),
+        "init": None if init is None else str(init),
         "train": train_config.to_dict(),
         "tokens_seen": total * config.batch_size * T,
         "corpus_tokens": int(len(tokens)),

@@ -94,3 +94,40 @@ def test_train_lm_writes_a_loadable_checkpoint(corpus, tmp_path):
     assert torch.equal(model.embed.weight, stored["embed.weight"].float())
     with pytest.raises(UserError, match="multiple of 64 and at least 256"):
         LMTrainConfig(corpus=str(path), seq_len=100)
+
+
+@pytest.mark.parametrize("kind", ["passkey", "2hop"])
+def test_answer_only_rows_label_the_answer_alone(corpus, kind):
+    path, _ = corpus
+    tok = get_tokenizer("gpt2")
+    tokens = corpus_tokens(path, tok)
+    x, y_all = retrieval_row(tokens, tok, 512, kind, np.random.default_rng(1))
+    x2, y = retrieval_row(tokens, tok, 512, kind, np.random.default_rng(1), answer_only=True)
+    kept = (y != IGNORE_INDEX).nonzero().flatten()
+    n = 5 if kind == "passkey" else 11
+    assert torch.equal(x, x2) and len(kept) == n and torch.equal(y[kept], y_all[kept])
+    assert int(kept[-1]) == int((y_all != IGNORE_INDEX).nonzero().max())  # the sample's last labels are its answer
+    assert torch.equal(kept, torch.arange(int(kept[0]), int(kept[0]) + n))
+
+
+def test_train_lm_keeps_the_pretrained_model_and_fine_tunes_from_it(corpus, tmp_path):
+    path, _ = corpus
+    card = load_card("transformer-llama-tiny")
+    config = LMTrainConfig(corpus=str(path), seq_len=256, batch_size=2, steps=3, finetune_steps=2, eval_every=5,
+                           eval_rows=2, warmup_steps=1)  # fmt: skip
+    train_lm(card, config, tmp_path / "run", progress=False)
+    pretrained = load_file(tmp_path / "run" / "pretrained" / "model.safetensors")
+    final = load_file(tmp_path / "run" / "checkpoint" / "model.safetensors")
+    assert pretrained.keys() == final.keys() and not torch.equal(pretrained["embed.weight"], final["embed.weight"])
+
+    tune = LMTrainConfig(corpus=str(path), seq_len=256, batch_size=2, steps=0, finetune_steps=2, eval_every=5,
+                         eval_rows=2, warmup_steps=1, finetune_loss="answer")  # fmt: skip
+    summary = train_lm(card, tune, tmp_path / "tune", init=tmp_path / "run" / "pretrained", progress=False)
+    assert summary["steps"] == 2 and summary["init"].endswith("pretrained")
+    assert not (tmp_path / "tune" / "pretrained").exists()  # no pre-training stage to keep
+    with pytest.raises(UserError, match="not a fox-pro model"):
+        train_lm(load_card("fox-pro-tiny"), tune, tmp_path / "x", init=tmp_path / "run" / "pretrained", progress=False)
+    with pytest.raises(UserError, match="finetune_loss"):
+        LMTrainConfig(corpus=str(path), seq_len=256, finetune_loss="question")
+    with pytest.raises(UserError, match="nothing to train"):
+        LMTrainConfig(corpus=str(path), seq_len=256, steps=0, finetune_steps=0)

@@ -68,8 +68,11 @@ def checkpoint_sha256(ckpt_dir: Path) -> str:
     return file_sha256(weight_files(ckpt_dir))
 
 
-def save_checkpoint(model: torch.nn.Module, ckpt_dir: Path, architecture: str | None = None) -> None:
-    """Write ``model`` in our format; ``architecture`` defaults to the model's family name."""
+def save_checkpoint(
+    model: torch.nn.Module, ckpt_dir: Path, architecture: str | None = None, dtype: torch.dtype | None = None
+) -> None:
+    """Write ``model`` in our format; ``architecture`` defaults to the model's family name; ``dtype``: store the
+    floating-point tensors in it (default: as they are)."""
     from evalsuite.models.registry import FAMILIES
 
     if architecture is None:
@@ -79,6 +82,8 @@ def save_checkpoint(model: torch.nn.Module, ckpt_dir: Path, architecture: str | 
     ckpt_dir = Path(ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    if dtype is not None:
+        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
     save_file(state, str(ckpt_dir / "model.safetensors"))
     cfg = {"format": OWN_FORMAT, "architecture": architecture, "config": model.config.to_dict()}
     (ckpt_dir / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")

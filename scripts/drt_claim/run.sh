@@ -7,7 +7,8 @@
 #
 #   OUT=/some/dir DATA=../shared/data/gutenberg bash scripts/drt_claim/run.sh [model ...]
 #
-# Writes $OUT/<model>/{checkpoint,train.json,passkey,2hop,loss} and $OUT/log.txt. A model whose checkpoint exists
+# Writes $OUT/<model>/{pretrained,checkpoint,train.json,passkey,2hop,loss} and $OUT/log.txt (pretrained/: the model
+# before fine-tuning, to fine-tune again another way: STEPS=0 TRAIN_ARGS="--init $OUT/<model>/pretrained"). A model whose checkpoint exists
 # is not retrained; finished evaluation cells are not rerun (the run directories resume).
 # Time on one H100 (batch 32 x 1024, first 60 steps incl. warm-up, 2026-11-26): DRT 180 ms/step, FoX (Pro) 138,
 # Transformer 120, so the three trainings at the default 2000 + 1000 steps take ~25 min in sequence; the
@@ -23,7 +24,8 @@ LENGTHS=${LENGTHS:-1024,4096,16384,32768}
 SAMPLES=${SAMPLES:-40}
 DEVICE=${DEVICE:-cuda}
 BATCH=${BATCH:-32}
-TRAIN_ARGS=${TRAIN_ARGS:-}  # e.g. "--max-tokens 200000" for a smoke test
+FINETUNE_LOSS=${FINETUNE_LOSS:-all}  # all: the released data's labels; answer: the answer tokens only
+TRAIN_ARGS=${TRAIN_ARGS:-}  # e.g. "--max-tokens 200000" for a smoke test, "--init DIR" to start from a checkpoint
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/log.txt") 2>&1
 python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu")'
@@ -33,7 +35,8 @@ for m in ${MODELS[@]}; do
     run="$OUT/$m"
     if [ ! -f "$run/checkpoint/model.safetensors" ]; then
         evalsuite train-lm --model "$card" --corpus "$DATA/train" --heldout "$DATA/heldout" --seq-len 1024 \
-            --batch-size "$BATCH" --steps "$STEPS" --finetune-steps "$FINETUNE" --lr 1e-3 --device "$DEVICE" --out "$run" $TRAIN_ARGS
+            --batch-size "$BATCH" --steps "$STEPS" --finetune-steps "$FINETUNE" --finetune-loss "$FINETUNE_LOSS" --lr 1e-3 \
+            --device "$DEVICE" --out "$run" $TRAIN_ARGS
     fi
     common=(--model "$card" --checkpoint "$run/checkpoint" --device "$DEVICE" --dtype bfloat16)
     evalsuite niah "${common[@]}" --mode passkey --lengths "$LENGTHS" --samples "$SAMPLES" \
