@@ -42,7 +42,9 @@ class FoxStaticDecoder(StaticDecoder):
         return hidden
 
     def compile_step(self) -> bool:
-        _compile_the_step()
+        global _compiled_step
+        if _compiled_step is None:  # dynamic in the cache size after the first new size
+            _compiled_step = torch.compile(FoxStaticDecoder._step_on_device)
         self.compiled = True
         return True
 
@@ -65,10 +67,3 @@ class FoxStaticDecoder(StaticDecoder):
 # grids ran out of device memory on the H100 (2026-11-26).
 _compiled_step = None
 
-
-def _compile_the_step() -> None:
-    """Make :data:`_compiled_step` once (dynamic in the cache size after the first new size). A function of its
-    own: torch.compile keeps its caller's frame alive, which must not hold a decoder."""
-    global _compiled_step
-    if _compiled_step is None:
-        _compiled_step = torch.compile(FoxStaticDecoder._step_on_device)
