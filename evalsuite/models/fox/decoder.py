@@ -66,4 +66,3 @@ class FoxStaticDecoder(StaticDecoder):
 # that reference cycle left each decoder's KV cache (GBs at long context) to the cyclic garbage collector, and NIAH
 # grids ran out of device memory on the H100 (2026-11-26).
 _compiled_step = None
-
