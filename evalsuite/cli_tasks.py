@@ -195,6 +195,9 @@ def train_lm_cmd(
         str, typer.Option(help="Fine-tuning loss over 'all' sample tokens (the released data) or the 'answer' only.")
     ] = "all",
     init: Annotated[Path | None, typer.Option(help="Start from this checkpoint (e.g. a run's pretrained/).")] = None,
+    pretrain_retrieval_rows: Annotated[
+        int, typer.Option(min=0, help="Rows of each pre-training batch that are passkey/2-hop rows (0: none).")
+    ] = 0,
     lr: Annotated[float, typer.Option(help="Peak learning rate (warmup, then cosine).")] = 1e-3,
     max_tokens: Annotated[int | None, typer.Option(help="Read at most this many corpus tokens.")] = None,
     device: DeviceOpt = "auto",
@@ -208,7 +211,7 @@ def train_lm_cmd(
 
     config = LMTrainConfig(corpus=corpus, seq_len=seq_len, batch_size=batch_size, steps=steps,
                            finetune_steps=finetune_steps, lr=lr, seed=seed, max_tokens=max_tokens,
-                           finetune_loss=finetune_loss)  # fmt: skip
+                           finetune_loss=finetune_loss, pretrain_retrieval_rows=pretrain_retrieval_rows)  # fmt: skip
     summary = train_lm(load_card(model), config, out, device=resolve_device(device), heldout=heldout, init=init)
     final = summary["final_eval"]
     typer.echo(f"{summary['model']}: {summary['steps']} steps in {summary['seconds']:.0f} s, held-out loss "

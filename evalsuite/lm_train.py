@@ -61,15 +61,22 @@ class LMTrainConfig:
     # "all": the LM loss over the whole fine-tuning sample, as the released data label it (the default); "answer":
     # only the answer tokens (a small model's retrieval signal is otherwise ~1% of its loss)
     finetune_loss: str = "all"
+    # rows of every pre-training batch that are retrieval rows (labelled as finetune_loss says) instead of plain
+    # windows; 0 (the paper) keeps pre-training plain
+    pretrain_retrieval_rows: int = 0
 
     def __post_init__(self):
         if self.seq_len < 2 or self.batch_size < 1 or self.steps < 0 or self.finetune_steps < 0:
             raise UserError("seq_len >= 2, batch_size >= 1, steps >= 0 and finetune_steps >= 0 are needed")
         if self.steps + self.finetune_steps < 1:
             raise UserError("nothing to train: steps and finetune_steps are both 0")
+        if not 0 <= self.pretrain_retrieval_rows < self.batch_size:
+            raise UserError(f"pretrain_retrieval_rows must be 0..batch_size - 1 ({self.batch_size - 1})")
         if self.finetune_loss not in FINETUNE_LOSSES:
             raise UserError(f"finetune_loss must be one of {', '.join(FINETUNE_LOSSES)}, got {self.finetune_loss!r}")
-        if self.finetune_steps and (self.seq_len % DRT_CHUNK or self.seq_len < 4 * DRT_CHUNK):
+        if (self.finetune_steps or self.pretrain_retrieval_rows) and (
+            self.seq_len % DRT_CHUNK or self.seq_len < 4 * DRT_CHUNK
+        ):
             raise UserError(f"fine-tuning on the DRT tests needs seq_len a multiple of {DRT_CHUNK} and at least "
                             f"{4 * DRT_CHUNK}, got {self.seq_len}")  # fmt: skip
 
@@ -147,6 +154,12 @@ def retrieval_batches(
             for _ in range(batch)
         ]
         yield torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows])
+
+
+def concatenated(first: Iterator, second: Iterator) -> Iterator:
+    """Batches ``(inputs, labels)`` of ``first`` with the rows of ``second``'s batches appended."""
+    for (x1, y1), (x2, y2) in zip(first, second, strict=True):
+        yield torch.cat([x1, x2]), torch.cat([y1, y2])
 
 
 def staged(first: Iterator, n_first: int, then: Iterator) -> Iterator:
@@ -234,9 +247,12 @@ def train_lm(
             raise UserError(f"checkpoint {init} holds a {stored or type(model).__name__}, not a {card.architecture} "
                             "model")  # fmt: skip
     model = model.to(device).train()
-    batches = lm_batches(tokens, T, config.batch_size, config.seed)
+    answer_only = config.finetune_loss == "answer"
+    mixed = config.pretrain_retrieval_rows
+    batches = lm_batches(tokens, T, config.batch_size - mixed, config.seed)
+    if mixed:
+        batches = concatenated(batches, retrieval_batches(tokens, tokenizer, T, mixed, config.seed + 1, answer_only))
     if config.finetune_steps:
-        answer_only = config.finetune_loss == "answer"
         tests = retrieval_batches(tokens, tokenizer, T, config.batch_size, config.seed, answer_only)
         batches = staged(batches, config.steps, tests)
     total = config.steps + config.finetune_steps

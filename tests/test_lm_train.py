@@ -131,3 +131,23 @@ def test_train_lm_keeps_the_pretrained_model_and_fine_tunes_from_it(corpus, tmp_
         LMTrainConfig(corpus=str(path), seq_len=256, finetune_loss="question")
     with pytest.raises(UserError, match="nothing to train"):
         LMTrainConfig(corpus=str(path), seq_len=256, steps=0, finetune_steps=0)
+
+
+def test_pretraining_batches_can_carry_retrieval_rows(corpus, tmp_path):
+    """``pretrain_retrieval_rows``: that many rows of each pre-training batch are passkey/2-hop rows (their labels
+    stop at the answer), the rest plain windows (labelled to the end)."""
+    from evalsuite.lm_train import concatenated, lm_batches, retrieval_batches
+
+    path, _ = corpus
+    tok = get_tokenizer("gpt2")
+    tokens = corpus_tokens(path, tok)
+    x, y = next(concatenated(lm_batches(tokens, 256, 3, 0), retrieval_batches(tokens, tok, 256, 2, 1)))
+    assert x.shape == y.shape == (5, 256)
+    assert (y[:3] != IGNORE_INDEX).all() and (y[3:, -1] == IGNORE_INDEX).all()
+    config = LMTrainConfig(corpus=str(path), seq_len=256, batch_size=3, steps=2, finetune_steps=0, eval_every=5,
+                           eval_rows=2, warmup_steps=1, pretrain_retrieval_rows=1)  # fmt: skip
+    assert train_lm(load_card("transformer-llama-tiny"), config, tmp_path / "run", progress=False)["steps"] == 2
+    with pytest.raises(UserError, match="pretrain_retrieval_rows"):
+        LMTrainConfig(corpus=str(path), seq_len=256, batch_size=3, pretrain_retrieval_rows=3)
+    with pytest.raises(UserError, match="multiple of 64"):
+        LMTrainConfig(corpus=str(path), seq_len=100, finetune_steps=0, pretrain_retrieval_rows=1)

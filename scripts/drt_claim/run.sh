@@ -25,7 +25,7 @@ SAMPLES=${SAMPLES:-40}
 DEVICE=${DEVICE:-cuda}
 BATCH=${BATCH:-32}
 FINETUNE_LOSS=${FINETUNE_LOSS:-all}  # all: the released data's labels; answer: the answer tokens only
-TRAIN_ARGS=${TRAIN_ARGS:-}  # e.g. "--max-tokens 200000" for a smoke test, "--init DIR" to start from a checkpoint
+TRAIN_ARGS=${TRAIN_ARGS:-}  # e.g. "--max-tokens 200000" (smoke test), "--init DIR", "--pretrain-retrieval-rows 8"
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/log.txt") 2>&1
 python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu")'
