@@ -35,6 +35,13 @@ def corpus(tmp_path, monkeypatch):
     return path, docs
 
 
+@pytest.fixture()
+def gpt2_stream(corpus):
+    """(the GPT-2 tokenizer, the corpus as its token stream)."""
+    tok = get_tokenizer("gpt2")
+    return tok, corpus_tokens(corpus[0], tok)
+
+
 def test_corpus_tokens_joins_documents_with_eos_and_caches(corpus):
     path, docs = corpus
     tok = get_tokenizer("gpt2")
@@ -55,10 +62,8 @@ def test_lm_batches_are_shifted_windows():
 
 
 @pytest.mark.parametrize("kind", ["passkey", "2hop"])
-def test_retrieval_rows_label_the_sample_only(corpus, kind):
-    path, _ = corpus
-    tok = get_tokenizer("gpt2")
-    tokens = corpus_tokens(path, tok)
+def test_retrieval_rows_label_the_sample_only(gpt2_stream, kind):
+    tok, tokens = gpt2_stream
     x, y = retrieval_row(tokens, tok, 512, kind, np.random.default_rng(1))
     labelled = int((y != IGNORE_INDEX).sum())
     assert x.shape == y.shape == (512,) and torch.equal(x[1:labelled], y[: labelled - 1])
@@ -97,10 +102,8 @@ def test_train_lm_writes_a_loadable_checkpoint(corpus, tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["passkey", "2hop"])
-def test_answer_only_rows_label_the_answer_alone(corpus, kind):
-    path, _ = corpus
-    tok = get_tokenizer("gpt2")
-    tokens = corpus_tokens(path, tok)
+def test_answer_only_rows_label_the_answer_alone(gpt2_stream, kind):
+    tok, tokens = gpt2_stream
     x, y_all = retrieval_row(tokens, tok, 512, kind, np.random.default_rng(1))
     x2, y = retrieval_row(tokens, tok, 512, kind, np.random.default_rng(1), answer_only=True)
     kept = (y != IGNORE_INDEX).nonzero().flatten()
@@ -133,14 +136,13 @@ def test_train_lm_keeps_the_pretrained_model_and_fine_tunes_from_it(corpus, tmp_
         LMTrainConfig(corpus=str(path), seq_len=256, steps=0, finetune_steps=0)
 
 
-def test_pretraining_batches_can_carry_retrieval_rows(corpus, tmp_path):
+def test_pretraining_batches_can_carry_retrieval_rows(corpus, gpt2_stream, tmp_path):
     """``pretrain_retrieval_rows``: that many rows of each pre-training batch are passkey/2-hop rows (their labels
     stop at the answer), the rest plain windows (labelled to the end)."""
     from evalsuite.lm_train import concatenated, lm_batches, retrieval_batches
 
     path, _ = corpus
-    tok = get_tokenizer("gpt2")
-    tokens = corpus_tokens(path, tok)
+    tok, tokens = gpt2_stream
     x, y = next(concatenated(lm_batches(tokens, 256, 3, 0), retrieval_batches(tokens, tok, 256, 2, 1)))
     assert x.shape == y.shape == (5, 256)
     assert (y[:3] != IGNORE_INDEX).all() and (y[3:, -1] == IGNORE_INDEX).all()
