@@ -3,8 +3,9 @@
 Each family (``forgetting/`` today) keeps its kernels and launchers in its own package and takes from here:
 
 * :func:`triton_installed` -- whether ``triton`` can be imported, without importing it. The dispatchers ask this
-  on every call (every layer of every decoding step), so it is cached, and this module must stay importable on
-  machines without triton: it never imports triton at module level, only inside the functions that need it.
+  on every call (every layer of every decoding step), so it is answered once at import, and this module must stay
+  importable on machines without triton: it never imports triton at module level, only inside the functions that
+  need it.
 * :func:`interpreting` -- whether kernels run under ``TRITON_INTERPRET=1`` (CPU tensors, the tests). There,
   launchers must not query the driver (no device exists), take fixed small block sizes (:func:`pick_config`)
   so that small test shapes still cover several blocks and a ragged tail, and skip autotuning (every config
@@ -44,10 +45,13 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-@functools.cache
+_TRITON_INSTALLED = importlib.util.find_spec("triton") is not None  # asked once, at import, without importing it
+
+
 def triton_installed() -> bool:
-    """Whether triton is importable (checked once, without importing it)."""
-    return importlib.util.find_spec("triton") is not None
+    """Whether triton is importable. A module constant, not a cached call: torch.compile traces this (it runs inside
+    compiled decoding and training steps) and breaks its graph on ``find_spec`` or a cache wrapper."""
+    return _TRITON_INSTALLED
 
 
 def pick_config(gpu_configs_by_head_dim: Mapping[int, Config], head_dim: int, interpret_config: Config) -> Config:

@@ -23,8 +23,7 @@ from evalsuite.kernels.triton_utils import triton_installed
 
 BACKENDS = ("auto", "triton", "reference", "dense")
 
-TRITON = triton_installed()  # asked once: torch.compile cannot trace the import machinery it uses
-if TRITON:
+if triton_installed():
     # Bound once here, not imported in cached_attention: that runs inside torch.compile'd decoding steps, where an
     # import statement breaks the graph, and the resumed frames recompiled inside the CUDA-graph capture.
     from evalsuite.kernels.forgetting.decode import forgetting_attention_decode_triton
@@ -49,7 +48,7 @@ def triton_available(t: torch.Tensor) -> bool:
     """The kernel runs on CUDA tensors in bf16/fp16 with head dim 16-128; anything else uses the reference."""
     if not t.is_cuda or t.dtype not in (torch.bfloat16, torch.float16) or t.shape[-1] not in (16, 32, 64, 128):
         return False
-    return TRITON
+    return triton_installed()
 
 
 def _autocast_inputs(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
