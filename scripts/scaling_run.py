@@ -7,7 +7,8 @@ rank at a time, at 1 rank and N ranks.
 Runs, each a command of its own into ``DIR/runs/<name>`` (its output in ``DIR/logs/<name>.log``):
 
 * ``niah-plain``: ``python -m evalsuite niah --mode standard ...`` in one process (the single-GPU baseline);
-* ``niah-torchrun-<N>`` for every N of ``--gpus`` (N = 1 always included: the launcher's own overhead):
+* ``niah-torchrun-<N>`` for every N of ``--gpus`` (N = 1 always included: the launcher's own overhead, unless
+  ``--skip-niah-torchrun-1``; measured at 0.99 of the plain run in results/bench/h100/scaling):
   ``python -m torch.distributed.run --standalone --nproc-per-node N -m evalsuite niah ...`` (that is ``torchrun``);
 * with ``--mqar-preset NAME``: ``mqar-torchrun-<N>``, ``torchrun ... -m evalsuite mqar --preset NAME`` (one worker,
   one thread: each rank trains one cell at a time; the preset's accuracy check is switched off, ``--mqar-set`` sizes
@@ -100,6 +101,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--mqar-preset", default=None, help="Also time this tasks/mqar.yaml preset's cells (1 vs N ranks).")
     p.add_argument("--mqar-set", action="append", default=[], metavar="KEY=VALUE",
                    help="Sweep field for the MQAR runs (evalsuite mqar --set); repeatable.")  # fmt: skip
+    p.add_argument("--skip-niah-torchrun-1", action="store_true",
+                   help="Leave out NIAH under torchrun at 1 rank (launcher overhead; MQAR's stays).")  # fmt: skip
     a = p.parse_args(argv)
     a.gpus = sorted({1, *_positive_ints(a.gpus, "--gpus", "process counts")})
     a.lengths = _positive_ints(a.lengths, "--lengths", "token counts")
@@ -365,7 +368,7 @@ def _main(argv: list[str] | None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
 
     niah = [Run(a.out, "niah-plain", None, niah_args(a))]
-    niah += [Run(a.out, f"niah-torchrun-{n}", n, niah_args(a)) for n in a.gpus]
+    niah += [Run(a.out, f"niah-torchrun-{n}", n, niah_args(a)) for n in a.gpus if n > 1 or not a.skip_niah_torchrun_1]
     mqar = [Run(a.out, f"mqar-torchrun-{n}", n, mqar_args(a)) for n in a.gpus] if a.mqar_preset else []
     timings = run_all(niah + mqar, info["names"] if a.device == "cuda" else ["cpu"] * max(a.gpus))
 

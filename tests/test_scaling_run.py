@@ -83,6 +83,12 @@ def test_rerun_reuses_finished_runs_and_retimes_an_unfinished_one(finished):
     assert not (finished / "runs" / "niah-torchrun-2" / "records.rank-1.jsonl").exists()
 
 
+def test_skip_niah_torchrun_1_leaves_that_run_out(finished):
+    scaling_run(finished, "--skip-niah-torchrun-1")  # every run finished: reused, nothing trains again
+    runs = json.loads((finished / "scaling.json").read_text())["niah"]["runs"]
+    assert [r["name"] for r in runs] == ["niah-plain", "niah-torchrun-2"] and all(r["reused"] for r in runs)
+
+
 def test_bad_gpus_and_a_changed_command_are_one_line_errors(script, finished, tmp_path, capsys):
     for bad in ("1,x", "0", ""):
         code = script.main(["--out", str(tmp_path), "--device", "cpu", "--gpus", bad])
