@@ -1,30 +1,103 @@
-"""Profile cached greedy decoding of a paper-sized model on the GPU (where does each token's time go?).
+"""Profile one decode step of a paper-sized model on the GPU: where does each new token's time go? (issue #18)
 
-Usage: PYTHONPATH=. python3 scripts/profile_decode.py [card]   (random-init weights; prints the top ops)
+    PYTHONPATH=. python3 scripts/profile_decode.py --card fox-pro --path compiled --length 4096 --batch 1 --out DIR
+
+Random-init weights of the card's shapes, bf16 autocast. Prefills ``--batch`` random prompts of ``--length`` tokens,
+builds the decode path's step exactly as ``evalsuite.generation.generate`` does (``graph``/``compiled``: the
+:class:`~evalsuite.generation.CudaGraphStep` replay; ``static``/``eager``: the step called per token), warms it up,
+then times ``--steps`` steps (wall clock, synchronised) and profiles the same number with ``torch.profiler``.
+Writes ``DIR/profile_<path>_<length>_b<batch>.txt`` (timing line, the kernels sorted by total device time) and a
+``.json`` summary: ms per step, device kernel time per step, and their ratio (near 1: the GPU's own work is the
+step; far below: launches or the host). The 2026-11-23 eager profile is ``results/bench/h100/profile_decode.txt``.
 """
 
-import sys
+from __future__ import annotations
+
+import argparse
+import json
 import time
+from dataclasses import replace
+from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from evalsuite.adapters.base import GenerationConfig
 from evalsuite.adapters.native import NativeAdapter
 from evalsuite.cards import load_card
+from evalsuite.generation import CudaGraphStep, _decoder
+from evalsuite.provenance import git_commit, versions
 
-card = load_card(sys.argv[1] if len(sys.argv) > 1 else "fox-pro")
-card.weights = {"source": "random", "seed": 0}
-adapter = NativeAdapter(card, device="cuda", dtype="bfloat16")
-prompt = torch.randint(0, 50257, (4096,), generator=torch.Generator().manual_seed(0)).tolist()
-cfg = GenerationConfig(max_new_tokens=32, stop_at_eos=False)
-adapter.generate([prompt], cfg)  # warm-up: compiles every kernel shape
-torch.cuda.synchronize()
-t0 = time.perf_counter()
-adapter.generate([prompt], cfg)
-torch.cuda.synchronize()
-print(f"{card.name}: 4096-token prompt + 32 new tokens in {time.perf_counter() - t0:.3f} s")
-with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-    adapter.generate([prompt], cfg)
-    torch.cuda.synchronize()
-print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25, max_name_column_width=60))
+
+def _args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--card", default="fox-pro")
+    p.add_argument("--path", default="compiled", choices=["eager", "static", "graph", "compiled"])
+    p.add_argument("--length", type=int, default=4096, help="Prompt tokens before the profiled steps.")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--steps", type=int, default=64, help="Steps timed, then steps profiled.")
+    p.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke test (eager/static; CPU op times).")
+    p.add_argument("--out", type=Path, required=True)
+    return p.parse_args()
+
+
+def main() -> None:
+    a = _args()
+    card = replace(load_card(a.card), weights={"source": "random", "seed": 0})
+    cuda = a.device == "cuda"
+    adapter = NativeAdapter(card, device=a.device, dtype="bfloat16" if cuda else "float32")
+    model, device = adapter.model, adapter.device
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    self_us = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, adapter.tokenizer.vocab_size, (a.batch, a.length), generator=gen).to(device)
+    capacity = a.length + 2 * a.steps + 8
+    with torch.inference_mode(), adapter._autocast():
+        decoder, taken = _decoder(model, a.path, device, True, a.batch, capacity, None)
+        if taken in ("graph", "compiled"):
+            step = CudaGraphStep(model, decoder)
+        else:
+
+            def step(tok):
+                return model.logits(decoder.step(tok[:, None])).argmax(-1)
+
+        tok = model.logits(decoder.prefill(ids)).argmax(-1)
+        for _ in range(4):  # warm-up, compile, capture
+            tok = step(tok)
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(a.steps):
+            tok = step(tok)
+        sync()
+        ms = (time.perf_counter() - t0) * 1e3 / a.steps
+        with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+            for _ in range(a.steps):
+                tok = step(tok)
+            sync()
+    # on a CPU the "kernels" are the leaf ops (self time), which is what the device runs there
+    kind = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
+    kernels = [e for e in prof.key_averages() if e.device_type == kind and self_us(e) > 0]
+    device_us = sum(self_us(e) for e in kernels) / a.steps
+    top = sorted(kernels, key=lambda e: -self_us(e))
+    name = f"profile_{a.path}_{a.length}_b{a.batch}"
+    a.out.mkdir(parents=True, exist_ok=True)
+    device_name = torch.cuda.get_device_name() if cuda else "cpu"
+    head = (f"{card.name} ({device_name}), path {taken}, batch {a.batch}, after {a.length} tokens: "
+            f"{ms:.3f} ms per step wall, {device_us / 1e3:.3f} ms of device kernels per step "
+            f"({device_us / 1e3 / ms:.0%} busy)")  # fmt: skip
+    rows = [f"{'kernel':<100} {'calls/step':>10} {'us/step':>9} {'share':>6}"]
+    for e in top[:40]:
+        us = self_us(e) / a.steps
+        rows.append(f"{e.key[:100]:<100} {e.count / a.steps:>10.2f} {us:>9.1f} {us / device_us:>6.1%}")
+    (a.out / f"{name}.txt").write_text(head + "\n\n" + "\n".join(rows) + "\n")
+    summary = {"card": card.name, "path": taken, "length": a.length, "batch": a.batch, "steps": a.steps,
+               "ms_per_step": ms, "device_ms_per_step": device_us / 1e3, "kernels_per_step": sum(e.count for e in
+               kernels) / a.steps, "top": [{"kernel": e.key, "calls_per_step": e.count / a.steps,
+               "us_per_step": self_us(e) / a.steps} for e in top[:40]],
+               "device": device_name, "versions": versions(), "git_commit": git_commit()}  # fmt: skip
+    (a.out / f"{name}.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(head)
+    print("\n".join(rows[:25]))
+
+
+if __name__ == "__main__":
+    main()

@@ -283,3 +283,22 @@ def test_compile_breaks_script_finds_the_reference_cache_slice(tmp_path):
     report = json.loads((tmp_path / "compile_breaks.json").read_text())
     assert report["graph_breaks"] >= 1 and report["graphs"] == report["graph_breaks"] + 1
     assert all("cached_attention" in "".join(b["user_stack"]) for b in report["breaks"])
+
+
+def test_profile_decode_script_reports_the_step(tmp_path):
+    """scripts/profile_decode.py on a CPU (static path, fox-pro-tiny): the step's ops add up to its device time."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    run = [sys.executable, str(root / "scripts" / "profile_decode.py"), "--card", "fox-pro-tiny", "--device", "cpu",
+           "--path", "static", "--length", "32", "--steps", "3", "--out", str(tmp_path)]  # fmt: skip
+    subprocess.run(run, check=True, capture_output=True, timeout=300, env={**os.environ, "PYTHONPATH": str(root)})
+    report = json.loads((tmp_path / "profile_static_32_b1.json").read_text())
+    assert report["path"] == "static" and report["ms_per_step"] > 0 and report["device_ms_per_step"] > 0
+    assert sum(t["us_per_step"] for t in report["top"]) <= report["device_ms_per_step"] * 1e3 * 1.0001
+    assert any(t["kernel"] == "aten::mm" for t in report["top"])  # the projections
+    assert "ms of device kernels per step" in (tmp_path / "profile_static_32_b1.txt").read_text()
