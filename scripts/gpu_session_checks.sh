@@ -17,6 +17,12 @@
 #                   weights never stop early) on fox-pro-random, batch size from free memory; time in results.json
 #   longbench_time  issue #18: LongBench's 14 FoX tasks on a self-made fixture (20 records each, from the books in
 #                   $DATA/heldout: scripts/make_longbench_fixture.py) on fox-pro-random; time in results.json
+#   profile_step    scripts/profile_decode.py: one compiled and one graph decode step of the 760M FoX (Pro) after 4K
+#                   tokens at batch 1 (ms per step, GPU kernel time, the kernels by time)
+#   generate_grid   issue #18's full grid: bench generate, FoX (Pro) 760M, 1K-64K x batch 1/8/32, graph and compiled
+#                   (cells that do not fit in memory are skipped; resumable)
+#   hf_twin         issue #18 part 4: transformer-llama (760M) natively and as a transformers LLaMA twin
+#                   (scripts/make_hf_twin.py), bench generate at 1K/4K/16K x batch 1/8 on every path of each
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_session_checks}
 STEPS=${STEPS:-gca generate_check generate_bench drt_memory torchrun}
@@ -52,6 +58,13 @@ for step in $STEPS; do
             --books '${DATA:-../shared/data/gutenberg}/heldout' --out '$OUT/longbench_time/fixture' --per-task 20 && \
             python3 -m evalsuite.cli longbench --model fox-pro-random --data '$OUT/longbench_time/fixture' \
             --device cuda --dtype bfloat16 --batch-size 4 --out '$OUT/longbench_time/run'" ;;
+        profile_step) run_step profile_step bash -c "for p in compiled graph; do python3 scripts/profile_decode.py \
+            --card fox-pro --path \$p --length 4096 --batch 1 --out '$OUT/profile_step' || exit 1; done" ;;
+        generate_grid) run_step generate_grid python3 -m evalsuite.cli bench generate --out "$OUT/generate_grid" \
+            --lengths 1024,2048,4096,8192,16384,32768,65536 --batches 1,8,32 --paths graph,compiled --new-tokens 128 ;;
+        hf_twin) run_step hf_twin bash -c "python3 scripts/make_hf_twin.py --card transformer-llama \
+            --out /tmp/hf-twin && python3 -m evalsuite.cli bench generate --out '$OUT/hf_twin' --model transformer-llama \
+            --model hf:/tmp/hf-twin --lengths 1024,4096,16384 --batches 1,8 --paths eager,graph,compiled --new-tokens 64" ;;
         *) echo "unknown step $step" ;;
     esac
 done

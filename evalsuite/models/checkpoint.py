@@ -81,7 +81,8 @@ def save_checkpoint(
             raise UserError(f"{type(model).__name__} belongs to no registered model family")
     ckpt_dir = Path(ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    # copies: parameters may be rows of one shared buffer (evalsuite/models/packed.py), which safetensors refuses
+    state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}
     if dtype is not None:
         state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
     save_file(state, str(ckpt_dir / "model.safetensors"))

@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from evalsuite.models.packed import PackedLinears
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     """RMSNorm over the last dim, computed in float32, returned in x's dtype."""
@@ -63,9 +65,23 @@ class SwiGLU(nn.Module):
         self.gate_proj = nn.Linear(d, hidden, bias=False)
         self.up_proj = nn.Linear(d, hidden, bias=False)
         self.down_proj = nn.Linear(hidden, d, bias=False)
+        self.step_pack: PackedLinears | None = None
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    def pack_step(self) -> None:
+        """Let :meth:`step` compute gate and up as one GEMM (:mod:`evalsuite.models.packed`)."""
+        if self.step_pack is None:
+            self.step_pack = PackedLinears({"gate": self.gate_proj, "up": self.up_proj})
+        self.step_pack.ensure()
+
+    def step(self, x):
+        """:meth:`forward` for a decode step, with gate and up stacked once :meth:`pack_step` ran."""
+        if self.step_pack is None:
+            return self(x)
+        y = self.step_pack(x)
+        return self.down_proj(F.silu(y["gate"]) * y["up"])
 
 
 class ShiftProjection(nn.Module):
@@ -83,11 +99,16 @@ class ShiftProjection(nn.Module):
         self.num_heads = num_heads
 
     def forward(self, x, prev: torch.Tensor | None, pad: torch.Tensor | None):
-        B, T, _ = x.shape
-        out = self.linear(x).view(B, T, self.num_heads, -1)
+        return self.mix(self.linear(x), self.shift(x), prev, pad)
+
+    def mix(self, projected, shift_logits, prev: torch.Tensor | None, pad: torch.Tensor | None):
+        """:meth:`forward` from ``linear(x)`` ``[B, T, D]`` and ``shift(x)`` ``[B, T, H]`` (computed elsewhere,
+        e.g. stacked with other maps of x in a decode step)."""
+        B, T, _ = projected.shape
+        out = projected.view(B, T, self.num_heads, -1)
         if pad is not None:  # padding rows must not leak into the first real token
             out = out.masked_fill(pad[:, :, None, None], 0.0)
-        alpha = torch.sigmoid(self.shift(x).float())[..., None]  # [B, T, H, 1]
+        alpha = torch.sigmoid(shift_logits.float())[..., None]  # [B, T, H, 1]
         first = torch.zeros_like(out[:, :1]) if prev is None else prev[:, None].to(out.dtype)
         previous = torch.cat([first, out[:, :-1]], dim=1)
         mixed = alpha * previous.float() + (1 - alpha) * out.float()

@@ -22,6 +22,7 @@ class FoxStaticDecoder(StaticDecoder):
 
     def __init__(self, model, batch: int, capacity: int, start: torch.Tensor | None = None):
         self.model = model
+        model.pack_step()  # one GEMM per input for the step's small matrix products (evalsuite/models/packed.py)
         self.state = model.new_state(batch, capacity, start)
         device = model.embed.weight.device
         self.length = torch.zeros(1, dtype=torch.long, device=device)

@@ -35,6 +35,7 @@ from evalsuite.kernels.forgetting import BACKENDS, attention, cached_attention, 
 from evalsuite.models.base import DecodeState, EmbeddingHeadLM, normal_init_
 from evalsuite.models.fox.decoder import FoxStaticDecoder
 from evalsuite.models.layers import HeadRMSNorm, RMSNorm, ShiftProjection, SwiGLU, rope
+from evalsuite.models.packed import PackedLinears
 
 FGATE_TYPES = ("full", "bias_only", "fixed", "none")
 PAD_BIAS = 1e30  # added to the cumulative log-forget of padding keys; exp(-1e30) == 0 in fp32
@@ -193,43 +194,68 @@ class ForgettingAttention(nn.Module):
             self.ogate_proj = nn.Linear(D, D, bias=False)
         if cfg.use_output_norm:
             self.out_norm = HeadRMSNorm(H, hd, cfg.norm_eps, shared=False)
+        self.step_pack: PackedLinears | None = None
 
-    def _project(self, proj, x, prev, pad):
+    def pack_step(self) -> None:
+        """Let :meth:`step` compute every linear map of its input as one GEMM (:mod:`evalsuite.models.packed`)."""
+        if self.step_pack is None:
+            maps = {"q": self.q_proj}
+            for name, proj in (("k", self.k_proj), ("v", self.v_proj)):
+                if isinstance(proj, ShiftProjection):
+                    maps[name], maps[f"{name}_shift"] = proj.linear, proj.shift
+                else:
+                    maps[name] = proj
+            if self.cfg.fgate_type == "full":
+                maps["fgate"] = self.fgate_proj
+            if self.cfg.use_output_gate:
+                maps["ogate"] = self.ogate_proj
+            self.step_pack = PackedLinears(maps)
+        self.step_pack.ensure()
+
+    def _maps(self, x, packed: bool):
+        """``lin(name, module)``: the linear map ``module`` of x, each computed on its own or, in a packed step,
+        read from one GEMM over all of them."""
+        if not packed:
+            return lambda name, module: module(x)
+        y = self.step_pack(x)
+        return lambda name, module: y[name]
+
+    def _project(self, name, proj, lin, x, prev, pad):
         if isinstance(proj, ShiftProjection):
-            return proj(x, prev, pad)
+            return proj.mix(lin(name, proj.linear), lin(f"{name}_shift", proj.shift), prev, pad)
         B, T, _ = x.shape
-        return proj(x).view(B, T, self.cfg.num_heads, -1), None
+        return lin(name, proj).view(B, T, self.cfg.num_heads, -1), None
 
-    def log_forget(self, x: torch.Tensor) -> torch.Tensor | None:
-        """log f_t per head, ``[B, T, H]`` float32, or None without a forget gate."""
+    def log_forget(self, x: torch.Tensor, lin=None) -> torch.Tensor | None:
+        """log f_t per head, ``[B, T, H]`` float32, or None without a forget gate (``lin``: see :meth:`_maps`)."""
         if self.cfg.fgate_type == "none":
             return None
         if self.cfg.fgate_type == "full":
-            return F.logsigmoid(self.fgate_proj(x).float())
+            return F.logsigmoid((lin or self._maps(x, False))("fgate", self.fgate_proj).float())
         B, T, _ = x.shape
         return F.logsigmoid(self.fgate_bias.float()).expand(B, T, -1)
 
-    def _heads(self, x, positions, pad, k_prev, v_prev):
+    def _heads(self, x, positions, pad, k_prev, v_prev, lin):
         """q, k, v ``[B, T, H, hd]`` (after QK-norm and RoPE) and the last projected k/v rows of the KV-shifts
         (``[B, H, hd]``, None without a shift); k_prev/v_prev: the cached rows before x, or None."""
         cfg = self.cfg
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, cfg.num_heads, -1)
-        k, k_last = self._project(self.k_proj, x, k_prev, pad)
-        v, v_last = self._project(self.v_proj, x, v_prev, pad)
+        q = lin("q", self.q_proj).view(B, T, cfg.num_heads, -1)
+        k, k_last = self._project("k", self.k_proj, lin, x, k_prev, pad)
+        v, v_last = self._project("v", self.v_proj, lin, x, v_prev, pad)
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         if cfg.use_rope:
             q, k = rope(q, positions, cfg.rope_base), rope(k, positions, cfg.rope_base)
         return q, k, v, k_last, v_last
 
-    def _output(self, o, x):
+    def _output(self, o, x, lin):
         """Attention output ``[B, T, H, hd]`` -> ``[B, T, D]``: output norm and gate, then o_proj."""
         if self.cfg.use_output_norm:
             o = self.out_norm(o)
         o = o.reshape(*x.shape[:2], -1)
         if self.cfg.use_output_gate:
-            o = o * torch.sigmoid(self.ogate_proj(x))
+            o = o * torch.sigmoid(lin("ogate", self.ogate_proj))
         return self.o_proj(o)
 
     def forward(self, x, positions, pad=None, cache: LayerCache | None = None, cache_len: int = 0, backend="auto"):
@@ -237,11 +263,12 @@ class ForgettingAttention(nn.Module):
         cfg = self.cfg
         B, T, _ = x.shape
         cached = cache is not None and cache_len > 0
+        lin = self._maps(x, packed=False)
         q, k, v, k_last, v_last = self._heads(
-            x, positions, pad, cache.k_prev if cached else None, cache.v_prev if cached else None
+            x, positions, pad, cache.k_prev if cached else None, cache.v_prev if cached else None, lin
         )
 
-        log_f = self.log_forget(x)
+        log_f = self.log_forget(x, lin)
         if pad is not None:
             # Left padding is folded into the decay bias, so every backend handles it unchanged: padded
             # keys get +PAD_BIAS, which makes c_i - c_j hugely negative (weight exactly 0) for real queries.
@@ -267,18 +294,20 @@ class ForgettingAttention(nn.Module):
         else:
             k_all, v_all, cum_all = k, v, cum
         o = attention(q, k_all, v_all, cum, cum_all, backend=backend)
-        return self._output(o, x)
+        return self._output(o, x, lin)
 
     def step(self, x, positions, cache: LayerCache, length: torch.Tensor, start, backend="auto"):
         """One new token per sequence, appended at ``length`` (``[1]`` long on the device: positions cached
         before it) to a cache filled by :meth:`forward`. x: ``[B, 1, D]`` normed input; positions: ``[B, 1]``.
         Fixed shapes, in-place cache writes and a cache length read on the device: CUDA-graph safe with the
         Triton backend (:func:`~evalsuite.kernels.forgetting.cached_attention`). The same function as
-        :meth:`forward` with the cache (the tests compare them)."""
-        q, k, v, k_last, v_last = self._heads(x, positions, None, cache.k_prev, cache.v_prev)
+        :meth:`forward` with the cache (the tests compare them). After :meth:`pack_step`, the linear maps of x
+        are one GEMM."""
+        lin = self._maps(x, packed=self.step_pack is not None)
+        q, k, v, k_last, v_last = self._heads(x, positions, None, cache.k_prev, cache.v_prev, lin)
         cum = None
         if cache.cum is not None:  # gated, or ungated with left padding (the cache carries the padding bias)
-            log_f = self.log_forget(x)
+            log_f = self.log_forget(x, lin)
             log_f = torch.zeros_like(cache.cum[:, :1]) if log_f is None else log_f
             cum = cache.cum.index_select(1, length - 1) + log_f
             cache.cum.index_copy_(1, length, cum)
@@ -288,7 +317,7 @@ class ForgettingAttention(nn.Module):
             if last is not None:
                 row.copy_(last)
         o = cached_attention(q, cache.k, cache.v, cum, cache.cum, length + 1, key_start=start, backend=backend)
-        return self._output(o, x)
+        return self._output(o, x, lin)
 
 
 class Block(nn.Module):
@@ -306,7 +335,14 @@ class Block(nn.Module):
 
     def step(self, h, positions, cache, length, start, backend):
         """:meth:`ForgettingAttention.step` in the block (graph-safe decoding)."""
-        return self._mlp(h + self.attn.step(self.attn_norm(h), positions, cache, length, start, backend))
+        h = h + self.attn.step(self.attn_norm(h), positions, cache, length, start, backend)
+        return h + self.mlp.step(self.mlp_norm(h)) if hasattr(self, "mlp") else h
+
+    def pack_step(self) -> None:
+        """Stack the weights of the linear maps :meth:`step` applies to one input (one GEMM each)."""
+        self.attn.pack_step()
+        if hasattr(self, "mlp"):
+            self.mlp.pack_step()
 
     def _mlp(self, h):
         return h + self.mlp(self.mlp_norm(h)) if hasattr(self, "mlp") else h
@@ -354,6 +390,11 @@ class ForgettingTransformer(EmbeddingHeadLM):
 
     def static_decoder(self, batch: int, capacity: int, start: torch.Tensor | None = None) -> FoxStaticDecoder:
         return FoxStaticDecoder(self, batch, capacity, start)
+
+    def pack_step(self) -> None:
+        """Stack each block's step weights (:mod:`evalsuite.models.packed`); the static decoder calls this."""
+        for block in self.blocks:
+            block.pack_step()
 
     def forward(self, input_ids: torch.Tensor, state: KVCache | None = None, start: torch.Tensor | None = None):
         """input_ids: ``[B, T]`` -> hidden ``[B, T, D]`` after the final norm.
