@@ -158,8 +158,11 @@ class CudaGraphStep:
     The first ``warmup`` calls run eagerly on a side stream (lazy initialisation and Triton autotuning must not
     happen inside a capture: the recipe of the torch.cuda.graphs notes); they are real decode steps and their
     tokens are used. The next call records the same function -- a capture records kernels without running them,
-    so the state is not advanced by it -- and replays it; later calls copy the token in and replay. The returned
-    tensor is the graph's static output: read it before the next call.
+    so the state is not advanced by it -- and replays it; later calls copy the token in and replay (and tell the
+    decoder, :meth:`~evalsuite.models.base.StaticDecoder.replayed`). A step the decoder marks as due eagerly
+    (:meth:`~evalsuite.models.base.StaticDecoder.eager_step_due`, DRT's chunk boundaries) runs outside the graph,
+    updating the same buffers the graph reads. The returned tensor is the graph's static output: read it before the
+    next call.
     """
 
     def __init__(self, model, decoder, warmup: int = GRAPH_WARMUP):
@@ -175,6 +178,9 @@ class CudaGraphStep:
         if self.inp is None:
             self.inp, self.out = torch.empty_like(tok), torch.empty_like(tok)
         self.inp.copy_(tok)
+        if self.decoder.eager_step_due():  # a step of another shape (DRT's chunk boundary): outside the graph
+            self._step()
+            return self.out
         if self.graph is None and self.warmup > 0:
             self.warmup -= 1
             side = torch.cuda.Stream()
@@ -187,7 +193,9 @@ class CudaGraphStep:
         if self.graph is None:
             self.graph = torch.cuda.CUDAGraph()
             with _uncached_autocast("cuda"), torch.cuda.graph(self.graph):
-                self._step()
+                self._step()  # the step's Python ran once here: its host-side bookkeeping is done
+        else:
+            self.decoder.replayed()
         self.graph.replay()
         return self.out
 

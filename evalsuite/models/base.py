@@ -137,6 +137,16 @@ class StaticDecoder(ABC):
         ``compiled`` path then captures that in a CUDA graph). False where the family does not offer it."""
         return False
 
+    def eager_step_due(self) -> bool:
+        """Whether the next :meth:`step` must run eagerly, outside a captured graph (it takes another path: DRT's
+        chunk boundaries). The engine asks before every step."""
+        return False
+
+    def replayed(self) -> None:
+        """Host-side bookkeeping for a step the engine replayed from its graph (where :meth:`step` did not run);
+        none by default."""
+        return None
+
 
 class RecurrentStaticDecoder(StaticDecoder):
     """The static decoder of a family with a :class:`RecurrentState` (GSA, TNL): the state is fixed-size already;

@@ -69,6 +69,48 @@ def sliding_window_attention(q, k, v, slopes, window: int, block: int | None = N
     return torch.cat(outs, 2).transpose(1, 2).to(q.dtype)
 
 
+def ring_window_attention(q, k, v, ring: WindowRing, slopes) -> torch.Tensor:
+    """:func:`sliding_window_attention` of one new position over the ring of cached keys of a static decoder
+    (graph-safe: fixed shapes, positions on the device).
+
+    q, k, v ``[B, 1, H, hd]``: the new position's (at ``ring.position``); the keys are the ring's (at the positions
+    ``ring.slot_pos``; empty slots lie far outside the window) and k itself. Same ALiBi bias, window and float32
+    softmax; the keys come in ring order, not by position (the sum is the same up to rounding). Returns
+    ``[B, 1, H, hd]`` in q's dtype."""
+    compute = _compute_dtype(q)
+    with torch.autocast(q.device.type, enabled=False):
+        keys = torch.cat([ring.k, k], 1).to(compute).transpose(1, 2)  # [B, H, W + 1, hd]
+        values = torch.cat([ring.v, v], 1).to(compute).transpose(1, 2)
+        k_pos = torch.cat([ring.slot_pos, ring.position])
+        mask = window_bias(ring.position, k_pos, slopes.to(device=q.device, dtype=compute), ring.window)
+        o = F.scaled_dot_product_attention(q.to(compute).transpose(1, 2), keys, values, attn_mask=mask)
+    return o.transpose(1, 2).to(q.dtype)
+
+
+@dataclass
+class WindowRing:
+    """One layer's keys and values of the last ``window`` positions in a static decoder: ``k, v [B, W, H, hd]``,
+    position p in slot ``p % W``. ``slot_pos [W]`` (the position in each slot; :data:`EMPTY_SLOT` if none) and
+    ``position [1]`` (the next position) are long tensors shared by every layer's ring and advanced by the
+    decoder after each step."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    slot_pos: torch.Tensor
+    position: torch.Tensor
+    window: int
+
+    def write(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Put the new position's ``k, v [B, 1, H, hd]`` in its slot (the one of the position ``window`` back, which
+        the next query no longer sees)."""
+        slot = self.position % self.window
+        self.k.index_copy_(1, slot, k.to(self.k.dtype))
+        self.v.index_copy_(1, slot, v.to(self.v.dtype))
+
+
+EMPTY_SLOT = -(1 << 40)  # the position of an empty ring slot: beyond every window
+
+
 def sliding_window_attention_dense(q, k, v, slopes, window: int) -> torch.Tensor:
     """The textbook form of :func:`sliding_window_attention` (one ``Tq x Tk`` score matrix, explicit softmax): the
     test oracle."""
@@ -101,6 +143,15 @@ class WindowAttention(nn.Module):
             k, v = torch.cat([cache[0], k], 1), torch.cat([cache[1], v], 1)
         o = sliding_window_attention(q, k, v, self.m, window)
         return self.o_proj(o.reshape(B, T, D)), (k, v)
+
+    def step(self, x, ring: WindowRing):
+        """:meth:`forward` of one new position ``x [B, 1, D]`` over a static ring (graph-safe); writes its keys and
+        values into the ring."""
+        B, _, D = x.shape
+        q, k, v = (p(x).view(B, 1, self.num_heads, self.head_dim) for p in (self.q_proj, self.k_proj, self.v_proj))
+        o = ring_window_attention(q, k, v, ring, self.m)
+        ring.write(k, v)
+        return self.o_proj(o.reshape(B, 1, D))
 
 
 @dataclass
@@ -174,11 +225,19 @@ class DecoderLayer(nn.Module):
 
     def forward(self, h, cache, window: int, plan: GCAPlan | None = None, backend: str = "auto"):
         a, kv = self.self_attn(self.input_layernorm(h), cache, window)
+        return self._rest(h, a, plan, backend), kv
+
+    def step(self, h, ring: WindowRing, plan: GCAPlan | None, backend: str):
+        """:meth:`forward` of one new position over a static ring (a static decoder's step)."""
+        return self._rest(h, self.self_attn.step(self.input_layernorm(h), ring), plan, backend)
+
+    def _rest(self, h, a, plan, backend):
+        """The block after its self-attention output ``a``: GCA (with a plan) and the MLP, wired as above."""
         r = h + a
         o = self.gca(r, plan, backend) if plan is not None else None
         if not hasattr(self, "mlp"):
-            return (r if o is None else r + o), kv
-        return r + self.mlp(self.post_attention_layernorm(r if o is None else r + o)), kv
+            return r if o is None else r + o
+        return r + self.mlp(self.post_attention_layernorm(r if o is None else r + o))
 
 
 class EncoderLayer(nn.Module):

@@ -42,6 +42,7 @@ from torch import nn
 
 from evalsuite.kernels.grouped_cross import BACKENDS
 from evalsuite.models.base import EmbeddingHeadLM, normal_init_
+from evalsuite.models.drt.decoder import DrtStaticDecoder
 from evalsuite.models.drt.layers import ChunkEncoder, DecoderLayer, GCAPlan, drt_alibi_slopes
 from evalsuite.models.drt.memory import ChunkMemory, ChunkMemoryState, Retrieval, RowGroup
 from evalsuite.models.layers import RMSNorm
@@ -376,6 +377,9 @@ class DRTForCausalLM(EmbeddingHeadLM):
                 RowGroup(rows, s, self._memory(len(rows), capacity - s, offload)) for rows, s in _row_groups(start)
             ]
         return ChunkMemoryState(groups, batch, start, offload)
+
+    def static_decoder(self, batch: int, capacity: int, start: torch.Tensor | None = None) -> DrtStaticDecoder:
+        return DrtStaticDecoder(self, batch, capacity, start)
 
     def decode_state_size(self, length: int, dtype: torch.dtype) -> dict:
         """What a :class:`ChunkMemoryState` holds per sequence after ``length`` tokens (``E = length + N`` positions,
