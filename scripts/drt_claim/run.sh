@@ -7,6 +7,10 @@
 #
 #   OUT=/some/dir DATA=../shared/data/gutenberg bash scripts/drt_claim/run.sh [model ...]
 #
+# SUFFIX picks the card set: gutenberg (GPT-2 tokens, d = 64: the 50K-token embedding is most of the 8 MB a shipped
+# model may weigh, and the first run's models could not copy a passkey, results/drt_claim/2026-11-26-first-run) or
+# bytes (UTF-8 bytes, d = 160, 3.5-3.8M parameters: the same weight budget spent on the layers).
+#
 # Writes $OUT/<model>/{pretrained,checkpoint,train.json,passkey,2hop,loss} and $OUT/log.txt (pretrained/: the model
 # before fine-tuning, to fine-tune again another way: STEPS=0 TRAIN_ARGS="--init $OUT/<model>/pretrained"). A model whose checkpoint exists
 # is not retrained; finished evaluation cells are not rerun (the run directories resume).
@@ -24,6 +28,7 @@ LENGTHS=${LENGTHS:-1024,4096,16384,32768}
 SAMPLES=${SAMPLES:-40}
 DEVICE=${DEVICE:-cuda}
 BATCH=${BATCH:-32}
+SUFFIX=${SUFFIX:-gutenberg}
 FINETUNE_LOSS=${FINETUNE_LOSS:-all}  # all: the released data's labels; answer: the answer tokens only
 TRAIN_ARGS=${TRAIN_ARGS:-}  # e.g. "--max-tokens 200000" (smoke test), "--init DIR", "--pretrain-retrieval-rows 8"
 mkdir -p "$OUT"
@@ -31,7 +36,7 @@ exec > >(tee -a "$OUT/log.txt") 2>&1
 python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu")'
 
 for m in ${MODELS[@]}; do
-    card="$HERE/$m-gutenberg.yaml"
+    card="$HERE/$m-$SUFFIX.yaml"
     run="$OUT/$m"
     if [ ! -f "$run/checkpoint/model.safetensors" ]; then
         evalsuite train-lm --model "$card" --corpus "$DATA/train" --heldout "$DATA/heldout" --seq-len 1024 \
