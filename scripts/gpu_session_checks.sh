@@ -21,6 +21,8 @@
 #                   tokens at batch 1 (ms per step, GPU kernel time, the kernels by time)
 #   generate_grid   issue #18's full grid: bench generate, FoX (Pro) 760M, 1K-64K x batch 1/8/32, graph and compiled
 #                   (cells that do not fit in memory are skipped; resumable)
+#   drt_generate    issue #18: the paper-sized DRT (128M, random weights) on its eager and graph paths (static
+#                   decoder: window rings and retrieved chunks in buffers, chunk-ending steps eager), 4K-64K, batch 1/8
 #   hf_twin         issue #18 part 4: transformer-llama (760M) natively and as a transformers LLaMA twin
 #                   (scripts/make_hf_twin.py), bench generate at 1K/4K/16K x batch 1/8 on every path of each
 set -uo pipefail
@@ -62,6 +64,8 @@ for step in $STEPS; do
             --card fox-pro --path \$p --length 4096 --batch 1 --out '$OUT/profile_step' || exit 1; done" ;;
         generate_grid) run_step generate_grid python3 -m evalsuite.cli bench generate --out "$OUT/generate_grid" \
             --lengths 1024,2048,4096,8192,16384,32768,65536 --batches 1,8,32 --paths graph,compiled --new-tokens 128 ;;
+        drt_generate) run_step drt_generate python3 -m evalsuite.cli bench generate --out "$OUT/drt_generate" \
+            --model drt --lengths 4096,16384,65536 --batches 1,8 --paths eager,graph --new-tokens 128 ;;
         hf_twin) run_step hf_twin bash -c "python3 scripts/make_hf_twin.py --card transformer-llama \
             --out /tmp/hf-twin && python3 -m evalsuite.cli bench generate --out '$OUT/hf_twin' --model transformer-llama \
             --model hf:/tmp/hf-twin --lengths 1024,4096,16384 --batches 1,8 --paths eager,graph,compiled --new-tokens 64" ;;
