@@ -18,7 +18,7 @@
 #   longbench_time  issue #18: LongBench's 14 FoX tasks on a self-made fixture (20 records each, from the books in
 #                   $DATA/heldout: scripts/make_longbench_fixture.py) on fox-pro-random; time in results.json
 #   profile_step    scripts/profile_decode.py: one compiled and one graph decode step of the 760M FoX (Pro) after 4K
-#                   tokens at batch 1 (ms per step, GPU kernel time, the kernels by time)
+#                   tokens at batch 1, with and without the stacked GEMVs (ms per step, GPU kernel time, kernels)
 #   generate_grid   issue #18's full grid: bench generate, FoX (Pro) 760M, 1K-64K x batch 1/8/32, graph and compiled
 #                   (cells that do not fit in memory are skipped; resumable)
 #   drt_generate    issue #18: the paper-sized DRT (128M, random weights) on its eager and graph paths (static
@@ -60,8 +60,9 @@ for step in $STEPS; do
             --books '${DATA:-../shared/data/gutenberg}/heldout' --out '$OUT/longbench_time/fixture' --per-task 20 && \
             python3 -m evalsuite.cli longbench --model fox-pro-random --data '$OUT/longbench_time/fixture' \
             --device cuda --dtype bfloat16 --batch-size 4 --out '$OUT/longbench_time/run'" ;;
-        profile_step) run_step profile_step bash -c "for p in compiled graph; do python3 scripts/profile_decode.py \
-            --card fox-pro --path \$p --length 4096 --batch 1 --out '$OUT/profile_step' || exit 1; done" ;;
+        profile_step) run_step profile_step bash -c "for p in compiled graph; do for k in '' --no-pack; do \
+            python3 scripts/profile_decode.py --card fox-pro --path \$p --length 4096 --batch 1 \$k \
+            --out '$OUT/profile_step' || exit 1; done; done" ;;
         generate_grid) run_step generate_grid python3 -m evalsuite.cli bench generate --out "$OUT/generate_grid" \
             --lengths 1024,2048,4096,8192,16384,32768,65536 --batches 1,8,32 --paths graph,compiled --new-tokens 128 ;;
         drt_generate) run_step drt_generate python3 -m evalsuite.cli bench generate --out "$OUT/drt_generate" \

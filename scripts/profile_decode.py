@@ -25,6 +25,7 @@ from torch.profiler import ProfilerActivity, profile
 from evalsuite.adapters.native import NativeAdapter
 from evalsuite.cards import load_card
 from evalsuite.generation import CudaGraphStep, _decoder
+from evalsuite.models.fox import decoder as fox_decoder
 from evalsuite.provenance import git_commit, versions
 
 
@@ -36,12 +37,14 @@ def _args():
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--steps", type=int, default=64, help="Steps timed, then steps profiled.")
     p.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke test (eager/static; CPU op times).")
+    p.add_argument("--no-pack", action="store_true", help="FoX: keep the step's GEMVs apart (before/after).")
     p.add_argument("--out", type=Path, required=True)
     return p.parse_args()
 
 
 def main() -> None:
     a = _args()
+    fox_decoder.PACK_STEP = not a.no_pack
     card = replace(load_card(a.card), weights={"source": "random", "seed": 0})
     cuda = a.device == "cuda"
     adapter = NativeAdapter(card, device=a.device, dtype="bfloat16" if cuda else "float32")
@@ -78,10 +81,12 @@ def main() -> None:
     kernels = [e for e in prof.key_averages() if e.device_type == kind and self_us(e) > 0]
     device_us = sum(self_us(e) for e in kernels) / a.steps
     top = sorted(kernels, key=lambda e: -self_us(e))
-    name = f"profile_{a.path}_{a.length}_b{a.batch}"
+    packed = any(getattr(m, "step_pack", None) is not None for m in model.modules())
+    name = f"profile_{a.path}_{a.length}_b{a.batch}" + ("" if packed else "_unpacked")
     a.out.mkdir(parents=True, exist_ok=True)
     device_name = torch.cuda.get_device_name() if cuda else "cpu"
-    head = (f"{card.name} ({device_name}), path {taken}, batch {a.batch}, after {a.length} tokens: "
+    head = (f"{card.name} ({device_name}), path {taken}{', packed GEMVs' if packed else ''}, batch {a.batch}, "
+            f"after {a.length} tokens: "
             f"{ms:.3f} ms per step wall, {device_us / 1e3:.3f} ms of device kernels per step "
             f"({device_us / 1e3 / ms:.0%} busy)")  # fmt: skip
     rows = [f"{'kernel':<100} {'calls/step':>10} {'us/step':>9} {'share':>6}"]
@@ -89,10 +94,11 @@ def main() -> None:
         us = self_us(e) / a.steps
         rows.append(f"{e.key[:100]:<100} {e.count / a.steps:>10.2f} {us:>9.1f} {us / device_us:>6.1%}")
     (a.out / f"{name}.txt").write_text(head + "\n\n" + "\n".join(rows) + "\n")
-    summary = {"card": card.name, "path": taken, "length": a.length, "batch": a.batch, "steps": a.steps,
-               "ms_per_step": ms, "device_ms_per_step": device_us / 1e3, "kernels_per_step": sum(e.count for e in
-               kernels) / a.steps, "top": [{"kernel": e.key, "calls_per_step": e.count / a.steps,
-               "us_per_step": self_us(e) / a.steps} for e in top[:40]],
+    top_rows = [{"kernel": e.key, "calls_per_step": e.count / a.steps, "us_per_step": self_us(e) / a.steps}
+                for e in top[:40]]  # fmt: skip
+    summary = {"card": card.name, "path": taken, "packed": packed, "length": a.length, "batch": a.batch,
+               "steps": a.steps, "ms_per_step": ms, "device_ms_per_step": device_us / 1e3,
+               "kernels_per_step": sum(e.count for e in kernels) / a.steps, "top": top_rows,
                "device": device_name, "versions": versions(), "git_commit": git_commit()}  # fmt: skip
     (a.out / f"{name}.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(head)

@@ -15,6 +15,9 @@ import torch
 from evalsuite.kernels.forgetting import cached_attention_graph_safe
 from evalsuite.models.base import StaticDecoder
 
+# Whether static decoders stack the step's weights; False only to measure without (scripts/profile_decode.py).
+PACK_STEP = True
+
 
 class FoxStaticDecoder(StaticDecoder):
     """Static decoding for a :class:`~evalsuite.models.fox.model.ForgettingTransformer` (any of its four
@@ -22,7 +25,8 @@ class FoxStaticDecoder(StaticDecoder):
 
     def __init__(self, model, batch: int, capacity: int, start: torch.Tensor | None = None):
         self.model = model
-        model.pack_step()  # one GEMM per input for the step's small matrix products (evalsuite/models/packed.py)
+        if PACK_STEP:  # one GEMM per input for the step's small matrix products (evalsuite/models/packed.py)
+            model.pack_step()
         self.state = model.new_state(batch, capacity, start)
         device = model.embed.weight.device
         self.length = torch.zeros(1, dtype=torch.long, device=device)
