@@ -214,5 +214,10 @@ def train_lm_cmd(
                            finetune_loss=finetune_loss, pretrain_retrieval_rows=pretrain_retrieval_rows)  # fmt: skip
     summary = train_lm(load_card(model), config, out, device=resolve_device(device), heldout=heldout, init=init)
     final = summary["final_eval"]
+    retrieval = ""
+    if "retrieval_first_accuracy" in final:
+        retrieval = (f", held-out passkey/2-hop answers: first-token accuracy {final['retrieval_first_accuracy']:.3f}"
+                     f", token accuracy {final['retrieval_accuracy']:.3f}")  # fmt: skip
     typer.echo(f"{summary['model']}: {summary['steps']} steps in {summary['seconds']:.0f} s, held-out loss "
-               f"{final['loss']:.3f}, next-token accuracy {final['accuracy']:.3f}; wrote {out}/checkpoint")  # fmt: skip
+               f"{final['loss']:.3f}, next-token accuracy {final['accuracy']:.3f}{retrieval}; "
+               f"wrote {out}/checkpoint")  # fmt: skip

@@ -191,21 +191,37 @@ def chunked_cross_entropy(model, inputs: torch.Tensor, labels: torch.Tensor, row
 
 @torch.no_grad()
 def held_out_scores(model, inputs: torch.Tensor, labels: torch.Tensor, batch: int = 8) -> dict:
-    """Mean loss and next-token accuracy over fixed held-out rows (``[N, T]``)."""
+    """Mean loss and next-token accuracy over the labelled positions of fixed held-out rows (``[N, T]``), and the
+    accuracy at each row's first labelled position (``first_accuracy``: for answer-labelled retrieval rows, the DRT
+    evaluator's first-answer-token accuracy)."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    loss_sum, hits, count = 0.0, 0, 0
+    loss_sum, hits, count, first_hits = 0.0, 0, 0, 0
     for s in range(0, len(inputs), batch):
         x, y = inputs[s : s + batch].to(device), labels[s : s + batch].to(device)
         hidden = model(x)
         mask = y != IGNORE_INDEX
         logits = model.logits(hidden[mask]).float()
         loss_sum += F.cross_entropy(logits, y[mask], reduction="sum").item()
-        hits += (logits.argmax(-1) == y[mask]).sum().item()
+        right = logits.argmax(-1) == y[mask]
+        hits += right.sum().item()
         count += int(mask.sum())
+        first = torch.cumsum(mask.int(), 1)[mask] == 1  # the first labelled position of each row, in mask order
+        first_hits += right[first].sum().item()
     model.train(was_training)
-    return {"loss": loss_sum / count, "accuracy": hits / count}
+    return {"loss": loss_sum / count, "accuracy": hits / count, "first_accuracy": first_hits / len(inputs)}
+
+
+def evaluate(model, rows: torch.Tensor, retrieval: tuple[torch.Tensor, torch.Tensor] | None) -> dict:
+    """Held-out LM scores of ``rows [N, T + 1]`` and, given retrieval rows ``(inputs, answer labels)``, the answers'
+    loss, token accuracy and first-token accuracy (``retrieval_*``): whether retrieval is being learnt, during
+    training, without a separate evaluation run."""
+    scores = held_out_scores(model, rows[:, :-1], rows[:, 1:])
+    scores.pop("first_accuracy")  # every position of a plain row is labelled: the same as the first token's
+    if retrieval is not None:
+        scores.update({f"retrieval_{k}": v for k, v in held_out_scores(model, *retrieval).items()})
+    return scores
 
 
 def train_lm(
@@ -237,6 +253,9 @@ def train_lm(
     if len(held) < n_eval * (T + 1):
         raise UserError(f"held-out corpus too short for {n_eval} rows of {T + 1} tokens")
     rows = torch.from_numpy(held[: n_eval * (T + 1)].astype(np.int64)).view(n_eval, T + 1)
+    retrieval = None
+    if config.finetune_steps or config.pretrain_retrieval_rows:  # passkey/2-hop rows on the held-out text, answers
+        retrieval = next(retrieval_batches(held, tokenizer, T, n_eval, config.seed + 2, answer_only=True))
 
     if init is None:
         model = build_model(card, seed=config.seed)
@@ -277,7 +296,7 @@ def train_lm(
             model,
             batches,
             train_config,
-            evaluate=lambda m: held_out_scores(m, rows[:, :-1], rows[:, 1:]),
+            evaluate=lambda m: evaluate(m, rows, retrieval),
             loss_fn=chunked_cross_entropy,
             on_step=after_step,
         )

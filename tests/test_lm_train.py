@@ -92,6 +92,8 @@ def test_train_lm_writes_a_loadable_checkpoint(corpus, tmp_path):
                            eval_rows=2, warmup_steps=1)  # fmt: skip
     summary = train_lm(load_card("transformer-llama-tiny"), config, tmp_path / "run", progress=False)
     assert summary["steps"] == 6 and summary["final_eval"]["step"] == 6 and summary["save_dtype"] == "bfloat16"
+    final = summary["final_eval"]  # with retrieval training, the held-out passkey/2-hop answers are scored too
+    assert 0 <= final["retrieval_first_accuracy"] <= 1 and final["retrieval_loss"] > 0 and "first_accuracy" not in final
     assert json.loads((tmp_path / "run" / "train.json").read_text())["history"] == summary["history"]
     model, layout = load_checkpoint(tmp_path / "run" / "checkpoint")  # weights stored in bf16, loaded into fp32
     stored = load_file(tmp_path / "run" / "checkpoint" / "model.safetensors")
@@ -134,6 +136,22 @@ def test_train_lm_keeps_the_pretrained_model_and_fine_tunes_from_it(corpus, tmp_
         LMTrainConfig(corpus=str(path), seq_len=256, finetune_loss="question")
     with pytest.raises(UserError, match="nothing to train"):
         LMTrainConfig(corpus=str(path), seq_len=256, steps=0, finetune_steps=0)
+
+
+def test_held_out_scores_count_each_rows_first_labelled_position():
+    """``first_accuracy``: the argmax at each row's first labelled position (the DRT evaluator's answer token)."""
+    from evalsuite.lm_train import held_out_scores
+
+    model = load_card("transformer-llama-tiny").build_module().eval()
+    x = torch.randint(0, 97, (3, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        pred = model.logits(model(x)).argmax(-1)  # [3, 12]
+    y = torch.full_like(x, IGNORE_INDEX)
+    wrong = (pred + 1) % model.vocab_size
+    y[0, 4:7], y[1, 2:3], y[2, 9:12] = pred[0, 4:7], wrong[1, 2:3], pred[2, 9:12]  # row 1 wrong at its first
+    y[2, 9] = wrong[2, 9]  # row 2 wrong at its first, right after it
+    scores = held_out_scores(model, x, y, batch=2)
+    assert scores["first_accuracy"] == 1 / 3 and scores["accuracy"] == 5 / 7
 
 
 def test_pretraining_batches_can_carry_retrieval_rows(corpus, gpt2_stream, tmp_path):
