@@ -21,6 +21,8 @@
 #                   tokens at batch 1, with and without the stacked GEMVs (ms per step, GPU kernel time, kernels)
 #   generate_grid   issue #18's full grid: bench generate, FoX (Pro) 760M, 1K-64K x batch 1/8/32, graph and compiled
 #                   (cells that do not fit in memory are skipped; resumable)
+#   tune_decode     scripts/tune_decode.py: the FoX decode kernel's block configs and split counts at 4K/16K keys,
+#                   batch 1/8 (24 heads of 64), each checked against the reference
 #   drt_generate    issue #18: the paper-sized DRT (128M, random weights) on its eager and graph paths (static
 #                   decoder: window rings and retrieved chunks in buffers, chunk-ending steps eager), 4K-64K, batch 1/8
 #   hf_twin         issue #18 part 4: transformer-llama (760M) natively and as a transformers LLaMA twin
@@ -65,6 +67,7 @@ for step in $STEPS; do
             --out '$OUT/profile_step' || exit 1; done; done" ;;
         generate_grid) run_step generate_grid python3 -m evalsuite.cli bench generate --out "$OUT/generate_grid" \
             --lengths 1024,2048,4096,8192,16384,32768,65536 --batches 1,8,32 --paths graph,compiled --new-tokens 128 ;;
+        tune_decode) run_step tune_decode python3 scripts/tune_decode.py --out "$OUT/tune_decode" ;;
         drt_generate) run_step drt_generate python3 -m evalsuite.cli bench generate --out "$OUT/drt_generate" \
             --model drt --lengths 4096,16384,65536 --batches 1,8 --paths eager,graph --new-tokens 128 ;;
         hf_twin) run_step hf_twin bash -c "python3 scripts/make_hf_twin.py --card transformer-llama \

@@ -306,3 +306,20 @@ def test_profile_decode_script_reports_the_step(tmp_path):
     assert sum(t["us_per_step"] for t in report["top"]) <= report["device_ms_per_step"] * 1e3 * 1.0001
     assert any(t["kernel"] == "aten::mm" for t in report["top"])  # the projections
     assert "ms of device kernels per step" in (tmp_path / "profile_static_32_b1.txt").read_text()
+
+
+def test_tune_decode_script_checks_every_split_against_the_reference(tmp_path):
+    """scripts/tune_decode.py under the Triton interpreter (tiny shapes, the interpreter's config): every split
+    count's output agrees with the PyTorch reference."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root), "TRITON_INTERPRET": "1"}
+    subprocess.run([sys.executable, str(root / "scripts" / "tune_decode.py"), "--out", str(tmp_path)], check=True,
+                   capture_output=True, timeout=300, env=env)  # fmt: skip
+    rows = json.loads((tmp_path / "tune_decode.json").read_text())["rows"]
+    assert len({r["splits"] for r in rows}) >= 3 and all(r["max_error"] < 2e-2 for r in rows)
