@@ -81,10 +81,13 @@ def save_checkpoint(
             raise UserError(f"{type(model).__name__} belongs to no registered model family")
     ckpt_dir = Path(ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    # copies: parameters may be rows of one shared buffer (evalsuite/models/packed.py), which safetensors refuses
-    state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}
-    if dtype is not None:
-        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+
+    def stored(v: torch.Tensor) -> torch.Tensor:  # one copy in the stored dtype: parameters may be rows of one
+        # shared buffer (evalsuite/models/packed.py), which safetensors refuses
+        cast = dtype if dtype is not None and v.is_floating_point() else v.dtype
+        return v.detach().to("cpu", dtype=cast, copy=True).contiguous()
+
+    state = {k: stored(v) for k, v in model.state_dict().items()}
     save_file(state, str(ckpt_dir / "model.safetensors"))
     cfg = {"format": OWN_FORMAT, "architecture": architecture, "config": model.config.to_dict()}
     (ckpt_dir / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")

@@ -12,8 +12,8 @@
 # bytes (UTF-8 bytes, d = 160, 3.5-3.8M parameters: the same weight budget spent on the layers).
 #
 # Writes $OUT/<model>/{pretrained,checkpoint,train.json,passkey,2hop,loss} and $OUT/log.txt (pretrained/: the model
-# before fine-tuning, to fine-tune again another way: STEPS=0 TRAIN_ARGS="--init $OUT/<model>/pretrained"). A model whose checkpoint exists
-# is not retrained; finished evaluation cells are not rerun (the run directories resume).
+# before fine-tuning, to fine-tune again another way: STEPS=0 TRAIN_ARGS="--init $OUT/<model>/pretrained"). A model
+# whose checkpoint exists is not retrained; finished evaluation cells are not rerun (the run directories resume).
 # Time on one H100 (batch 32 x 1024, first 60 steps incl. warm-up, 2026-11-26): DRT 180 ms/step, FoX (Pro) 138,
 # Transformer 120, so the three trainings at the default 2000 + 1000 steps take ~25 min in sequence; the
 # train-lm progress line every 60 s in the log shows the rate and ETA.
@@ -40,8 +40,8 @@ for m in ${MODELS[@]}; do
     run="$OUT/$m"
     if [ ! -f "$run/checkpoint/model.safetensors" ]; then
         evalsuite train-lm --model "$card" --corpus "$DATA/train" --heldout "$DATA/heldout" --seq-len 1024 \
-            --batch-size "$BATCH" --steps "$STEPS" --finetune-steps "$FINETUNE" --finetune-loss "$FINETUNE_LOSS" --lr 1e-3 \
-            --device "$DEVICE" --out "$run" $TRAIN_ARGS
+            --batch-size "$BATCH" --steps "$STEPS" --finetune-steps "$FINETUNE" --finetune-loss "$FINETUNE_LOSS" \
+            --lr 1e-3 --device "$DEVICE" --out "$run" $TRAIN_ARGS
     fi
     common=(--model "$card" --checkpoint "$run/checkpoint" --device "$DEVICE" --dtype bfloat16)
     evalsuite niah "${common[@]}" --mode passkey --lengths "$LENGTHS" --samples "$SAMPLES" \
