@@ -198,7 +198,8 @@ def train_lm_cmd(
     pretrain_retrieval_rows: Annotated[
         int, typer.Option(min=0, help="Rows of each pre-training batch that are passkey/2-hop rows (0: none).")
     ] = 0,
-    lr: Annotated[float, typer.Option(help="Peak learning rate (warmup, then cosine).")] = 1e-3,
+    lr: Annotated[float, typer.Option(help="Peak learning rate (warmup, then cosine), per stage.")] = 1e-3,
+    min_lr_ratio: Annotated[float, typer.Option(help="The cosine's floor / peak (the GCA paper: 0.2).")] = 0.2,
     max_tokens: Annotated[int | None, typer.Option(help="Read at most this many corpus tokens.")] = None,
     device: DeviceOpt = "auto",
     seed: SeedOpt = 0,
@@ -210,7 +211,7 @@ def train_lm_cmd(
     from evalsuite.runtime import resolve_device
 
     config = LMTrainConfig(corpus=corpus, seq_len=seq_len, batch_size=batch_size, steps=steps,
-                           finetune_steps=finetune_steps, lr=lr, seed=seed, max_tokens=max_tokens,
+                           finetune_steps=finetune_steps, lr=lr, min_lr_ratio=min_lr_ratio, seed=seed, max_tokens=max_tokens,
                            finetune_loss=finetune_loss, pretrain_retrieval_rows=pretrain_retrieval_rows)  # fmt: skip
     summary = train_lm(load_card(model), config, out, device=resolve_device(device), heldout=heldout, init=init)
     final = summary["final_eval"]

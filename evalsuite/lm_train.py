@@ -51,7 +51,8 @@ class LMTrainConfig:
     steps: int = 3000
     finetune_steps: int = 300
     lr: float = 1e-3
-    warmup_steps: int = 100
+    warmup_steps: int = 100  # per stage
+    min_lr_ratio: float = 0.2  # the cosine's floor / peak, per stage: the paper's 4e-4 / 2e-3 (reference/gca.md)
     weight_decay: float = 0.1
     grad_clip: float | None = 1.0
     eval_every: int = 250
@@ -173,17 +174,25 @@ def staged(first: Iterator, n_first: int, then: Iterator) -> Iterator:
 
 
 def chunked_cross_entropy(model, inputs: torch.Tensor, labels: torch.Tensor, rows: int = 8192) -> torch.Tensor:
-    """Mean cross-entropy over labelled positions, the LM head applied to ``rows`` positions at a time and recomputed
-    in the backward pass (activation checkpointing), so no ``[B, T, V]`` logits tensor ever exists."""
+    """The mean over rows of each row's mean cross-entropy over its labelled positions, the LM head applied to
+    ``rows`` positions at a time and recomputed in the backward pass (activation checkpointing), so no
+    ``[B, T, V]`` logits tensor ever exists. For plain windows (every position labelled) this is the token mean; a
+    retrieval row labelled at its answer alone weighs as much as a plain row, not as its 5-11 tokens (mixed into
+    pre-training as 8 rows of 32 they were 0.2% of a token-mean loss, and a byte-level run learnt nothing from
+    them: ``results/drt_claim/2026-11-26-bytes``)."""
     hidden = model(inputs)
     mask = labels != IGNORE_INDEX
+    counts = mask.sum(1)  # [B]
+    weight = (1.0 / counts.clamp(min=1).float())[:, None].expand_as(mask)[mask]  # [N] per labelled position
     h, y = hidden[mask], labels[mask]
 
-    def part(hh, yy):
-        return F.cross_entropy(model.logits(hh).float(), yy, reduction="sum")
+    def part(hh, yy, ww):
+        return (F.cross_entropy(model.logits(hh).float(), yy, reduction="none") * ww).sum()
 
-    total = sum(checkpoint(part, h[s : s + rows], y[s : s + rows], use_reentrant=False) for s in range(0, len(y), rows))
-    return total / max(len(y), 1)
+    chunks = range(0, len(y), rows)
+    total = sum(checkpoint(part, h[s : s + rows], y[s : s + rows], weight[s : s + rows], use_reentrant=False)
+                for s in chunks)  # fmt: skip
+    return total / max(int((counts > 0).sum()), 1)
 
 
 # -- the run ----------------------------------------------------------------------------------------------------
@@ -222,6 +231,21 @@ def evaluate(model, rows: torch.Tensor, retrieval: tuple[torch.Tensor, torch.Ten
     if retrieval is not None:
         scores.update({f"retrieval_{k}": v for k, v in held_out_scores(model, *retrieval).items()})
     return scores
+
+
+def _stage_config(config: LMTrainConfig, steps: int) -> TrainConfig:
+    """The optimisation settings of one stage of ``steps`` steps (pre-training or fine-tuning)."""
+    return TrainConfig(
+        lr=config.lr,
+        max_steps=steps,
+        warmup_steps=min(config.warmup_steps, steps),
+        min_lr_ratio=config.min_lr_ratio,
+        weight_decay=config.weight_decay,
+        grad_clip=config.grad_clip,
+        eval_every=config.eval_every,
+        early_stop=None,
+        log_every=25,
+    )
 
 
 def train_lm(
@@ -271,35 +295,28 @@ def train_lm(
     batches = lm_batches(tokens, T, config.batch_size - mixed, config.seed)
     if mixed:
         batches = concatenated(batches, retrieval_batches(tokens, tokenizer, T, mixed, config.seed + 1, answer_only))
-    if config.finetune_steps:
-        tests = retrieval_batches(tokens, tokenizer, T, config.batch_size, config.seed, answer_only)
-        batches = staged(batches, config.steps, tests)
+    # Each stage is its own run of the schedule, as the paper fine-tunes "with all other hyper-parameters unchanged"
+    # (arXiv:2410.01651 §4.2): warmup, then a cosine from the peak rate. One schedule over both stages left the
+    # fine-tuning at the tail of the pre-training cosine (1.5e-4 falling to 0), too low to learn retrieval.
+    tests = retrieval_batches(tokens, tokenizer, T, config.batch_size, config.seed, answer_only)
+    stages = [(n, b) for n, b in ((config.steps, batches), (config.finetune_steps, tests)) if n > 0]
     total = config.steps + config.finetune_steps
-
-    def after_step(step: int) -> None:
-        bar.update(completed=step)
-        if step == config.steps and config.finetune_steps:  # keep the pre-trained model: fine-tune it another way
-            save_checkpoint(model, out_dir / "pretrained", architecture=card.architecture, dtype=save_dtype)
-
-    train_config = TrainConfig(
-        lr=config.lr,
-        max_steps=total,
-        warmup_steps=min(config.warmup_steps, total),
-        weight_decay=config.weight_decay,
-        grad_clip=config.grad_clip,
-        eval_every=config.eval_every,
-        early_stop=None,
-        log_every=25,
-    )
+    history, seconds, done, final = [], 0.0, 0, None
     with progress_bar(total, f"train {card.name}", enabled=progress) as bar:
-        result = train(
-            model,
-            batches,
-            train_config,
-            evaluate=lambda m: evaluate(m, rows, retrieval),
-            loss_fn=chunked_cross_entropy,
-            on_step=after_step,
-        )
+        for n, stage_batches in stages:
+            result = train(
+                model,
+                stage_batches,
+                _stage_config(config, n),
+                evaluate=lambda m: evaluate(m, rows, retrieval),
+                loss_fn=chunked_cross_entropy,
+                on_step=lambda step, done=done: bar.update(completed=done + step),
+            )
+            history += [{**h, "step": h["step"] + done, "seconds": h["seconds"] + seconds} for h in result.history]
+            final = {**result.final_eval, "step": result.final_eval["step"] + done}
+            done, seconds = done + result.steps, seconds + result.seconds
+            if done == config.steps and config.finetune_steps:  # keep the pre-trained model: fine-tune it another way
+                save_checkpoint(model, out_dir / "pretrained", architecture=card.architecture, dtype=save_dtype)
     model.to(save_dtype)
     save_checkpoint(model, out_dir / "checkpoint", architecture=card.architecture)
     summary = {
@@ -308,13 +325,13 @@ def train_lm(
         "params": sum(p.numel() for p in model.parameters()),
         "config": asdict(config),
         "init": None if init is None else str(init),
-        "train": train_config.to_dict(),
+        "train": [_stage_config(config, n).to_dict() for n, _ in stages],  # pre-training, fine-tuning
         "tokens_seen": total * config.batch_size * T,
         "corpus_tokens": int(len(tokens)),
-        "steps": result.steps,
-        "seconds": result.seconds,
-        "final_eval": result.final_eval,
-        "history": result.history,
+        "steps": done,
+        "seconds": seconds,
+        "final_eval": final,
+        "history": history,
         "save_dtype": str(save_dtype).removeprefix("torch."),
         "provenance": provenance(device=device_name(device)),
     }

@@ -70,18 +70,23 @@ def test_retrieval_rows_label_the_sample_only(gpt2_stream, kind):
     assert (y[labelled:] == IGNORE_INDEX).all() and labelled == (512 - 64 + (5 if kind == "passkey" else 11))
 
 
-def test_chunked_cross_entropy_equals_the_plain_loss():
+def test_chunked_cross_entropy_is_the_mean_of_row_means():
+    """Each row weighs the same however many positions it labels; with every position labelled, the token mean."""
     model = build_model(load_card("transformer-llama-tiny"), {"vocab_size": 97}, seed=0)
     x = torch.randint(0, 97, (3, 20))
     y = torch.randint(0, 97, (3, 20))
-    y[0, :5] = IGNORE_INDEX
-    plain = masked_cross_entropy(model, x, y)
-    plain.backward()
+    full = chunked_cross_entropy(model, x, y, rows=7)  # several chunks and a ragged last one
+    torch.testing.assert_close(full, masked_cross_entropy(model, x, y))
+    y[0, :15] = IGNORE_INDEX  # row 0: 5 labels (an answer-labelled row), row 2: none (no weight at all)
+    y[2] = IGNORE_INDEX
+    rows = [masked_cross_entropy(model, x[i : i + 1], y[i : i + 1]) for i in (0, 1)]
+    expected = (rows[0] + rows[1]) / 2
+    expected.backward()
     grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
-    chunked = chunked_cross_entropy(model, x, y, rows=7)  # several chunks and a ragged last one
+    chunked = chunked_cross_entropy(model, x, y, rows=7)
     chunked.backward()
-    torch.testing.assert_close(chunked, plain)
+    torch.testing.assert_close(chunked, expected)
     for g, p in zip(grads, model.parameters(), strict=True):
         torch.testing.assert_close(p.grad, g)
 
@@ -95,6 +100,7 @@ def test_train_lm_writes_a_loadable_checkpoint(corpus, tmp_path):
     final = summary["final_eval"]  # with retrieval training, the held-out passkey/2-hop answers are scored too
     assert 0 <= final["retrieval_first_accuracy"] <= 1 and final["retrieval_loss"] > 0 and "first_accuracy" not in final
     assert json.loads((tmp_path / "run" / "train.json").read_text())["history"] == summary["history"]
+    assert [t["max_steps"] for t in summary["train"]] == [4, 2]  # one schedule per stage
     model, layout = load_checkpoint(tmp_path / "run" / "checkpoint")  # weights stored in bf16, loaded into fp32
     stored = load_file(tmp_path / "run" / "checkpoint" / "model.safetensors")
     assert layout == "evalsuite" and all(t.dtype == torch.bfloat16 for t in stored.values())
@@ -171,3 +177,17 @@ def test_pretraining_batches_can_carry_retrieval_rows(corpus, gpt2_stream, tmp_p
         LMTrainConfig(corpus=str(path), seq_len=256, batch_size=3, pretrain_retrieval_rows=3)
     with pytest.raises(UserError, match="multiple of 64"):
         LMTrainConfig(corpus=str(path), seq_len=100, finetune_steps=0, pretrain_retrieval_rows=1)
+
+
+def test_fine_tuning_restarts_the_schedule(corpus, tmp_path):
+    """Pre-training and fine-tuning each warm up to the peak rate and anneal to ``min_lr_ratio`` of it (the GCA paper
+    fine-tunes "with all other hyper-parameters unchanged"), not one cosine over both stages."""
+    path, _ = corpus
+    config = LMTrainConfig(corpus=str(path), seq_len=256, batch_size=2, steps=50, finetune_steps=50, eval_every=100,
+                           eval_rows=2, warmup_steps=5, lr=1e-3, min_lr_ratio=0.2, max_tokens=20000)  # fmt: skip
+    summary = train_lm(load_card("transformer-llama-tiny"), config, tmp_path / "run", progress=False)
+    lr = {h["step"]: h["lr"] for h in summary["history"] if "loss" in h}
+    assert lr[25] == pytest.approx(lr[75]) and lr[25] > 5e-4  # the same point of each stage's schedule
+    assert 2e-4 <= lr[50] < lr[25] and 2e-4 <= lr[100] < lr[75]  # each ends near the floor, 0.2 x 1e-3
+    assert [h["step"] for h in summary["history"]] == sorted(h["step"] for h in summary["history"])
+    assert summary["final_eval"]["step"] == 100 and summary["steps"] == 100
