@@ -211,8 +211,9 @@ def train_lm_cmd(
     from evalsuite.runtime import resolve_device
 
     config = LMTrainConfig(corpus=corpus, seq_len=seq_len, batch_size=batch_size, steps=steps,
-                           finetune_steps=finetune_steps, lr=lr, min_lr_ratio=min_lr_ratio, seed=seed, max_tokens=max_tokens,
-                           finetune_loss=finetune_loss, pretrain_retrieval_rows=pretrain_retrieval_rows)  # fmt: skip
+                           finetune_steps=finetune_steps, lr=lr, min_lr_ratio=min_lr_ratio, seed=seed,
+                           max_tokens=max_tokens, finetune_loss=finetune_loss,
+                           pretrain_retrieval_rows=pretrain_retrieval_rows)  # fmt: skip
     summary = train_lm(load_card(model), config, out, device=resolve_device(device), heldout=heldout, init=init)
     final = summary["final_eval"]
     retrieval = ""
