@@ -37,9 +37,22 @@ def _args():
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--steps", type=int, default=64, help="Steps timed, then steps profiled.")
     p.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke test (eager/static; CPU op times).")
+    p.add_argument(
+        "--other-capacity",
+        action="store_true",
+        help="First step a decoder of another cache size, as a generate call of other lengths does: the "
+        "compiled step then recompiles dynamic in the cache size (what bench generate times).",
+    )
     p.add_argument("--no-pack", action="store_true", help="FoX: keep the step's GEMVs apart (before/after).")
     p.add_argument("--out", type=Path, required=True)
     return p.parse_args()
+
+
+def _step_fn(model, decoder, taken: str):
+    """``tok [B] -> next tok [B]`` as ``generate`` steps on path ``taken``."""
+    if taken in ("graph", "compiled"):
+        return CudaGraphStep(model, decoder)
+    return lambda tok: model.logits(decoder.step(tok[:, None])).argmax(-1)
 
 
 def main() -> None:
@@ -55,14 +68,15 @@ def main() -> None:
     ids = torch.randint(0, adapter.tokenizer.vocab_size, (a.batch, a.length), generator=gen).to(device)
     capacity = a.length + 2 * a.steps + 8
     with torch.inference_mode(), adapter._autocast():
+        if a.other_capacity:  # another cache size first: torch.compile's second shape makes the size dynamic
+            other, taken = _decoder(model, a.path, device, True, a.batch, capacity + 64, None)
+            step = _step_fn(model, other, taken)
+            tok = model.logits(other.prefill(ids)).argmax(-1)
+            for _ in range(4):
+                tok = step(tok)
+            del other, step
         decoder, taken = _decoder(model, a.path, device, True, a.batch, capacity, None)
-        if taken in ("graph", "compiled"):
-            step = CudaGraphStep(model, decoder)
-        else:
-
-            def step(tok):
-                return model.logits(decoder.step(tok[:, None])).argmax(-1)
-
+        step = _step_fn(model, decoder, taken)
         tok = model.logits(decoder.prefill(ids)).argmax(-1)
         for _ in range(4):  # warm-up, compile, capture
             tok = step(tok)
@@ -83,6 +97,7 @@ def main() -> None:
     top = sorted(kernels, key=lambda e: -self_us(e))
     packed = any(getattr(m, "step_pack", None) is not None for m in model.modules())
     name = f"profile_{a.path}_{a.length}_b{a.batch}" + ("" if packed else "_unpacked")
+    name += "_other_capacity" if a.other_capacity else ""
     a.out.mkdir(parents=True, exist_ok=True)
     device_name = torch.cuda.get_device_name() if cuda else "cpu"
     head = (f"{card.name} ({device_name}), path {taken}{', packed GEMVs' if packed else ''}, batch {a.batch}, "
@@ -97,7 +112,8 @@ def main() -> None:
     top_rows = [{"kernel": e.key, "calls_per_step": e.count / a.steps, "us_per_step": self_us(e) / a.steps}
                 for e in top[:40]]  # fmt: skip
     summary = {"card": card.name, "path": taken, "packed": packed, "length": a.length, "batch": a.batch,
-               "steps": a.steps, "ms_per_step": ms, "device_ms_per_step": device_us / 1e3,
+               "steps": a.steps, "other_capacity": a.other_capacity, "ms_per_step": ms,
+               "device_ms_per_step": device_us / 1e3,
                "kernels_per_step": sum(e.count for e in kernels) / a.steps, "top": top_rows,
                "device": device_name, "versions": versions(), "git_commit": git_commit()}  # fmt: skip
     (a.out / f"{name}.json").write_text(json.dumps(summary, indent=1) + "\n")

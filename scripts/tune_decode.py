@@ -5,7 +5,8 @@ step at batch 1 after 4K tokens: 16.4 us per layer for 25 MB of keys and values,
 (``results/bench/h100/profile-step/``). For each shape (batch, 24 heads of 64 at the 760M FoX (Pro)'s widths, a
 cache of ``--lengths`` keys read through a device-side key length, as the static decoder calls it) this times every
 ``(BLOCK_N, num_warps, num_stages)`` of ``--configs`` with the default split count and with 0.5x / 2x / 4x it, the
-split merge included, and checks each output against the PyTorch reference. The fastest config is the one to put in
+split merge included, timed as device time over a CUDA graph of ``--reps`` calls (as a decode step's graph runs
+it), and checks each output against the PyTorch reference. The fastest config is the one to put in
 ``common.DECODE_CONFIG``. Writes ``DIR/tune_decode.json`` and prints a table; ``GB/s`` is K and V bytes read / time.
 
     PYTHONPATH=. python3 scripts/tune_decode.py --out DIR [--lengths 4096 16384 --batches 1 8]
@@ -32,21 +33,32 @@ CONFIGS = [(bn, w, s) for bn in (32, 64, 128) for w in (2, 4, 8) for s in (1, 2,
 
 
 def _time_ms(fn, reps: int, cuda: bool) -> float:
-    """Median of ``reps`` timed calls (CUDA events on a GPU)."""
+    """Time of one call. On a GPU: ``reps`` calls captured in one CUDA graph, the median of 5 replays / ``reps``,
+    i.e. the kernels' device time as a decode step's graph replays them (a call timed alone measures the Python
+    wrapper: the first sweep, results/bench/h100/decode-4/tune_decode, read 250-570 us for a 16 us kernel).
+    On a CPU (interpreter smoke test): the wall time of one call."""
     fn()
+    if not cuda:
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture (the torch.cuda.graphs recipe)
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
     times = []
-    for _ in range(reps):
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / reps)
     return sorted(times)[len(times) // 2]
 
 
