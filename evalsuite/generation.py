@@ -9,20 +9,21 @@ Decode paths (``path``):
 * ``static``: the family's ``CausalLM.static_decoder(batch, capacity, start)``
   (:class:`~evalsuite.models.base.StaticDecoder`: preallocated state, fixed shapes, the length on the device),
   stepped eagerly.
-* ``graph``: the static decoder's step, the LM head and the argmax recorded once per call as a CUDA graph
-  (:class:`CudaGraphStep`) and replayed per token; greedy decoding on CUDA, with a decoder whose ``graph_safe``.
+* ``graph``: the static decoder's step, the LM head and (greedy) the argmax recorded once per call as a CUDA graph
+  (:class:`CudaGraphStep`) and replayed per token; on CUDA, with a decoder whose ``graph_safe``.
 * ``compiled``: ``graph`` over the decoder's step put through ``torch.compile`` first
   (:meth:`~evalsuite.models.base.StaticDecoder.compile_step`: the step's many small kernels fused), where the
   family offers it (FoX).
-* ``auto``: on CUDA with greedy decoding, ``graph`` where the family's static decoder is graph-safe, ``static``
-  where it is not; else ``eager``. The CPU keeps the eager path and never touches ``torch.cuda``.
+* ``auto``: on CUDA, ``graph`` where the family's static decoder is graph-safe, ``static`` where it is not; else
+  ``eager``. The CPU keeps the eager path and never touches ``torch.cuda``.
 
 Host syncs: greedy tokens are chosen on the device and written into a ``[B, max_new_tokens]`` buffer; EOS sets a
 device-side ``done`` mask. The host looks every ``sync_every`` tokens only: at ``done.all()`` without stop strings,
 at the new tokens with them (stop strings need text). How each row ends is decided on the host by
 :class:`Finisher`, which applies the per-token loop's rules token by token, so the tokens made past a row's end
 (fewer than ``sync_every``) are dropped and the outputs equal the per-token loop's exactly. Sampling (temperature
-> 0) draws on the CPU from a seeded generator, so seeds agree across devices; it checks every token.
+> 0) draws on the CPU from a seeded generator, so seeds agree across devices and paths (the graph replays the step
+and the LM head; the draw reads the logits it leaves); it syncs and checks every token.
 
 Also the batch size from free memory (issue #18 point 3): :func:`prompts_per_call`.
 """
@@ -153,7 +154,8 @@ class Finisher:
 
 
 class CudaGraphStep:
-    """``tok [B] -> next greedy tok [B]``: the decoder's ``step``, the LM head and the argmax as one CUDA graph.
+    """``tok [B] -> next greedy tok [B]``: the decoder's ``step``, the LM head and the argmax as one CUDA graph
+    (``greedy=False``: ``tok [B] -> logits [B, V]``, without the argmax, for a sampler outside the graph).
 
     The first ``warmup`` calls run eagerly on a side stream (lazy initialisation and Triton autotuning must not
     happen inside a capture: the recipe of the torch.cuda.graphs notes); they are real decode steps and their
@@ -165,18 +167,20 @@ class CudaGraphStep:
     next call.
     """
 
-    def __init__(self, model, decoder, warmup: int = GRAPH_WARMUP):
-        self.model, self.decoder, self.warmup = model, decoder, warmup
+    def __init__(self, model, decoder, warmup: int = GRAPH_WARMUP, greedy: bool = True):
+        self.model, self.decoder, self.warmup, self.greedy = model, decoder, warmup, greedy
         self.graph: torch.cuda.CUDAGraph | None = None
         self.inp = self.out = None  # static buffers: every replay reads and writes these addresses
 
     def _step(self) -> None:
-        hidden = self.decoder.step(self.inp[:, None])
-        self.out.copy_(self.model.logits(hidden).argmax(-1))
+        logits = self.model.logits(self.decoder.step(self.inp[:, None]))
+        if self.out is None:  # the first (eager) call sizes the output: token ids, or the logits to sample from
+            self.out = torch.empty_like(logits[:, 0], dtype=torch.long) if self.greedy else torch.empty_like(logits)
+        self.out.copy_(logits.argmax(-1) if self.greedy else logits)
 
     def __call__(self, tok: torch.Tensor) -> torch.Tensor:
         if self.inp is None:
-            self.inp, self.out = torch.empty_like(tok), torch.empty_like(tok)
+            self.inp = torch.empty_like(tok)
         self.inp.copy_(tok)
         if self.decoder.eager_step_due():  # a step of another shape (DRT's chunk boundary): outside the graph
             self._step()
@@ -208,13 +212,13 @@ def _uncached_autocast(device_type: str):
     return torch.autocast(device_type, dtype=torch.get_autocast_dtype(device_type), cache_enabled=False)
 
 
-def _decoder(model, path: str, device: torch.device, greedy: bool, batch: int, capacity: int, start):
+def _decoder(model, path: str, device: torch.device, batch: int, capacity: int, start):
     """(decoder, the path taken): see the module docstring; an impossible explicit path is a UserError."""
     if path not in PATHS:
         raise UserError(f"unknown decode path {path!r}; choose from {', '.join(PATHS)}")
-    if path in ("graph", "compiled") and (device.type != "cuda" or not greedy):
-        raise UserError(f"decode path {path!r} needs a CUDA device and greedy decoding (temperature 0)")
-    if path == "eager" or (path == "auto" and (device.type != "cuda" or not greedy)):
+    if path in ("graph", "compiled") and device.type != "cuda":
+        raise UserError(f"decode path {path!r} needs a CUDA device")
+    if path == "eager" or (path == "auto" and device.type != "cuda"):
         return EagerStepDecoder(model, batch, capacity, start), "eager"
     fast = model.static_decoder(batch, capacity, start)
     if fast is None and path == "auto":
@@ -251,14 +255,15 @@ def generate(
     n = config.max_new_tokens
     greedy = config.temperature == 0
     start = None if start is None else start.to(device)
-    decoder, taken = _decoder(model, path, device, greedy, B, T + n, start)
+    decoder, taken = _decoder(model, path, device, B, T + n, start)
     gen = torch.Generator().manual_seed(config.seed)
 
     def select(logits):  # [B, V] -> [B] on the device
         return logits.argmax(-1) if greedy else sample_next(logits, config, gen)
 
     if taken in ("graph", "compiled"):
-        step = CudaGraphStep(model, decoder)
+        graph = CudaGraphStep(model, decoder, greedy=greedy)
+        step = graph if greedy else (lambda tok: select(graph(tok)))
     else:
 
         def step(tok):

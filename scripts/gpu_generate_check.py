@@ -1,10 +1,11 @@
 """GPU check of the decode engine (issue #18): the CUDA-graph path against the eager paths, token for token.
 
 For every tiny card of a registered family and a 760M-shaped FoX (Pro) (random weights), in float32 and bfloat16:
-a left-padded batch of random prompts of mixed lengths, decoded greedily on each path -- ``eager``
+a left-padded batch of random prompts of mixed lengths, decoded on each path -- ``eager``
 (``model.forward`` with a state: the reference), ``static`` (the family's static decoder, eager steps) and
 ``graph`` (its step, LM head and argmax replayed as a CUDA graph) -- first free-running, then with a stop string
-and an EOS id taken from the eager output so rows end inside a sync block. A record per (model, dtype, ending,
+and an EOS id taken from the eager output so rows end inside a sync block, then sampled (temperature 0.8, top-k 50,
+top-p 0.9, one seed: the graph path leaves the logits, the CPU draws). A record per (model, dtype, ending,
 path): equal to eager, equal to static, the first differing position per row, seconds for the call. Families with
 no static decoder, or none that is graph-safe here, are recorded as such.
 
@@ -68,7 +69,10 @@ def check_model(card, dtype: str, lengths: list[int], new_tokens: int, device="c
     mid = len(text) // 3
     stop = next((text[i : i + 2] for i in range(mid, len(text) - 1) if text[i : i + 2].strip()), None)
     saved_eos = adapter.tokenizer.eos_id
-    endings = [("free", free, None)]
+    # sampling: the graph replays the step and LM head, the CPU draws from the logits it leaves; same seed, same draws
+    sampled = GenerationConfig(max_new_tokens=new_tokens, stop_at_eos=False, temperature=0.8, top_k=50, top_p=0.9,
+                               seed=3)  # fmt: skip
+    endings = [("free", free, None), ("sampled", sampled, None)]
     if stop is not None and len(ref) > 1 and len(ref[1].token_ids) > new_tokens // 2:
         stopping = GenerationConfig(max_new_tokens=new_tokens, stop=[stop])
         endings.append(("stop+eos", stopping, ref[1].token_ids[new_tokens // 2]))

@@ -69,13 +69,13 @@ def main() -> None:
     capacity = a.length + 2 * a.steps + 8
     with torch.inference_mode(), adapter._autocast():
         if a.other_capacity:  # another cache size first: torch.compile's second shape makes the size dynamic
-            other, taken = _decoder(model, a.path, device, True, a.batch, capacity + 64, None)
+            other, taken = _decoder(model, a.path, device, a.batch, capacity + 64, None)
             step = _step_fn(model, other, taken)
             tok = model.logits(other.prefill(ids)).argmax(-1)
             for _ in range(4):
                 tok = step(tok)
             del other, step
-        decoder, taken = _decoder(model, a.path, device, True, a.batch, capacity, None)
+        decoder, taken = _decoder(model, a.path, device, a.batch, capacity, None)
         step = _step_fn(model, decoder, taken)
         tok = model.logits(decoder.prefill(ids)).argmax(-1)
         for _ in range(4):  # warm-up, compile, capture
