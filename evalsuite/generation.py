@@ -66,7 +66,7 @@ class EagerStepDecoder:
         self.state = model.new_state(batch, capacity, start)
 
     def prefill(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.model(ids, state=self.state)[:, -1]
+        return self.model.prefill(ids, self.state)
 
     def step(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model(ids, state=self.state)[:, -1]
@@ -302,13 +302,14 @@ def bytes_per_prompt(model, length: int, new_tokens: int, dtype: torch.dtype) ->
     """Device bytes one more prompt of ``length`` tokens adds to a generate call of ``new_tokens`` on our ``model``:
     :func:`prompt_bytes` with its decode state at ``length + new_tokens`` (the capacity a call preallocates)."""
     state = int(model.decode_state_size(length + new_tokens, dtype)["bytes"])
-    return prompt_bytes(state, length, model.input_embedding.embedding_dim, model.vocab_size)
+    live = min(length, model.prefill_chunk or length)  # prompt tokens whose activations exist at once
+    return prompt_bytes(state, live, model.input_embedding.embedding_dim, model.vocab_size)
 
 
 def prompt_bytes(state: int, length: int, width: int, vocab: int) -> int:
     """A prompt's ``state`` bytes, its prefill activations (:data:`ACTIVATION_FACTOR` float32 vectors of the model
-    ``width`` per token) and its logits row (float32 ``[vocab]``, three times: logits, probabilities, sorted
-    probabilities when sampling)."""
+    ``width`` per token of the ``length`` filled in one pass) and its logits row (float32 ``[vocab]``, three times:
+    logits, probabilities, sorted probabilities when sampling)."""
     return state + ACTIVATION_FACTOR * length * width * 4 + 3 * vocab * 4
 
 

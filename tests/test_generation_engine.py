@@ -192,13 +192,40 @@ def test_bytes_per_prompt_of_the_760m_fox():
         model = family.build(family.make_config(arch, {}))
     L, n = 16384, 1024
     cache = 24 * ((2 * (L + n) * 1536 + 2 * 1536) * 2 + (L + n) * 24 * 4)  # k, v, KV-shift rows; fp32 cum
-    activations = 36 * L * 1536 * 4  # ACTIVATION_FACTOR, measured on an H100 (evalsuite/generation.py)
+    activations = 36 * 8192 * 1536 * 4  # ACTIVATION_FACTOR (measured on an H100) x the 8K-token prefill passes
     logits = 3 * 50257 * 4
     per = engine.bytes_per_prompt(model, L, n, torch.bfloat16)
     assert per == cache + activations + logits
     free = 70 * 2**30  # an H100 with the weights loaded
-    assert engine.batch_for_memory(per, free) == int(0.85 * free) // per == 10
-    assert engine.batch_for_memory(engine.bytes_per_prompt(model, 65536, n, torch.bfloat16), free) == 2
+    assert engine.batch_for_memory(per, free) == int(0.85 * free) // per == 14  # 10 with one 16K-token pass
+    assert engine.batch_for_memory(engine.bytes_per_prompt(model, 65536, n, torch.bfloat16), free) == 5  # was 2
+    short = engine.bytes_per_prompt(model, 4096, n, torch.bfloat16)  # one pass: every prompt token is live
+    assert short - (per - cache) == 24 * ((2 * (4096 + n) * 1536 + 2 * 1536) * 2 + (4096 + n) * 24 * 4) - (
+        36 * (8192 - 4096) * 1536 * 4
+    )
+
+
+@pytest.mark.parametrize("card", ["fox-pro-tiny", "transformer-llama-tiny", "gsa-tiny"])
+def test_prefill_in_passes_equals_one_pass(card, monkeypatch):
+    """``CausalLM.prefill`` in passes of ``prefill_chunk`` tokens (each continuing the state) fills the same state and
+    gives the same last hidden state as one pass, with left padding, on the eager and static decoders."""
+    from evalsuite.train import build_model
+
+    model = build_model(load_card(card), seed=0).eval()
+    ids = torch.randint(0, model.vocab_size, (2, 45), generator=torch.Generator().manual_seed(0))
+    start = torch.tensor([0, 7])  # row 1 left-padded
+    out = {}
+    for chunk in (None, 16):
+        monkeypatch.setattr(type(model), "prefill_chunk", chunk)
+        with torch.inference_mode():
+            for kind in ("eager", "static"):
+                dec = engine._decoder(model, kind, torch.device("cpu"), 2, 50, start)[0]
+                hidden = dec.prefill(ids)
+                nxt = model.logits(hidden).argmax(-1)
+                out[chunk, kind] = (hidden, dec.step(nxt[:, None]))
+    for kind in ("eager", "static"):
+        for a, b in zip(out[None, kind], out[16, kind], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_niah_batch_size_auto(tmp_path):

@@ -160,7 +160,7 @@ class RecurrentStaticDecoder(StaticDecoder):
         self.state.position = torch.zeros(1, dtype=torch.long, device=model.input_embedding.weight.device)
 
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
-        hidden = self.model(input_ids, state=self.state)[:, -1]
+        hidden = self.model.prefill(input_ids, self.state)
         own = [tuple(t.clone() for t in x) if isinstance(x, tuple) else x.clone() for x in self.state.layers]
         self.state.layers = own
         self._buffers = list(self.state.layers)
@@ -181,6 +181,10 @@ class CausalLM(nn.Module, ABC):
 
     backends: ClassVar[tuple[str, ...]] = ("auto",)
     reference_backend: ClassVar[str] = "auto"  # the plain, obviously-correct implementation the others must match
+    # Prompt tokens a decode state is filled with per forward pass (:meth:`prefill`); None: the whole prompt at once.
+    # Chunking bounds the prefill's activations (tens of float32 vectors of the width per token) by the chunk, not
+    # the prompt, so long prompts leave the memory to more sequences' caches (issue #18 point 3).
+    prefill_chunk: ClassVar[int | None] = None
     config: object
 
     def __init__(self):
@@ -195,6 +199,15 @@ class CausalLM(nn.Module, ABC):
     ) -> torch.Tensor:
         """ids ``[B, T]`` -> final hidden states ``[B, T, D]``. With a ``state`` the tokens continue the state's
         sequence and are appended to it (its own left padding applies); ``start`` marks left padding otherwise."""
+
+    def prefill(self, input_ids: torch.Tensor, state: DecodeState) -> torch.Tensor:
+        """Fill ``state`` with the prompts ``[B, T]`` (in passes of :attr:`prefill_chunk` tokens, each continuing the
+        state) -> the last position's hidden state ``[B, D]``."""
+        T = input_ids.shape[1]
+        chunk = self.prefill_chunk or T
+        for s in range(0, T, chunk):
+            hidden = self(input_ids[:, s : s + chunk], state=state)
+        return hidden[:, -1]
 
     @abstractmethod
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

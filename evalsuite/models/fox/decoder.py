@@ -5,7 +5,7 @@ shapes and one captured CUDA graph replays it at every position.
 The step is :meth:`ForgettingAttention.step` in every block: the new row's k, v and cumulative log-forget are
 written with ``index_copy_`` at the device length and attention reads the cache through the Triton decode kernel
 with that length (:func:`~evalsuite.kernels.forgetting.cached_attention`). Prefill is the ordinary forward pass
-with the cache (the training kernels over the prompt).
+with the cache (the training kernels over the prompt), in passes of ``prefill_chunk`` tokens.
 """
 
 from __future__ import annotations
@@ -34,12 +34,12 @@ class FoxStaticDecoder(StaticDecoder):
         self.compiled = False
 
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
-        hidden = self.model(input_ids, state=self.state)
+        hidden = self.model.prefill(input_ids, self.state)
         self.length.fill_(self.state.length)
         for layer in self.state.layers:  # own the KV-shift rows (views into the prefill's activations) for step()
             layer.k_prev = None if layer.k_prev is None else layer.k_prev.clone()
             layer.v_prev = None if layer.v_prev is None else layer.v_prev.clone()
-        return hidden[:, -1]
+        return hidden
 
     def step(self, input_ids: torch.Tensor) -> torch.Tensor:
         hidden = (_compiled_step if self.compiled else FoxStaticDecoder._step_on_device)(self, input_ids)

@@ -356,6 +356,10 @@ class ForgettingTransformer(EmbeddingHeadLM):
     never built.
     """
 
+    # A 32K prompt of the 760M shapes holds ~7 GB of prefill activations in one pass, more than its bf16 KV cache
+    # (4.8 GB): 8K-token passes let a batch of 8 such prompts fit an 80 GB GPU (issue #18 point 3).
+    prefill_chunk = 8192
+
     backends = BACKENDS  # "auto" (Triton on CUDA, blocked reference on CPU), "triton", "reference", "dense"
     reference_backend = "dense"  # the textbook full-matrix softmax (kernels/forgetting/reference.py)
 
