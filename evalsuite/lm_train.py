@@ -163,13 +163,6 @@ def concatenated(first: Iterator, second: Iterator) -> Iterator:
         yield torch.cat([x1, x2]), torch.cat([y1, y2])
 
 
-def staged(first: Iterator, n_first: int, then: Iterator) -> Iterator:
-    """``n_first`` items of ``first``, then ``then`` for ever."""
-    for _ in range(n_first):
-        yield next(first)
-    yield from then
-
-
 # -- loss -------------------------------------------------------------------------------------------------------
 
 

@@ -132,7 +132,7 @@ class DrtStaticDecoder(StaticDecoder):
         self.grids: list[_Grid] = []  # made by prefill, in the activations' dtype
 
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
-        hidden = self.model(input_ids, state=self.state)[:, -1]
+        hidden = self.model.prefill(input_ids, self.state)
         dtype = self.model.state_dtype()
         self.grids = [_Grid(self.model, group, self.batch, dtype) for group in self.state.groups]
         for grid in self.grids:
