@@ -18,8 +18,9 @@
 #   longbench_time  issue #18: LongBench's 14 FoX tasks on a self-made fixture (20 records each, from the books in
 #                   $DATA/heldout: scripts/make_longbench_fixture.py) on fox-pro-random; time in results.json
 #   profile_step    scripts/profile_decode.py: one decode step of the 760M FoX (Pro) after 4K tokens at batch 1:
-#                   compiled (with and without the stacked GEMVs, and recompiled for a second cache size, as bench
-#                   generate runs it) and graph (ms per step, GPU kernel time, kernels)
+#                   compiled (with and without the stacked GEMVs, recompiled for a second cache size as bench
+#                   generate runs it, and with max-autotune's GEMV templates) and graph (ms per step, GPU kernel
+#                   time, kernels)
 #   generate_grid   issue #18's full grid: bench generate, FoX (Pro) 760M, 1K-64K x batch 1/8/32, graph and compiled
 #                   (cells that do not fit in memory are skipped; resumable)
 #   tune_decode     scripts/tune_decode.py: the FoX decode kernel's block configs and split counts at 4K/16K keys,
@@ -64,8 +65,9 @@ for step in $STEPS; do
             python3 -m evalsuite.cli longbench --model fox-pro-random --data '$OUT/longbench_time/fixture' \
             --device cuda --dtype bfloat16 --batch-size 4 --out '$OUT/longbench_time/run'" ;;
         profile_step) run_step profile_step bash -c "for k in '--path compiled' '--path compiled --no-pack' \
-            '--path compiled --other-capacity' '--path graph'; do python3 scripts/profile_decode.py --card fox-pro \
-            --length 4096 --batch 1 \$k --out '$OUT/profile_step' || exit 1; done" ;;
+            '--path compiled --other-capacity' '--path compiled --compile-mode max-autotune-no-cudagraphs' \
+            '--path graph'; do python3 scripts/profile_decode.py --card fox-pro \
+            --length 4096 --batch 1 \$k --out '$OUT/profile_step' || echo profile \$k failed; done" ;;
         generate_grid) run_step generate_grid python3 -m evalsuite.cli bench generate --out "$OUT/generate_grid" \
             --lengths 1024,2048,4096,8192,16384,32768,65536 --batches 1,8,32 --paths graph,compiled --new-tokens 128 ;;
         tune_decode) run_step tune_decode python3 scripts/tune_decode.py --out "$OUT/tune_decode" ;;
