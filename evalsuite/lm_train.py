@@ -52,7 +52,7 @@ class LMTrainConfig:
     finetune_steps: int = 300
     lr: float = 1e-3
     warmup_steps: int = 100  # per stage
-    min_lr_ratio: float = 0.2  # the cosine's floor / peak, per stage: the paper's 4e-4 / 2e-3 (reference/gca.md)
+    min_lr_ratio: float = 0.2  # the cosine's floor / peak, per stage: the GCA paper's 4e-4 / 2e-3 (arXiv:2410.01651)
     weight_decay: float = 0.1
     grad_clip: float | None = 1.0
     eval_every: int = 250

@@ -199,10 +199,9 @@ def test_bytes_per_prompt_of_the_760m_fox():
     free = 70 * 2**30  # an H100 with the weights loaded
     assert engine.batch_for_memory(per, free) == int(0.85 * free) // per == 14  # 10 with one 16K-token pass
     assert engine.batch_for_memory(engine.bytes_per_prompt(model, 65536, n, torch.bfloat16), free) == 5  # was 2
-    short = engine.bytes_per_prompt(model, 4096, n, torch.bfloat16)  # one pass: every prompt token is live
-    assert short - (per - cache) == 24 * ((2 * (4096 + n) * 1536 + 2 * 1536) * 2 + (4096 + n) * 24 * 4) - (
-        36 * (8192 - 4096) * 1536 * 4
-    )
+    L = 4096  # shorter than a pass: every prompt token's activations are live at once
+    cache = 24 * ((2 * (L + n) * 1536 + 2 * 1536) * 2 + (L + n) * 24 * 4)
+    assert engine.bytes_per_prompt(model, L, n, torch.bfloat16) == cache + 36 * L * 1536 * 4 + logits
 
 
 @pytest.mark.parametrize("card", ["fox-pro-tiny", "transformer-llama-tiny", "gsa-tiny"])
