@@ -409,3 +409,30 @@ def test_killed_run_resumes_to_identical_records(adapter, tmp_path):
     assert by_key(run) == by_key(tmp_path / "ref") and len(by_key(run)) == 12
     ra, rb = (json.loads((d / "results.json").read_text()) for d in (tmp_path / "ref", run))
     assert ra["records"] == rb["records"] and ra["config_hash"] == rb["config_hash"]
+
+
+def test_heatmap_rows_of_random_needles_are_position_bins(tmp_path):
+    """A DRT-style run (no depth grid): the heatmap's rows bin the samples by where their earliest needle fell."""
+    import numpy as np
+
+    from evalsuite.report.niah import needle_depth_matrix, plot_niah
+
+    run = tmp_path / "run"
+    run.mkdir()
+    samples = [  # (length, earliest needle / prompt tokens, accuracy)
+        (1024, 0.05, 1), (1024, 0.10, 0), (1024, 0.95, 1), (4096, 0.50, 1), (4096, 0.45, 0), (4096, 0.41, 0),
+    ]  # fmt: skip
+    lines = [{"task": "niah", "subtask": "passkey-drt", "length": n, "depth": None, "prompt_tokens": 1000,
+              "needle_starts": [int(d * 1000), 999], "scores": {"accuracy": a}} for n, d, a in samples]  # fmt: skip
+    (run / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    values, labels, lengths = needle_depth_matrix(run, "passkey-drt", "accuracy")
+    assert labels == ["0-20%", "20-40%", "40-60%", "60-80%", "80-100%"] and lengths == [1024, 4096]
+    assert values[0, 0] == 0.5 and values[4, 0] == 1 and values[2, 1] == pytest.approx(1 / 3)
+    assert np.isnan(values[1]).all() and np.isnan(values[0, 1])
+    assert needle_depth_matrix(run, "2hop-drt", "accuracy") is None  # no samples of that subtask
+    records = [{"model": "m", "task": "drt-passkey", "subtask": "passkey-drt", "length": n, "depth": None,
+                "metric": "accuracy", "value": 0.5} for n in (1024, 4096)]  # fmt: skip
+    (run / "results.json").write_text(json.dumps({"task": "drt-passkey", "model": "m", "train_length": 1024,
+                                                   "records": records}))  # fmt: skip
+    paths, _ = plot_niah([run], tmp_path / "plot", metric="accuracy")
+    assert all(p.stat().st_size for p in paths)

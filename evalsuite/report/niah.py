@@ -4,8 +4,9 @@ Heatmap: needle depth (rows, 0 % at the top) x context length (columns), the mea
 colours from red (#F0496E) through yellow (#EBB839) to green (#0CD79F) over the scorer's range (1-10 for
 the judge and the offline score, 0-1 for match rates and accuracies), one panel per run and subtask,
 and a dashed black line at the model's training length (placed between columns by linear interpolation;
-FoX draws it through the nearest column). Summary: the mean over cells within (length <= training length)
-and beyond it.
+FoX draws it through the nearest column). Runs without a depth grid (the DRT tests place needles at random) get
+rows for bins of where the earliest needle fell, from the samples' ``needle_starts``. Summary: the mean over cells
+within (length <= training length) and beyond it.
 """
 
 from __future__ import annotations
@@ -71,6 +72,39 @@ def heatmap_matrix(records: Sequence[dict], subtask: str, metric: str) -> tuple[
     return values, depths, lengths
 
 
+NEEDLE_BINS = 5  # DRT runs place needles at random: rows of the heatmap are bins of the needle's position
+
+
+def needle_depth_matrix(
+    run_dir: Path, subtask: str, metric: str, bins: int = NEEDLE_BINS
+) -> tuple[np.ndarray, list[str], list[int]] | None:
+    """For runs whose needles sit at random positions (the DRT tests: no depth grid), the mean of ``metric`` per
+    (bin of the earliest needle's position as a share of the prompt, length) from the samples in
+    ``records.jsonl``: (values ``[bins, lengths]``, NaN where a bin is empty; row labels; lengths). None when the
+    samples carry no needle positions."""
+    path = run_dir / "records.jsonl"
+    if not path.is_file():
+        return None
+    import json
+
+    samples = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    samples = [s for s in samples if s.get("subtask") == subtask and s.get("needle_starts")
+               and s.get("prompt_tokens") and metric in s.get("scores", {})]  # fmt: skip
+    if not samples:
+        return None
+    lengths = sorted({s["length"] for s in samples})
+    sums, counts = np.zeros((bins, len(lengths))), np.zeros((bins, len(lengths)))
+    for s in samples:
+        depth = min(s["needle_starts"]) / s["prompt_tokens"]
+        row, col = min(int(depth * bins), bins - 1), lengths.index(s["length"])
+        sums[row, col] += s["scores"][metric]
+        counts[row, col] += 1
+    with np.errstate(invalid="ignore"):
+        values = sums / counts  # NaN where empty
+    labels = [f"{100 * i // bins}-{100 * (i + 1) // bins}%" for i in range(bins)]
+    return values, labels, lengths
+
+
 def line_position(lengths: Sequence[int], train_length: int | None) -> float | None:
     """Column coordinate of the training length (interpolated between column centres), or None outside."""
     if train_length is None or not lengths or not lengths[0] <= train_length <= lengths[-1]:
@@ -108,14 +142,20 @@ def plot_niah(
     axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False)).ravel()
     shared_scale = len({SCALES.get(p[3], (0, 1)) for p in panels}) == 1
     image = None
-    for ax, (_, results, subtask, chosen) in zip(axes, panels, strict=False):
+    for ax, (run_dir, results, subtask, chosen) in zip(axes, panels, strict=False):
         values, depths, lengths = heatmap_matrix(results["records"], subtask, chosen)
+        labels, ylabel = ["random" if d is None else f"{d:g}" for d in depths], "Depth Percent"
+        binned = needle_depth_matrix(run_dir, subtask, chosen) if depths == [None] else None
+        if depths == [None]:  # needles at random positions: rows are bins of where the (earliest) needle fell
+            ylabel = ""
+        if binned is not None:
+            (values, labels, lengths), ylabel = binned, "Needle position (% of the prompt)"
         vmin, vmax = SCALES.get(chosen, (0, 1))
         image = ax.imshow(values, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto", interpolation="nearest")
         ax.set_xticks(range(len(lengths)), [str(x) for x in lengths], rotation=45, ha="right")
-        ax.set_yticks(range(len(depths)), ["random" if d is None else f"{d:g}" for d in depths])
+        ax.set_yticks(range(len(labels)), labels)
         ax.set_xticks(np.arange(len(lengths) + 1) - 0.5, minor=True)
-        ax.set_yticks(np.arange(len(depths) + 1) - 0.5, minor=True)
+        ax.set_yticks(np.arange(len(labels) + 1) - 0.5, minor=True)
         ax.grid(which="minor", color="white", linewidth=0.5)
         ax.tick_params(which="minor", length=0)
         x = line_position(lengths, results.get("train_length"))
@@ -123,7 +163,7 @@ def plot_niah(
             ax.axvline(x, color="black", linestyle="--", linewidth=4)
         ax.set_title(f"{results['model']}, {TITLES.get(subtask, subtask)}")
         ax.set_xlabel("Document Length")
-        ax.set_ylabel("" if depths == [None] else "Depth Percent")  # DRT: needles at random positions
+        ax.set_ylabel(ylabel)
         if not shared_scale:  # e.g. a 1-10 score next to a 0-1 accuracy: each panel its own scale
             fig.colorbar(image, ax=ax, shrink=0.8, label=METRIC_NAMES.get(chosen, chosen))
     for ax in axes[len(panels) :]:
