@@ -53,11 +53,21 @@ def _args():
     return p.parse_args()
 
 
-def _step_fn(model, decoder, taken: str):
-    """``tok [B] -> next tok [B]`` as ``generate`` steps on path ``taken``."""
+def _warm_step(model, path: str, ids: torch.Tensor, capacity: int):
+    """(``tok [B] -> next tok [B]`` as ``generate`` steps on ``path``, the last token, the path taken) after a
+    prefill of ``ids`` into a decoder of ``capacity`` and 4 steps (warm-up, compile, capture)."""
+    decoder, taken = _decoder(model, path, ids.device, ids.shape[0], capacity, None)
     if taken in ("graph", "compiled"):
-        return CudaGraphStep(model, decoder)
-    return lambda tok: model.logits(decoder.step(tok[:, None])).argmax(-1)
+        step = CudaGraphStep(model, decoder)
+    else:
+
+        def step(tok):
+            return model.logits(decoder.step(tok[:, None])).argmax(-1)
+
+    tok = model.logits(decoder.prefill(ids)).argmax(-1)
+    for _ in range(4):
+        tok = step(tok)
+    return step, tok, taken
 
 
 def main() -> None:
@@ -75,17 +85,8 @@ def main() -> None:
     capacity = a.length + 2 * a.steps + 8
     with torch.inference_mode(), adapter._autocast():
         if a.other_capacity:  # another cache size first: torch.compile's second shape makes the size dynamic
-            other, taken = _decoder(model, a.path, device, a.batch, capacity + 64, None)
-            step = _step_fn(model, other, taken)
-            tok = model.logits(other.prefill(ids)).argmax(-1)
-            for _ in range(4):
-                tok = step(tok)
-            del other, step
-        decoder, taken = _decoder(model, a.path, device, a.batch, capacity, None)
-        step = _step_fn(model, decoder, taken)
-        tok = model.logits(decoder.prefill(ids)).argmax(-1)
-        for _ in range(4):  # warm-up, compile, capture
-            tok = step(tok)
+            _warm_step(model, a.path, ids, capacity + 64)
+        step, tok, taken = _warm_step(model, a.path, ids, capacity)
         sync()
         t0 = time.perf_counter()
         for _ in range(a.steps):

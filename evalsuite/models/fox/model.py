@@ -335,8 +335,7 @@ class Block(nn.Module):
 
     def step(self, h, positions, cache, length, start, backend):
         """:meth:`ForgettingAttention.step` in the block (graph-safe decoding)."""
-        h = h + self.attn.step(self.attn_norm(h), positions, cache, length, start, backend)
-        return h + self.mlp.step(self.mlp_norm(h)) if hasattr(self, "mlp") else h
+        return self._mlp(h + self.attn.step(self.attn_norm(h), positions, cache, length, start, backend), step=True)
 
     def pack_step(self) -> None:
         """Stack the weights of the linear maps :meth:`step` applies to one input (one GEMM each)."""
@@ -344,8 +343,11 @@ class Block(nn.Module):
         if hasattr(self, "mlp"):
             self.mlp.pack_step()
 
-    def _mlp(self, h):
-        return h + self.mlp(self.mlp_norm(h)) if hasattr(self, "mlp") else h
+    def _mlp(self, h, step: bool = False):
+        """The MLP sub-layer (none in attention-only blocks); ``step``: its decode-step form (stacked gate/up)."""
+        if not hasattr(self, "mlp"):
+            return h
+        return h + (self.mlp.step if step else self.mlp)(self.mlp_norm(h))
 
 
 class ForgettingTransformer(EmbeddingHeadLM):
