@@ -9,7 +9,8 @@
 # resume from their snapshots in $OUT/$PRESET/partial/: keep that folder with the records). Training steps run
 # as CUDA graphs of torch.compile'd forwards (the defaults on CUDA; results/mqar/step_time/h100-graphs-compile).
 # Knobs: WORKERS (processes training cells at once on the GPU, default 4), TIME_LIMIT (seconds after which no new
-# cell starts, default 300, so that a 10-minute call ends with every finished cell written).
+# cell starts, default 300, so that a 10-minute call ends with every finished cell written), NPROC (GPUs: one
+# torchrun rank per visible GPU, each training its share of the cells with WORKERS processes, default 1).
 set -euo pipefail
 OUT=${OUT:-/tmp/mqar_gpu}
 PRESET=${PRESET:-gsa-paper}
@@ -53,5 +54,7 @@ EOF
 )
 echo "attention backend: $ATTENTION"
 
-python3 -m evalsuite.cli mqar --preset "$PRESET" --device cuda --attention "$ATTENTION" \
+LAUNCH=(python3 -m evalsuite.cli)
+[ "${NPROC:-1}" -gt 1 ] && LAUNCH=(torchrun --standalone --nproc-per-node "$NPROC" -m evalsuite.cli)
+"${LAUNCH[@]}" mqar --preset "$PRESET" --device cuda --attention "$ATTENTION" \
     --workers "${WORKERS:-4}" --time-limit "${TIME_LIMIT:-300}" --out "$RUN" --no-progress --no-report "$@"
