@@ -242,6 +242,14 @@ def test_labels_tell_runs_of_one_model_apart(tmp_path: Path) -> None:
     assert list(table.index) == ["fox-pro-tiny (length=64)", "fox-pro-tiny (length=128)"]  # only what differs
 
 
+def test_labels_of_runs_with_one_config_name_the_folder_that_differs(tmp_path: Path) -> None:
+    """Runs of one model under one config (two trainings evaluated alike) are told apart by their paths."""
+    runs = [tmp_path / "drt" / "passkey", tmp_path / "drt-rows16" / "passkey"]
+    for run in runs:
+        write_loss_run(run, "drt-bytes", None, length=64, seed=0)
+    assert run_labels(["drt-bytes"] * 2, runs) == ["drt-bytes (drt)", "drt-bytes (drt-rows16)"]
+
+
 def test_plot_loss_without_loss_runs_is_user_error(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="no loss runs"):
         plot_loss([tmp_path], tmp_path / "nothing")

@@ -19,7 +19,7 @@ import numpy as np
 from evalsuite.errors import UserError
 from evalsuite.metrics.cells import within_beyond
 from evalsuite.report.plots import save_figure
-from evalsuite.report.records import find_runs, load_run
+from evalsuite.report.records import find_runs, load_run, run_labels
 from evalsuite.store import RESULTS_FILE
 
 COLORS = ("#F0496E", "#EBB839", "#0CD79F")  # FoX's red -> yellow -> green
@@ -126,6 +126,13 @@ def plot_niah(
     from evalsuite.report.tables import write_table
 
     loaded = load_niah_runs(runs)
+    labels_of = dict(
+        zip(
+            (str(d) for d, _ in loaded),
+            run_labels([r["model"] for _, r in loaded], [d for d, _ in loaded]),
+            strict=True,
+        )
+    )
     panels = []
     for run_dir, results in loaded:
         chosen = metric or default_metric(results)
@@ -161,7 +168,7 @@ def plot_niah(
         x = line_position(lengths, results.get("train_length"))
         if x is not None:
             ax.axvline(x, color="black", linestyle="--", linewidth=4)
-        ax.set_title(f"{results['model']}, {TITLES.get(subtask, subtask)}")
+        ax.set_title(f"{labels_of[str(run_dir)]}, {TITLES.get(subtask, subtask)}")
         ax.set_xlabel("Document Length")
         ax.set_ylabel(ylabel)
         if not shared_scale:  # e.g. a 1-10 score next to a 0-1 accuracy: each panel its own scale
@@ -184,7 +191,8 @@ def summary_table(loaded: Sequence[tuple[Path, dict]], metric: str | None = None
     import pandas as pd
 
     rows = []
-    for run_dir, results in loaded:
+    labels = run_labels([r["model"] for _, r in loaded], [d for d, _ in loaded])
+    for (_, results), label in zip(loaded, labels, strict=True):
         chosen = metric or default_metric(results)
         for s in within_beyond(results["records"], results.get("train_length")):
             if s["metric"] == chosen:
@@ -197,7 +205,7 @@ def summary_table(loaded: Sequence[tuple[Path, dict]], metric: str | None = None
                         "within": s["within"],
                         "beyond": s["beyond"],
                         "all": s["all"],
-                        "run": Path(run_dir).name,
+                        "run": label,
                     }
                 )
     return pd.DataFrame(rows, columns=["model", "subtask", "metric", "train_length", "within", "beyond", "all", "run"])

@@ -207,7 +207,8 @@ def run_labels(models: list[str], run_dirs: list[Path | str]) -> list[str]:
     """Legend/row labels: the model name, plus what tells its runs apart when a model appears more than once.
 
     The config values that differ between a model's runs (``data=books, length=4096``; read from each run's
-    ``results.json``) are named; runs whose configs do not differ there fall back to the run directory's name.
+    ``results.json``) are named; runs whose configs do not differ there fall back to the nearest part of their paths
+    that differs (``a/drt-rows16/passkey`` next to ``a/drt/passkey``: ``drt-rows16``).
     """
     configs = [_run_config(run) for run in run_dirs]
     labels = []
@@ -219,8 +220,18 @@ def run_labels(models: list[str], run_dirs: list[Path | str]) -> list[str]:
         keys = sorted({k for j in peers for k in configs[j]})
         differ = [k for k in keys if len({_short(configs[j].get(k)) for j in peers}) > 1]
         parts = [f"{k}={_short(configs[i].get(k))}" for k in differ]
-        labels.append(f"{model} ({', '.join(parts) if parts else Path(run).name})")
+        labels.append(f"{model} ({', '.join(parts) if parts else _differing_part(run, [run_dirs[j] for j in peers])})")
     return labels
+
+
+def _differing_part(run: Path | str, peers: list[Path | str]) -> str:
+    """The last component of ``run``'s resolved path that is not the same in every peer's (its name if none)."""
+    paths = [Path(p).resolve().parts for p in peers]
+    own = Path(run).resolve().parts
+    for back in range(1, len(own) + 1):
+        if len({p[-back] if back <= len(p) else None for p in paths}) > 1:
+            return own[-back]
+    return Path(run).name
 
 
 def _run_config(run_dir: Path | str) -> dict:
