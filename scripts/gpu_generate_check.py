@@ -20,7 +20,6 @@ Usage: python scripts/gpu_generate_check.py --out DIR [--new-tokens 64] [--skip-
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -33,6 +32,7 @@ from evalsuite.bench.attention import env_info
 from evalsuite.cards import list_cards, load_card
 from evalsuite.generation import compiled_support, static_support
 from evalsuite.models.registry import FAMILIES, resolve_architecture
+from evalsuite.store import atomic_write_json
 
 PATHS = ("eager", "static", "graph", "compiled")
 
@@ -141,12 +141,13 @@ def main(argv=None) -> int:
             for r in got:
                 same = {k: r[k] for k in ("equal_eager", "equal_static") if k in r}
                 print(card.name, dtype, r.get("ending"), r.get("path"), r.get("error") or same, flush=True)
-    bad = failures(records)
-    graphed = sorted({r["card"] for r in records if r.get("path") == "graph"})
-    missing = sorted(set(FAMILIES.names()) - families)
-    doc = {"env": env_info(), "device": args.device, "graph_checked": graphed, "families_without_tiny_card": missing,
-           "failures": len(bad), "errors": len(errors), "records": records}  # fmt: skip
-    (args.out / "generate_check.json").write_text(json.dumps(doc, indent=1, default=str))
+            bad = failures(records)
+            graphed = sorted({r["card"] for r in records if r.get("path") == "graph"})
+            doc = {"env": env_info(), "device": args.device, "graph_checked": graphed,
+                   "families_without_tiny_card": sorted(set(FAMILIES.names()) - families), "complete": False,
+                   "failures": len(bad), "errors": len(errors), "records": records}  # fmt: skip
+            atomic_write_json(args.out / "generate_check.json", doc)  # after each model: a cut run keeps its records
+    atomic_write_json(args.out / "generate_check.json", {**doc, "complete": True})
     print(f"{len(bad)} failure(s), {len(errors)} error(s); wrote {args.out / 'generate_check.json'}")
     return 1 if bad or errors else 0
 

@@ -154,7 +154,10 @@ def _num_splits(bh_blocks: int, Tk: int, block_n: int, device) -> int:
     else:
         n_sm = torch.cuda.get_device_properties(device).multi_processor_count
         min_keys = 4 * block_n  # keep each split long enough to amortise its partial write
-    want = triton.cdiv(2 * n_sm, bh_blocks)
+    # Rounded down: one split already fills the GPU once there are more programs than 2 per SM, and splitting
+    # further costs the partials' write and merge (H100, 24 heads, batch 8 after 4K keys: 1 split 74.9 us, 2 splits
+    # 101.3 us; results/bench/h100/decode-5/tune_decode.json).
+    want = (2 * n_sm) // bh_blocks
     return max(1, min(want, triton.cdiv(Tk, min_keys)))
 
 
