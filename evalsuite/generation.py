@@ -31,6 +31,7 @@ Also the batch size from free memory (issue #18 point 3): :func:`prompts_per_cal
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Sequence
 
 import torch
@@ -233,6 +234,39 @@ def _decoder(model, path: str, device: torch.device, batch: int, capacity: int, 
     return fast, ("graph" if fast.graph_safe else "static") if path == "auto" else path
 
 
+class StepTimer:
+    """Times the decode steps of one :func:`generate` call from inside it: from the end of step ``skip`` (after the
+    graph's warm-up and capture) to the end of the last step, by CUDA events on CUDA (no host sync in the loop) or
+    the wall clock on the CPU. Benchmarks read :attr:`ms_per_step` after the call; ``None`` when too few steps ran.
+    """
+
+    def __init__(self, skip: int = GRAPH_WARMUP + 2):
+        self.skip, self.steps, self.ms_per_step = skip, 0, None
+        self._start = None
+
+    def _mark(self, device: torch.device):
+        if device.type == "cuda":
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def after_step(self, made: int, device: torch.device) -> None:
+        if made == self.skip:
+            self._start = self._mark(device)
+
+    def finish(self, made: int, device: torch.device) -> None:
+        if self._start is None or made <= self.skip:
+            return
+        end, self.steps = self._mark(device), made - self.skip
+        if device.type == "cuda":
+            end.synchronize()
+            ms = self._start.elapsed_time(end)
+        else:
+            ms = (end - self._start) * 1e3
+        self.ms_per_step = ms / self.steps
+
+
 def generate(
     model,
     ids: torch.Tensor,
@@ -242,11 +276,13 @@ def generate(
     *,
     path: str = "auto",
     sync_every: int = SYNC_EVERY,
+    timer: StepTimer | None = None,
 ) -> list[Generation]:
     """Continue the left-padded prompts ``ids [B, T]`` (``start [B]``: first real token per row, or None).
 
     ``model``: a ``CausalLM`` on its device, under the caller's autocast and inference mode. Returns one
-    :class:`Generation` per row, equal to the per-token loop's (see the module docstring).
+    :class:`Generation` per row, equal to the per-token loop's (see the module docstring). ``timer``: a
+    :class:`StepTimer` that times the steps (benchmarks).
     """
     if sync_every < 1:
         raise ValueError(f"sync_every must be at least 1, got {sync_every}")
@@ -291,6 +327,10 @@ def generate(
         if done is not None:
             done |= tok == eos
         made += 1
+        if timer is not None:
+            timer.after_step(made, device)
+    if timer is not None:
+        timer.finish(made, device)
     finisher.feed(out[:, checked:made].tolist())
     return finisher.generations()
 

@@ -76,3 +76,12 @@ def test_cli_bench_generate(tmp_path, run_cli):
     for bad, message in bad_options:
         code, _, err = run_cli([*args[:3], "b2", *args[4:], *bad], tmp_path)
         assert_one_line_error(code, err, message)
+
+
+def test_steps_are_also_timed_inside_the_call(tmp_path):
+    """With more new tokens than the timer skips, a native model's cell carries the in-call step time too."""
+    records = bench.bench_generate(tmp_path, paths=["static"], **{**TINY, "lengths": [64], "batches": [1],
+                                                                   "new_tokens": 10})  # fmt: skip
+    (r,) = records
+    assert r["steps_in_call"] == 10 - bench.StepTimer().skip and 0 < r["ms_per_step_in_call"] < 1e4
+    assert "ms/step in call" in (tmp_path / bench.MD_NAME).read_text()

@@ -92,6 +92,7 @@ class NativeAdapter(TokenAdapter):
         self.card = card
         self.decode_path = decode_path  # evalsuite.generation.PATHS: auto, eager, static, graph or compiled
         self.sync_every = engine.SYNC_EVERY
+        self.step_timer: engine.StepTimer | None = None  # set by benchmarks: times the next generate's steps
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype)
         ckpt = Path(checkpoint) if checkpoint is not None else resolve_checkpoint(card)
@@ -165,9 +166,8 @@ class NativeAdapter(TokenAdapter):
         ids, start = left_pad(prompts)  # padded keys are masked through the state's start
         self._check_ids(ids)
         with self._autocast():
-            return engine.generate(
-                self.model, ids, start, config, self.tokenizer, path=self.decode_path, sync_every=self.sync_every
-            )
+            return engine.generate(self.model, ids, start, config, self.tokenizer, path=self.decode_path,
+                                   sync_every=self.sync_every, timer=self.step_timer)  # fmt: skip
 
     def provenance(self) -> dict:
         return {

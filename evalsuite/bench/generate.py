@@ -5,7 +5,9 @@ prompt length L and batch B: B random prompts of L tokens go through the adapter
 every call makes all its tokens). ``t1``, ``tM``, ``tN``: calls making 1 (the prefill and one LM-head pass),
 M = N / 2 and N tokens. Prefill tokens/s = B L / t1; decode tokens/s = B (N - M) / (tN - tM), the steady state
 past the first steps and the CUDA-graph capture, whose one-off cost per call is ``call_overhead_s`` = tM - t1 -
-(M - 1) x the steady step time. All include the host's work, as a task sees it.
+(M - 1) x the steady step time. All include the host's work, as a task sees it. For our own models the N-token
+call also times its steps from inside (:class:`~evalsuite.generation.StepTimer`: CUDA events from the step after
+the capture to the last): ``ms_per_step_in_call``, free of the differences between two calls' one-off costs.
 
 Bound: a decode step reads every weight once (the input embedding only for B rows, unless the head is tied to
 it) and the whole decode state of the batch at length L, so decode tokens/s <= B * bandwidth / (weight bytes +
@@ -34,7 +36,7 @@ import torch
 
 from evalsuite.adapters.base import GenerationConfig
 from evalsuite.errors import UserError
-from evalsuite.generation import HEADROOM, bytes_per_prompt, free_device_bytes, prompt_bytes
+from evalsuite.generation import HEADROOM, StepTimer, bytes_per_prompt, free_device_bytes, prompt_bytes
 
 PATHS = ("eager", "static", "graph", "compiled")
 DEFAULT_MODELS = ("fox-pro",)  # the 760M FoX (Pro) shapes of the paper
@@ -190,11 +192,20 @@ def measure_cell(adapter, length: int, batch: int, new_tokens: int, *, warmup: b
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     made = []
-    tn = _timed(lambda: made.extend(adapter.generate(prompts, full)), device)
+    timer = StepTimer() if hasattr(adapter, "step_timer") else None  # native adapters: the steps timed in the call
+    if timer is not None:
+        adapter.step_timer = timer
+    try:
+        tn = _timed(lambda: made.extend(adapter.generate(prompts, full)), device)
+    finally:
+        if timer is not None:
+            adapter.step_timer = None
     m = counts[1]
     step_s = max(tn - tm, 1e-9) / (new_tokens - m)
     rec = {"prefill_s": t1, "half_s": tm, "total_s": tn, "prefill_tokens_per_s": batch * length / t1}
     rec.update(decode_tokens_per_s=batch / step_s, ms_per_step=step_s * 1e3, call_overhead_s=tm - t1 - (m - 1) * step_s)
+    if timer is not None and timer.ms_per_step is not None:  # the same steps timed inside the call (StepTimer)
+        rec.update(ms_per_step_in_call=timer.ms_per_step, steps_in_call=timer.steps)
     rec["tokens_made"] = sum(len(g.token_ids) for g in made)
     if device.type == "cuda":
         rec["peak_mem_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
@@ -338,7 +349,8 @@ def format_markdown(records, env: dict, params: dict) -> str:
     lines = [f"# Generation benchmark\n\n{env.get('device')}, torch {env.get('torch')}, {params['dtype']}, "
              f"{params['weights']} weights, {params['new_tokens']} new tokens per call; copy bandwidth "
              f"{bw.get('bytes_per_s', 0) / 1e9:.1f} GB/s ({bw.get('copy_mib')} MiB copy)."]  # fmt: skip
-    head = ["path", "length", "batch", "prefill tok/s", "decode tok/s", "ms/step", "bound tok/s", "of bound", "status"]
+    head = ["path", "length", "batch", "prefill tok/s", "decode tok/s", "ms/step", "ms/step in call", "bound tok/s",
+            "of bound", "status"]  # fmt: skip
     for model in dict.fromkeys(r["model"] for r in records):
         lines += ["", f"## {model}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         rows = sorted((r for r in records if r["model"] == model), key=lambda r: (r["path"], r["length"], r["batch"]))
@@ -349,7 +361,8 @@ def format_markdown(records, env: dict, params: dict) -> str:
 
             frac = f"{100 * r['fraction_of_bound']:.1f}%" if "fraction_of_bound" in r else "-"
             cells = [r["path"], str(r["length"]), str(r["batch"]), num("prefill_tokens_per_s", ".0f"),
-                     num("decode_tokens_per_s", ".1f"), num("ms_per_step", ".2f"), num("bound_tokens_per_s", ".0f"),
+                     num("decode_tokens_per_s", ".1f"), num("ms_per_step", ".2f"), num("ms_per_step_in_call", ".2f"),
+                     num("bound_tokens_per_s", ".0f"),
                      frac, r["status"][:60]]  # fmt: skip
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
