@@ -64,9 +64,9 @@ for step in $STEPS; do
             --books '${DATA:-../shared/data/gutenberg}/heldout' --out '$OUT/longbench_time/fixture' --per-task 20 && \
             python3 -m evalsuite.cli longbench --model fox-pro-random --data '$OUT/longbench_time/fixture' \
             --device cuda --dtype bfloat16 --batch-size 4 --out '$OUT/longbench_time/run'" ;;
-        profile_step) run_step profile_step bash -c "for k in '--path compiled' '--path compiled --no-pack' \
-            '--path compiled --other-capacity' '--path compiled --compile-mode max-autotune-no-cudagraphs' \
-            '--path graph'; do python3 scripts/profile_decode.py --card fox-pro \
+        # the step's variants (--no-pack, --other-capacity, --compile-mode ...) measured in results/bench/h100/decode-5
+        profile_step) run_step profile_step bash -c "for k in '--path compiled' '--path graph' \
+            '--path compiled --batch 8'; do python3 scripts/profile_decode.py --card fox-pro \
             --length 4096 --batch 1 \$k --out '$OUT/profile_step' || echo profile \$k failed; done" ;;
         generate_grid) run_step generate_grid python3 -m evalsuite.cli bench generate --out "$OUT/generate_grid" \
             --lengths 1024,2048,4096,8192,16384,32768,65536 --batches 1,8,32 --paths graph,compiled --new-tokens 128 ;;
