@@ -126,19 +126,13 @@ def plot_niah(
     from evalsuite.report.tables import write_table
 
     loaded = load_niah_runs(runs)
-    labels_of = dict(
-        zip(
-            (str(d) for d, _ in loaded),
-            run_labels([r["model"] for _, r in loaded], [d for d, _ in loaded]),
-            strict=True,
-        )
-    )
+    labels = run_labels([r["model"] for _, r in loaded], [d for d, _ in loaded])
     panels = []
-    for run_dir, results in loaded:
+    for (run_dir, results), label in zip(loaded, labels, strict=True):
         chosen = metric or default_metric(results)
         subtask_order = list(dict.fromkeys(r["subtask"] for r in results["records"]))
         for subtask in subtask_order:
-            panels.append((run_dir, results, subtask, chosen))
+            panels.append((run_dir, results, subtask, chosen, label))
     if not any(r["metric"] == p[3] for p in panels for r in p[1]["records"]):
         raise UserError(f"no NIAH records with metric {metric!r}")
 
@@ -149,7 +143,7 @@ def plot_niah(
     axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False)).ravel()
     shared_scale = len({SCALES.get(p[3], (0, 1)) for p in panels}) == 1
     image = None
-    for ax, (run_dir, results, subtask, chosen) in zip(axes, panels, strict=False):
+    for ax, (run_dir, results, subtask, chosen, label) in zip(axes, panels, strict=False):
         values, depths, lengths = heatmap_matrix(results["records"], subtask, chosen)
         labels, ylabel = ["random" if d is None else f"{d:g}" for d in depths], "Depth Percent"
         binned = needle_depth_matrix(run_dir, subtask, chosen) if depths == [None] else None
@@ -168,7 +162,7 @@ def plot_niah(
         x = line_position(lengths, results.get("train_length"))
         if x is not None:
             ax.axvline(x, color="black", linestyle="--", linewidth=4)
-        ax.set_title(f"{labels_of[str(run_dir)]}, {TITLES.get(subtask, subtask)}")
+        ax.set_title(f"{label}, {TITLES.get(subtask, subtask)}")
         ax.set_xlabel("Document Length")
         ax.set_ylabel(ylabel)
         if not shared_scale:  # e.g. a 1-10 score next to a 0-1 accuracy: each panel its own scale
