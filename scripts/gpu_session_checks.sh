@@ -65,10 +65,9 @@ for step in $STEPS; do
             python3 -m evalsuite.cli longbench --model fox-pro-random --data '$OUT/longbench_time/fixture' \
             --device cuda --dtype bfloat16 --batch-size 4 --out '$OUT/longbench_time/run'" ;;
         # the step's variants (--no-pack, --other-capacity, --compile-mode ...) measured in results/bench/h100/decode-5
-        # the compiled step's graph breaks and recompiles go to the log (TORCH_LOGS): fewer breaks, more fusion
-        profile_step) run_step profile_step bash -c "for k in '--path compiled' '--path compiled --decode-op' \
-            '--path graph' '--path compiled --batch 8' '--path compiled --batch 8 --decode-op'; do TORCH_LOGS=graph_breaks,recompiles python3 scripts/profile_decode.py \
-            --card fox-pro --length 4096 --batch 1 \$k --out '$OUT/profile_step' || echo profile \$k failed; done" ;;
+        profile_step) run_step profile_step bash -c "for k in '--path compiled' '--path graph' \
+            '--path compiled --batch 8'; do python3 scripts/profile_decode.py --card fox-pro \
+            --length 4096 --batch 1 \$k --out '$OUT/profile_step' || echo profile \$k failed; done" ;;
         generate_grid) run_step generate_grid python3 -m evalsuite.cli bench generate --out "$OUT/generate_grid" \
             --lengths 1024,2048,4096,8192,16384,32768,65536 --batches 1,8,32 --paths graph,compiled --new-tokens 128 ;;
         tune_decode) run_step tune_decode python3 scripts/tune_decode.py --out "$OUT/tune_decode" ;;

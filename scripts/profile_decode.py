@@ -25,7 +25,6 @@ from torch.profiler import ProfilerActivity, profile
 from evalsuite.adapters.native import NativeAdapter
 from evalsuite.cards import load_card
 from evalsuite.generation import CudaGraphStep, _decoder
-from evalsuite.kernels.forgetting import decode
 from evalsuite.models.fox import decoder as fox_decoder
 from evalsuite.provenance import git_commit, versions
 
@@ -50,7 +49,6 @@ def _args():
         help="torch.compile mode of the FoX step (e.g. max-autotune-no-cudagraphs; default: torch's).",
     )
     p.add_argument("--no-pack", action="store_true", help="FoX: keep the step's GEMVs apart (before/after).")
-    p.add_argument("--decode-op", action="store_true", help="The decode kernel as a custom operator (decode.AS_OP).")
     p.add_argument("--out", type=Path, required=True)
     return p.parse_args()
 
@@ -76,7 +74,6 @@ def main() -> None:
     a = _args()
     fox_decoder.PACK_STEP = not a.no_pack
     fox_decoder.COMPILE_MODE = a.compile_mode
-    decode.AS_OP = a.decode_op
     card = replace(load_card(a.card), weights={"source": "random", "seed": 0})
     cuda = a.device == "cuda"
     adapter = NativeAdapter(card, device=a.device, dtype="bfloat16" if cuda else "float32")
@@ -108,7 +105,6 @@ def main() -> None:
     packed = any(getattr(m, "step_pack", None) is not None for m in model.modules())
     name = f"profile_{a.path}_{a.length}_b{a.batch}" + ("" if packed else "_unpacked")
     name += ("_other_capacity" if a.other_capacity else "") + (f"_{a.compile_mode}" if a.compile_mode else "")
-    name += "_decode_op" if a.decode_op else ""
     a.out.mkdir(parents=True, exist_ok=True)
     device_name = torch.cuda.get_device_name() if cuda else "cpu"
     head = (f"{card.name} ({device_name}), path {taken}{', packed GEMVs' if packed else ''}, batch {a.batch}, "
@@ -123,8 +119,8 @@ def main() -> None:
     top_rows = [{"kernel": e.key, "calls_per_step": e.count / a.steps, "us_per_step": self_us(e) / a.steps}
                 for e in top[:40]]  # fmt: skip
     summary = {"card": card.name, "path": taken, "packed": packed, "length": a.length, "batch": a.batch,
-               "steps": a.steps, "other_capacity": a.other_capacity, "compile_mode": a.compile_mode,
-               "decode_op": a.decode_op, "ms_per_step": ms, "device_ms_per_step": device_us / 1e3,
+               "steps": a.steps, "other_capacity": a.other_capacity, "compile_mode": a.compile_mode, "ms_per_step": ms,
+               "device_ms_per_step": device_us / 1e3,
                "kernels_per_step": sum(e.count for e in kernels) / a.steps, "top": top_rows,
                "device": device_name, "versions": versions(), "git_commit": git_commit()}  # fmt: skip
     (a.out / f"{name}.json").write_text(json.dumps(summary, indent=1) + "\n")

@@ -301,21 +301,6 @@ def test_decode(B, Tq, Tk, gate, key_start, num_splits):
     check_decode(B, Tq, Tk, 2, 32, torch.bfloat16, gate, key_start=ks, num_splits=num_splits)
 
 
-def test_decode_as_custom_op_equals_the_plain_launch(monkeypatch):
-    """``decode.AS_OP``: the same kernel called through the ``evalsuite::forgetting_decode`` operator (what
-    torch.compile traces instead of the Python launch) gives the same result, bit for bit."""
-    g = torch.Generator().manual_seed(5)
-    q = torch.randn(2, 1, 2, 32, generator=g).bfloat16()
-    k, v = (torch.randn(2, 48, 2, 32, generator=g).bfloat16() for _ in range(2))
-    cum_k = (-0.05 * torch.rand(2, 48, 2, generator=g)).cumsum(1)
-    args = (q, k, v, cum_k[:, -1:], cum_k)
-    kwargs = dict(key_start=torch.tensor([0, 9]), key_length=torch.tensor([40]))
-    plain = decode.forgetting_attention_decode_triton(*args, **kwargs)
-    monkeypatch.setattr(decode, "AS_OP", True)
-    assert torch.equal(decode.forgetting_attention_decode_triton(*args, **kwargs), plain)
-    assert hasattr(torch.ops.evalsuite, "forgetting_decode")
-
-
 @pytest.mark.parametrize("D", [64, 128])
 def test_decode_head_dims_fp16(D):
     check_decode(1, 2, 50, 2, D, torch.float16, "mild", key_start=torch.tensor([5]))

@@ -205,28 +205,11 @@ def forgetting_attention_decode_triton(q, k, v, cum_q=None, cum_k=None, *, scale
         return q.new_empty(q.shape)
 
     interp = interpreting()
-    BLOCK_N = (INTERPRET_DECODE if interp else common.DECODE_CONFIG)[0]
-    n_m = triton.cdiv(Tq, _block_m(Tq, interp))
+    BLOCK_N, num_warps, num_stages = INTERPRET_DECODE if interp else common.DECODE_CONFIG
+    BLOCK_M = 16 if Tq <= 16 else (32 if (interp or Tq <= 32) else 64)
+    n_m = triton.cdiv(Tq, BLOCK_M)
     if num_splits is None:
         num_splits = _num_splits(B * H * n_m, Tk, BLOCK_N, q.device)
-    if AS_OP:
-        return torch.ops.evalsuite.forgetting_decode(q, k, v, cum_q, cum_k, key_start, key_length, scale, num_splits)
-    return _decode(q, k, v, cum_q, cum_k, key_start, key_length, scale, num_splits, _decode_kernel)
-
-
-def _block_m(Tq: int, interp: bool) -> int:
-    return 16 if Tq <= 16 else (32 if (interp or Tq <= 32) else 64)
-
-
-def _decode(q, k, v, cum_q, cum_k, key_start, key_length, scale, num_splits: int, kernel) -> torch.Tensor:
-    """Launch ``kernel`` (the decode kernel, or it wrapped for tracing) over checked inputs and merge the splits."""
-    B, Tq, H, D = q.shape
-    Tk = k.shape[1]
-    has_c, has_ks, has_kl = cum_q is not None, key_start is not None, key_length is not None
-    interp = interpreting()
-    BLOCK_N, num_warps, num_stages = INTERPRET_DECODE if interp else common.DECODE_CONFIG
-    BLOCK_M = _block_m(Tq, interp)
-    n_m = triton.cdiv(Tq, BLOCK_M)
     keys_per_split = triton.cdiv(triton.cdiv(Tk, num_splits), BLOCK_N) * BLOCK_N
     num_splits = triton.cdiv(Tk, keys_per_split)
 
@@ -239,7 +222,7 @@ def _decode(q, k, v, cum_q, cum_k, key_start, key_length, scale, num_splits: int
     ck_strides = cum_k.stride() if has_c else (0, 0, 0)
     ks = key_start if has_ks else lse_part
     kl = key_length if has_kl else lse_part
-    kernel[(B * H, n_m, num_splits)](
+    _decode_kernel[(B * H, n_m, num_splits)](
         q, k, v, cq, ck, ks, kl, o_part, lse_part,
         *_strides4(q), *_strides4(k), *_strides4(v), *cq_strides, *ck_strides,
         Tq, Tk, H, keys_per_split, sm_scale, mult,
@@ -257,27 +240,3 @@ def _decode(q, k, v, cum_q, cum_k, key_start, key_length, scale, num_splits: int
         w = torch.exp2(lse_part - m)  # [S, B, H, Tq]; 0 for empty splits
         out = (w[..., None] * o_part).sum(0) / w.sum(0).clamp_min(1e-30)[..., None]
     return out.permute(0, 2, 1, 3).to(q.dtype)  # [B, H, Tq, D] -> [B, Tq, H, D]
-
-
-# The decode call as one custom operator (torch.library.triton_op): torch.compile then traces the kernel launch
-# instead of running the Python around it, so the compiled decode step needs no graph break there. Off by default
-# until measured on a GPU against the plain launch (scripts/profile_decode.py --decode-op); the eager result is
-# the same call either way.
-AS_OP = False
-
-
-@torch.library.triton_op("evalsuite::forgetting_decode", mutates_args=())
-def _decode_op(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cum_q: torch.Tensor | None,
-    cum_k: torch.Tensor | None,
-    key_start: torch.Tensor | None,
-    key_length: torch.Tensor | None,
-    scale: float | None,
-    num_splits: int,
-) -> torch.Tensor:
-    return _decode(
-        q, k, v, cum_q, cum_k, key_start, key_length, scale, num_splits, torch.library.wrap_triton(_decode_kernel)
-    )
