@@ -3,9 +3,9 @@
 For every tiny card of a registered family and a 760M-shaped FoX (Pro) (random weights), in float32 and bfloat16:
 a left-padded batch of random prompts of mixed lengths, decoded on each path -- ``eager``
 (``model.forward`` with a state: the reference), ``static`` (the family's static decoder, eager steps) and
-``graph`` (its step, LM head and argmax replayed as a CUDA graph) -- first free-running, then with a stop string
-and an EOS id taken from the eager output so rows end inside a sync block, then sampled (temperature 0.8, top-k 50,
-top-p 0.9, one seed: the graph path leaves the logits, the CPU draws). A record per (model, dtype, ending,
+``graph`` (its step, LM head and argmax replayed as a CUDA graph) -- first free-running, then sampled (temperature
+0.8, top-k 50, top-p 0.9, one seed: the graph path leaves the logits, the CPU draws), then with a stop string and
+an EOS id taken from the eager output so rows end inside a sync block. A record per (model, dtype, ending,
 path): equal to eager, equal to static, the first differing position per row, seconds for the call. Families with
 no static decoder, or none that is graph-safe here, are recorded as such.
 
@@ -130,6 +130,8 @@ def main(argv=None) -> int:
     if not args.skip_760m:
         models.append((replace(load_card("fox-pro"), weights={"source": "random", "seed": 0}), [4096, 3000, 1024]))
     records, errors = [], []
+    head = {"env": env_info(), "device": args.device,
+            "families_without_tiny_card": sorted(set(FAMILIES.names()) - families)}  # fmt: skip
     for card, lengths in models:
         for dtype in ("float32", "bfloat16"):
             try:
@@ -143,9 +145,8 @@ def main(argv=None) -> int:
                 print(card.name, dtype, r.get("ending"), r.get("path"), r.get("error") or same, flush=True)
             bad = failures(records)
             graphed = sorted({r["card"] for r in records if r.get("path") == "graph"})
-            doc = {"env": env_info(), "device": args.device, "graph_checked": graphed,
-                   "families_without_tiny_card": sorted(set(FAMILIES.names()) - families), "complete": False,
-                   "failures": len(bad), "errors": len(errors), "records": records}  # fmt: skip
+            doc = {**head, "graph_checked": graphed, "complete": False, "failures": len(bad), "errors": len(errors),
+                   "records": records}  # fmt: skip
             atomic_write_json(args.out / "generate_check.json", doc)  # after each model: a cut run keeps its records
     atomic_write_json(args.out / "generate_check.json", {**doc, "complete": True})
     print(f"{len(bad)} failure(s), {len(errors)} error(s); wrote {args.out / 'generate_check.json'}")

@@ -17,10 +17,6 @@ from evalsuite.models.base import StaticDecoder
 
 # Whether static decoders stack the step's weights; False only to measure without (scripts/profile_decode.py).
 PACK_STEP = True
-# torch.compile's mode for the step (None: its default). "max-autotune-no-cudagraphs" also autotunes Triton templates
-# for the step's GEMVs against cuBLAS (which ran them at ~1.8 TB/s on an H100, results/bench/h100/decode-4/), at
-# minutes of compile time: set by scripts/profile_decode.py --compile-mode to measure it. Fixed per process.
-COMPILE_MODE: str | None = None
 
 
 class FoxStaticDecoder(StaticDecoder):
@@ -53,7 +49,7 @@ class FoxStaticDecoder(StaticDecoder):
     def compile_step(self) -> bool:
         global _compiled_step
         if _compiled_step is None:  # dynamic in the cache size after the first new size
-            _compiled_step = torch.compile(FoxStaticDecoder._step_on_device, mode=COMPILE_MODE)
+            _compiled_step = torch.compile(FoxStaticDecoder._step_on_device)
         self.compiled = True
         return True
 
