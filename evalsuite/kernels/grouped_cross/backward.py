@@ -33,8 +33,7 @@ import triton.language as tl
 from evalsuite.kernels import triton_utils
 from evalsuite.kernels.grouped_cross import common
 from evalsuite.kernels.grouped_cross.common import _load_tile
-from evalsuite.kernels.jit_helpers import in_range as _in_range
-from evalsuite.kernels.jit_helpers import mm as _mm
+from evalsuite.kernels.jit_helpers import in_range, mm
 
 
 @triton.jit
@@ -44,11 +43,11 @@ def _probs(q, do, lse, k_ptr, v_ptr, cols, SKV, sks, skd, svs, svd, mult,
     kt = _load_tile(k_ptr, cols, SKV, sks, skd, HEAD_DIM, EVEN_KV)
     vt = _load_tile(v_ptr, cols, SKV, svs, svd, HEAD_DIM, EVEN_KV)
     zeros = tl.zeros([q.shape[0], cols.shape[0]], dtype=tl.float32)
-    s = _mm(q, tl.trans(kt), zeros, UPCAST, PREC) * mult
+    s = mm(q, tl.trans(kt), zeros, UPCAST, PREC) * mult
     if not EVEN_KV:
         s = tl.where((cols < SKV)[None, :], s, float("-inf"))
     p = tl.exp2(s - lse[:, None])
-    dp = _mm(do, tl.trans(vt), zeros, UPCAST, PREC)
+    dp = mm(do, tl.trans(vt), zeros, UPCAST, PREC)
     return kt, vt, p, dp
 
 
@@ -57,15 +56,15 @@ def _grads(q, do, kt, vt, p, dp, delta, w, dq, dk_ptr, dv_ptr, cols, SKV, sdks, 
            HEAD_DIM: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
     """Store this key block's dK, dV and return ``dq + dS K`` (unscaled; Alg. 2 lines 15, 18, 20-21)."""
     zeros = tl.zeros([cols.shape[0], HEAD_DIM], dtype=tl.float32)
-    dv = _mm(tl.trans(p).to(do.dtype), do, zeros, UPCAST, PREC) * w
+    dv = mm(tl.trans(p).to(do.dtype), do, zeros, UPCAST, PREC) * w
     ds = p * (dp - delta[:, None]) * w
-    dk = _mm(tl.trans(ds).to(q.dtype), q, zeros, UPCAST, PREC) * scale
+    dk = mm(tl.trans(ds).to(q.dtype), q, zeros, UPCAST, PREC) * scale
     offs_d = tl.arange(0, HEAD_DIM)
-    ca = _in_range(cols, SKV)[:, None]
+    ca = in_range(cols, SKV)[:, None]
     col_ok = (cols < SKV)[:, None]
     tl.store(dk_ptr + ca * sdks + offs_d[None, :] * sdkd, dk.to(dk_ptr.dtype.element_ty), mask=col_ok)
     tl.store(dv_ptr + ca * sdvs + offs_d[None, :] * sdvd, dv.to(dv_ptr.dtype.element_ty), mask=col_ok)
-    return _mm(ds.to(kt.dtype), kt, dq, UPCAST, PREC)
+    return mm(ds.to(kt.dtype), kt, dq, UPCAST, PREC)
 
 
 @triton.jit
@@ -101,7 +100,7 @@ def _bwd_kernel(
     for kk in range(NK):  # Alg. 2 line 5
         w = tl.load(W + bc * NK + kk)
         # rows past Sq: L = +inf, so P = 0 there
-        lse = tl.load(L + (pid * NK + kk).to(tl.int64) * SQ + _in_range(rows, SQ), mask=row_ok, other=float("inf"))
+        lse = tl.load(L + (pid * NK + kk).to(tl.int64) * SQ + in_range(rows, SQ), mask=row_ok, other=float("inf"))
         k_ptr, v_ptr = k_base + kk * skk, v_base + kk * svk
         dk_ptr, dv_ptr = dk_base + kk * sdkk, dv_base + kk * sdvk
         if NUM_KV == 1:  # the whole chunk in one key block: D from the P o dP in registers
@@ -125,7 +124,7 @@ def _bwd_kernel(
                             scale, HEAD_DIM, UPCAST, PREC)  # fmt: skip
         tl.store(DWP + pid.to(tl.int64) * NK + kk, tl.sum(delta, 0))  # dw_k of this head: sum_rows D_k
     offs_d = tl.arange(0, HEAD_DIM)
-    dq_ptrs = DQ + b * sdqb + c * sdqc + h * sdqh + _in_range(rows, SQ)[:, None] * sdqs + offs_d[None, :] * sdqd
+    dq_ptrs = DQ + b * sdqb + c * sdqc + h * sdqh + in_range(rows, SQ)[:, None] * sdqs + offs_d[None, :] * sdqd
     tl.store(dq_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
 
 

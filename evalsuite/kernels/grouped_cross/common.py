@@ -19,7 +19,7 @@ Numerics and conventions:
   accuracy, :func:`precision`). Under ``TRITON_INTERPRET=1`` the interpreter's ``tl.dot`` mishandles bf16, so bf16
   operands are upcast to float32 first (``UPCAST``).
 * Addresses: rows past Sq and keys past Skv keep their mask but address the last valid row/key
-  (:func:`_in_range`), so no lane of any load or store points outside its buffer, masked-off lanes included
+  (:func:`in_range`), so no lane of any load or store points outside its buffer, masked-off lanes included
   (checked by ``triton_utils.interpreter_bounds_check`` in the tests).
 * ``Skv`` is a compile-time constant through ``NUM_KV = cdiv(Skv, BLOCK_N)`` and ``EVEN_KV``: it is DRT's chunk
   length, fixed per model. The per-chunk key blocks are unrolled (``tl.static_range``), so the only run-time loop
@@ -38,7 +38,7 @@ import triton.language as tl
 
 from evalsuite.kernels.grouped_cross import MAX_TRITON_SQ
 from evalsuite.kernels.grouped_cross.reference import check_shapes
-from evalsuite.kernels.jit_helpers import in_range as _in_range
+from evalsuite.kernels.jit_helpers import in_range
 from evalsuite.kernels.triton_utils import interpreting, pick_config
 
 LOG2E = 1.4426950408889634
@@ -96,7 +96,7 @@ def bwd_config(Sq: int, D: int, itemsize: int = 2) -> tuple[int, int, int, int]:
 def _load_tile(base, idx, n, stride_s, stride_d, HEAD_DIM: tl.constexpr, EVEN: tl.constexpr):
     """Rows ``idx`` (< n valid, others zero) of a ``[n, HEAD_DIM]`` slice: a ``[len(idx), HEAD_DIM]`` tile."""
     offs_d = tl.arange(0, HEAD_DIM)
-    ptrs = base + _in_range(idx, n)[:, None] * stride_s + offs_d[None, :] * stride_d
+    ptrs = base + in_range(idx, n)[:, None] * stride_s + offs_d[None, :] * stride_d
     if EVEN:
         return tl.load(ptrs)
     return tl.load(ptrs, mask=(idx < n)[:, None], other=0.0)

@@ -25,8 +25,7 @@ import triton.language as tl
 from evalsuite.kernels import triton_utils
 from evalsuite.kernels.grouped_cross import common
 from evalsuite.kernels.grouped_cross.common import _load_tile
-from evalsuite.kernels.jit_helpers import in_range as _in_range
-from evalsuite.kernels.jit_helpers import mm as _mm
+from evalsuite.kernels.jit_helpers import in_range, mm
 
 
 @triton.jit
@@ -66,19 +65,19 @@ def _fwd_kernel(
             cols = j * BLOCK_N + offs_n
             kt = _load_tile(k_base + kk * skk, cols, SKV, sks, skd, HEAD_DIM, EVEN_KV)
             vt = _load_tile(v_base + kk * svk, cols, SKV, svs, svd, HEAD_DIM, EVEN_KV)
-            s = _mm(q, tl.trans(kt), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST, PREC) * mult
+            s = mm(q, tl.trans(kt), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST, PREC) * mult
             if not EVEN_KV:
                 s = tl.where((cols < SKV)[None, :], s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, 1))
             alpha = tl.exp2(m - m_new)
             p = tl.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-            acc = _mm(p.to(vt.dtype), vt, acc * alpha[:, None], UPCAST, PREC)
+            acc = mm(p.to(vt.dtype), vt, acc * alpha[:, None], UPCAST, PREC)
             m = m_new
         out += acc * (w / l_i)[:, None]  # lines 15-16: O += w_k diag(l)^-1 acc
-        tl.store(L + (pid * NK + kk).to(tl.int64) * SQ + _in_range(rows, SQ), m + tl.log2(l_i), mask=row_ok)
+        tl.store(L + (pid * NK + kk).to(tl.int64) * SQ + in_range(rows, SQ), m + tl.log2(l_i), mask=row_ok)
     offs_d = tl.arange(0, HEAD_DIM)
-    o_ptrs = Out + b * sob + c * soc + h * soh + _in_range(rows, SQ)[:, None] * sos + offs_d[None, :] * sod
+    o_ptrs = Out + b * sob + c * soc + h * soh + in_range(rows, SQ)[:, None] * sos + offs_d[None, :] * sod
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None])
 
 

@@ -18,7 +18,7 @@ overflows for any slope >= 0): within a chunk of length L (ragged at the tail) w
 inter-chunk factor is ``lambda^(c+1)``, the key-side factor of the chunk's state update ``lambda^(L-1-c)``, the chunk
 decay ``lambda^L`` and the intra mask ``M[r, c] = lambda^(r-c)`` for ``r >= c`` (Algorithm 5 with 1-based rows).
 
-Addresses: no lane of any load or store points outside its buffer, masked-off lanes included (:func:`_in_range`):
+Addresses: no lane of any load or store points outside its buffer, masked-off lanes included (:func:`in_range`):
 rows past the ragged end of the sequence address its last row, segments past either end of a partial scan block
 its first or last segment. A masked-off lane is not meant to be read, but in a software-pipelined loop (the walk,
 the scan) it still goes out as a zero-byte ``cp.async`` at the computed address, and the compiler issues such

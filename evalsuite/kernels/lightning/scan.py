@@ -16,8 +16,7 @@ import triton
 import triton.language as tl
 
 from evalsuite.kernels import triton_utils
-from evalsuite.kernels.jit_helpers import in_range as _in_range
-from evalsuite.kernels.jit_helpers import mm as _mm
+from evalsuite.kernels.jit_helpers import in_range, mm
 from evalsuite.kernels.lightning import common
 from evalsuite.kernels.lightning.common import LOG2E_JIT
 from evalsuite.kernels.triton_utils import interpreting
@@ -75,10 +74,10 @@ def _segment_scan_kernel(
             ep = e_s
         a_first = tl.min(tl.where(valid, ap, T), 0)
         e_last = tl.max(tl.where(valid, ep, 0), 0)
-        ptrs = seg_base + _in_range(sidx, NSEG)[:, None] * E  # lanes past either end: masked, in the buffer
+        ptrs = seg_base + in_range(sidx, NSEG)[:, None] * E  # lanes past either end: masked, in the buffer
         tot = tl.load(ptrs, mask=valid[:, None], other=0.0)
         W = tl.where(lower & valid[None, :], tl.exp2(nl2 * tl.maximum(ap[:, None] - ep[None, :], 0)), 0.0)
-        ent = _mm(W, tot, tl.exp2(nl2 * tl.maximum(ap - a_first, 0))[:, None] * carry[None, :], False, "ieee")
+        ent = mm(W, tot, tl.exp2(nl2 * tl.maximum(ap - a_first, 0))[:, None] * carry[None, :], False, "ieee")
         tl.store(ptrs, ent, mask=valid[:, None])
         w_end = tl.where(valid, tl.exp2(nl2 * tl.maximum(e_last - ep, 0)), 0.0)
         carry = carry * tl.exp2(nl2 * (e_last - a_first)) + tl.sum(w_end[:, None] * tot, 0)

@@ -26,8 +26,7 @@ import triton
 import triton.language as tl
 
 from evalsuite.kernels import triton_utils
-from evalsuite.kernels.jit_helpers import in_range as _in_range
-from evalsuite.kernels.jit_helpers import mm as _mm
+from evalsuite.kernels.jit_helpers import in_range, mm
 from evalsuite.kernels.lightning import common
 from evalsuite.kernels.lightning.common import LOG2E_JIT, strides4
 
@@ -108,29 +107,29 @@ def _walk_kernel(
         t0 = n * BT
         rows = t0 + offs_t
         ok = rows < T
-        rows64 = _in_range(rows, T)  # masked rows (past the ragged end) address row T - 1
+        rows64 = in_range(rows, T)  # masked rows (past the ragged end) address row T - 1
         w_late = tl.where(ok, tl.exp2(nl2 * tl.maximum(tl.minimum(BT, T - t0) - 1 - offs_t, 0)), 0.0)  # lambda^(L-1-c)
         bt = tl.load(b_base + rows64[:, None] * stride_bt, mask=ok[:, None], other=0.0)
         ct = tl.load(c_base + rows64[:, None] * stride_ct, mask=ok[:, None], other=0.0)
         if not TOTALS:
             at = tl.load(a_base + rows64[:, None] * stride_at, mask=ok[:, None], other=0.0)
-            scores = _mm(at, tl.trans(bt), tl.zeros([BT, BT], dtype=tl.float32), UPCAST, PREC)
-            acc = _mm((scores * mask).to(ct.dtype), ct, tl.zeros([BT, BC], dtype=tl.float32), UPCAST, PREC)
+            scores = mm(at, tl.trans(bt), tl.zeros([BT, BT], dtype=tl.float32), UPCAST, PREC)
+            acc = mm((scores * mask).to(ct.dtype), ct, tl.zeros([BT, BC], dtype=tl.float32), UPCAST, PREC)
             if REVERSE:
                 ad = at.to(tl.float32) * w_late[:, None]
             else:
                 ad = at.to(tl.float32) * w_early[:, None]
             if LOWP:
-                acc = _mm(ad.to(at.dtype), x.to(at.dtype), acc, UPCAST, PREC)
+                acc = mm(ad.to(at.dtype), x.to(at.dtype), acc, UPCAST, PREC)
             else:
-                acc = _mm(ad, x, acc, UPCAST, PREC)
+                acc = mm(ad, x, acc, UPCAST, PREC)
             o_ptrs = Out + ((b * T + rows64[:, None]) * H + h64) * DC + offs_c[None, :]
             tl.store(o_ptrs, acc.to(Out.dtype.element_ty), mask=ok[:, None])
         if REVERSE:
             bd = bt.to(tl.float32) * w_early[:, None]
         else:
             bd = bt.to(tl.float32) * w_late[:, None]
-        x = _mm(tl.trans(bd.to(bt.dtype)), ct, x * tl.exp2(nl2 * tl.minimum(BT, T - t0)), UPCAST, PREC)
+        x = mm(tl.trans(bd.to(bt.dtype)), ct, x * tl.exp2(nl2 * tl.minimum(BT, T - t0)), UPCAST, PREC)
     if TOTALS:
         tl.store(x_ptrs, x)
 
