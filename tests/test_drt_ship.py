@@ -59,3 +59,17 @@ def test_ship_refuses_big_or_foreign_checkpoints(tmp_path, monkeypatch):
     with pytest.raises(UserError, match="more than the 0 MB to ship"):
         ship.ship(ckpt, CARD, "x", "x", tmp_path / "models")
     assert not (tmp_path / "models").exists()  # nothing written
+
+
+def test_shipped_drt_gutenberg_retrieves_beyond_its_training_length(tmp_path):
+    """The shipped model (results/drt_claim/2026-11-27-x4/), by name, on the built-in synthetic haystack: trained at
+    1,024 bytes, it names all five passkey bytes at 4x that length (4 of 4 on this CPU; 3 allows one miss)."""
+    from evalsuite.adapters.native import NativeAdapter
+    from evalsuite.tasks.drt_passkey import DrtConfig, run_drt_passkey
+
+    card = load_card("drt-gutenberg")
+    assert card.weights_summary() == "own: weights/drt-gutenberg" and card.train_length == 1024
+    adapter = NativeAdapter(card, device="cpu")
+    res = run_drt_passkey(adapter, DrtConfig(lengths=[4096], samples=4, kind="passkey"), tmp_path / "pk", False)
+    exact = [r for r in res["records"] if r["metric"] == "answer_exact"]
+    assert len(exact) == 1 and exact[0]["length"] == 4096 and exact[0]["value"] >= 3 / 4, exact

@@ -342,6 +342,55 @@ def test_decode_key_length_from_the_device(B, Tq, n_keys, capacity, gate, key_st
     torch.testing.assert_close(o, want, atol=1e-2, rtol=1e-2)
 
 
+@pytest.mark.parametrize(
+    "B,length,capacity,gate,key_start,num_splits",
+    [
+        (2, 0, 40, None, None, None),  # the first row: nothing cached before it
+        (1, 0, 20, "mild", None, None),  # ... gated: its cumulative log forget is log f alone
+        (2, 1, 40, "mild", None, None),  # the first decoded token after a one-token prompt
+        (2, 36, 96, "strong", [0, 9], None),  # several splits, the new row inside one of them
+        (1, 49, 64, "log_f None", [20], 3),  # an ungated cache with padding biases: cum carried, log f 0
+    ],
+)
+def test_decode_append(B, length, capacity, gate, key_start, num_splits):
+    """``append``: the kernel writes this step's k, v (and cumulative log forget) at row ``length`` and attends over
+    ``length + 1`` keys: the same output and cache as writing the row first (``index_copy_``) and decoding after.
+    Unused rows hold NaN, so a read past the keys, or of the new row from memory, would show."""
+    g = torch.Generator().manual_seed(5)
+    H, D = 2, 32
+    q, k_new, v_new = (torch.randn(B, 1, H, D, generator=g).bfloat16() for _ in range(3))
+    k, v = (torch.full((B, capacity, H, D), float("nan")).bfloat16() for _ in range(2))
+    k[:, :length], v[:, :length] = (torch.randn(B, length, H, D, generator=g).bfloat16() for _ in range(2))
+    cum = log_f = None
+    if gate is not None:
+        cum = torch.full((B, capacity, H), float("nan"))
+        cum[:, :length] = (-0.5 * torch.rand(B, length, H, generator=g)).cumsum(1)
+        if gate != "log_f None":
+            log_f = {"mild": -0.01, "strong": -3.0}[gate] * torch.rand(B, 1, H, generator=g)
+    ks = None if key_start is None else torch.tensor(key_start)
+    caches = (k.clone(), v.clone(), None if cum is None else cum.clone())
+    fixed = dict(key_start=ks, num_splits=num_splits)
+    appended = (k_new, v_new, log_f)
+    o = decode.forgetting_attention_decode_triton(
+        q, *caches[:2], None, caches[2], **fixed, key_length=torch.tensor([length]), append=appended
+    )
+    k[:, length], v[:, length] = k_new[:, 0], v_new[:, 0]
+    cum_q = None
+    if cum is not None:
+        prev = cum[:, length - 1] if length > 0 else torch.zeros(B, H)
+        cum[:, length] = prev + (0.0 if log_f is None else log_f[:, 0])
+        cum_q = cum[:, length : length + 1]
+    n = length + 1
+    want = decode.forgetting_attention_decode_triton(q, k, v, cum_q, cum, **fixed, key_length=torch.tensor([n]))
+    assert o.isfinite().all()
+    torch.testing.assert_close(o, want, atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(caches[0][:, :n], k[:, :n], atol=0, rtol=0)
+    torch.testing.assert_close(caches[1][:, :n], v[:, :n], atol=0, rtol=0)
+    if cum is not None:
+        torch.testing.assert_close(caches[2][:, :n], cum[:, :n])
+    assert caches[0][:, n:].isnan().all()  # nothing written past the new row
+
+
 def test_decode_matches_full_forward():
     """Decoding all positions (Tq == Tk, no padding) gives the full kernel's forward."""
     q, k, v, logf = make_inputs(1, 45, 2, 32, torch.bfloat16, "strong", seed=9)

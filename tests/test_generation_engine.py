@@ -271,6 +271,66 @@ def test_compiled_fox_step_equals_the_static_step():
     assert not gsa.static_decoder(1, 2).compile_step()  # the recurrent families do not offer it
 
 
+_APPEND_STEP_SCRIPT = """
+import torch
+import evalsuite.kernels.forgetting as fa
+from evalsuite.cards import load_card
+reference_only, kernel = fa.cached_attention_graph_safe, fa.forgetting_attention_decode_triton
+appended = []  # per kernel call in a step: whether it appended the row itself
+
+
+def counted(*args, **kwargs):
+    appended.append(kwargs.get("append") is not None)
+    return kernel(*args, **kwargs)
+
+
+fa.forgetting_attention_decode_triton = counted
+for card in ("fox-pro-tiny", "transformer-llama-tiny"):  # gated; ungated (its cache carries the padding biases)
+    model = load_card(card).build_module()
+    model.init_weights(0)
+    model = model.to(torch.bfloat16).eval()
+    ids, start = torch.randint(0, 100, (2, 7)), torch.tensor([0, 3])
+    with torch.inference_mode():
+        decoders = []
+        for use_kernel in (False, True):
+            fa.cached_attention_graph_safe = (lambda q, backend: True) if use_kernel else reference_only
+            dec = model.static_decoder(2, 16, start)
+            dec.prefill(ids)
+            decoders.append(dec)
+        tok = ids[:, -1:]
+        for _ in range(4):
+            fa.cached_attention_graph_safe = reference_only
+            want = decoders[0].step(tok)
+            fa.cached_attention_graph_safe = lambda q, backend: True
+            got = decoders[1].step(tok)
+            torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+            tok = model.logits(want).argmax(-1)[:, None]
+        n = int(decoders[0].length)
+        for a, b in zip(decoders[0].state.layers, decoders[1].state.layers):  # deeper layers: inputs differ by
+            for name in ("k", "v", "cum"):  # the two attentions' bf16 rounding
+                if getattr(a, name) is not None:
+                    torch.testing.assert_close(getattr(b, name)[:, :n], getattr(a, name)[:, :n], atol=2e-2, rtol=2e-2)
+    assert len(appended) == 4 * model.cfg.num_layers and all(appended)
+    appended.clear()
+    print(card, "ok")
+"""
+
+
+def test_fox_step_through_the_appending_decode_kernel():
+    """The FoX step with the Triton decode kernel appending the new row (the interpreter on CPU, bf16, left padding):
+    the same hidden states and caches as the reference twin's ``index_copy_`` and attention, gated and ungated."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent), "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", _APPEND_STEP_SCRIPT], capture_output=True, text=True, timeout=600,
+                          env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["fox-pro-tiny", "ok", "transformer-llama-tiny", "ok"]
+
+
 def test_static_decoders_free_their_cache_without_the_cycle_collector():
     """A decoder's KV cache goes as soon as the decoder does (H100, 2026-11-26: a decoder that referenced itself left
     each cache to the cyclic GC and a 121-cell NIAH grid ran out of device memory)."""

@@ -35,6 +35,9 @@ def _decode_kernel(
     CK,
     KS,
     KL,
+    KN,
+    VN,
+    LF,
     O_PART,
     LSE_PART,
     stride_qb,
@@ -55,6 +58,12 @@ def _decode_kernel(
     stride_ckb,
     stride_ckt,
     stride_ckh,
+    stride_knb,
+    stride_knh,
+    stride_vnb,
+    stride_vnh,
+    stride_lfb,
+    stride_lfh,
     Tq,
     Tk,
     H,
@@ -64,6 +73,8 @@ def _decode_kernel(
     HAS_C: tl.constexpr,
     HAS_KS: tl.constexpr,
     HAS_KL: tl.constexpr,
+    APPEND: tl.constexpr,
+    HAS_LF: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -74,6 +85,11 @@ def _decode_kernel(
     Query row i sits at absolute position ``Tk - Tq + i``; key j is visible when ``key_start[b] <= j <= pos``.
     With ``HAS_KL`` the key count is read from ``KL`` (a device scalar, ``<= Tk``) instead: a cache of capacity Tk
     holding fewer keys, whose length a CUDA graph cannot pass as an argument.
+    With ``APPEND`` (one query, ``HAS_KL``) this step's key row is not in the cache yet: ``KL`` counts the keys
+    before it, the new row is key ``KL`` (the query's own position), its k/v come from ``KN``/``VN`` ``[B, H, D]``
+    and its cumulative log forget is the previous row's plus ``LF`` ``[B, H]`` (0 without ``HAS_LF``). Every
+    program takes the new row from registers; the programs of split 0 also write it into the cache (K, V, CK),
+    so the step needs no separate cache-append kernels (issue #18: results/bench/h100/decode-6/).
     Grid: (B*H, cdiv(Tq, BLOCK_M), n_splits). Split s covers keys [s*keys_per_split, (s+1)*keys_per_split).
     Writes O_PART [S, B, H, Tq, D] (normalised within the split, 0 where nothing is visible) and
     LSE_PART [S, B, H, Tq] (log2 units, -inf where nothing is visible); the host merges the splits.
@@ -94,11 +110,30 @@ def _decode_kernel(
         n_keys = tl.load(KL).to(tl.int32)
     else:
         n_keys = Tk
+    if APPEND:
+        n_keys = n_keys + 1
     pos = n_keys - Tq + offs_m
 
     q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None].to(tl.int64) * stride_qt
                 + offs_d[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)  # fmt: skip
-    if HAS_C:
+    k_base = K + b * stride_kb + h * stride_kh
+    v_base = V + b * stride_vb + h * stride_vh
+    ck_base = CK + b * stride_ckb + h * stride_ckh
+    if APPEND:
+        new = n_keys - 1
+        kn = tl.load(KN + b * stride_knb + h * stride_knh + offs_d)
+        vn = tl.load(VN + b * stride_vnb + h * stride_vnh + offs_d)
+        if HAS_C:
+            c_new = tl.load(ck_base + (new - 1).to(tl.int64) * stride_ckt, mask=new > 0, other=0.0)
+            if HAS_LF:
+                c_new += tl.load(LF + b * stride_lfb + h * stride_lfh)
+            cq = tl.zeros([BLOCK_M], dtype=tl.float32) + c_new  # Tq == 1: the block's one live row
+        if pid_s == 0:
+            tl.store(k_base + new.to(tl.int64) * stride_kt + offs_d * stride_kd, kn)
+            tl.store(v_base + new.to(tl.int64) * stride_vt + offs_d * stride_vd, vn)
+            if HAS_C:
+                tl.store(ck_base + new.to(tl.int64) * stride_ckt, c_new)
+    elif HAS_C:
         cq = tl.load(CQ + b * stride_cqb + h * stride_cqh + offs_m.to(tl.int64) * stride_cqt, mask=row_ok, other=0.0)
     if HAS_KS:
         ks = tl.load(KS + b).to(tl.int32)
@@ -113,18 +148,20 @@ def _decode_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    k_base = K + b * stride_kb + h * stride_kh
-    v_base = V + b * stride_vb + h * stride_vh
-    ck_base = CK + b * stride_ckb + h * stride_ckh
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         col_ok = cols < hi
         cols64 = cols.to(tl.int64)
         k = tl.load(k_base + cols64[:, None] * stride_kt + offs_d[None, :] * stride_kd, mask=col_ok[:, None], other=0.0)
         v = tl.load(v_base + cols64[:, None] * stride_vt + offs_d[None, :] * stride_vd, mask=col_ok[:, None], other=0.0)
+        if APPEND:  # the new row from registers: split 0 may be writing it to memory now
+            k = tl.where((cols == new)[:, None], kn[None, :], k)
+            v = tl.where((cols == new)[:, None], vn[None, :], v)
         s = _mm(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST)
         if HAS_C:
             ck = tl.load(ck_base + cols64 * stride_ckt, mask=col_ok, other=0.0)
+            if APPEND:
+                ck = tl.where(cols == new, c_new, ck)
             s = s * sm_scale + (cq[:, None] - ck[None, :])
         visible = (cols[None, :] <= pos[:, None]) & col_ok[None, :] & (cols[None, :] >= ks)
         s = tl.where(visible, s, float("-inf"))
@@ -161,8 +198,25 @@ def _num_splits(bh_blocks: int, Tk: int, block_n: int, device) -> int:
     return max(1, min(want, triton.cdiv(Tk, min_keys)))
 
 
+def _append_rows(append, B: int, H: int, D: int, dtype: torch.dtype):
+    """The ``append`` rows as the kernel reads them: k/v ``[B, H, D]`` in the cache's dtype with unit stride over D,
+    log f ``[B, H]`` float32 (a placeholder when None)."""
+    k_new, v_new, log_f = append
+    rows = []
+    for t in (k_new, v_new):
+        if t.shape != (B, 1, H, D):
+            raise ValueError(f"append rows must be [B, 1, H, D] = {(B, 1, H, D)}; got {tuple(t.shape)}")
+        t = t[:, 0].to(dtype)
+        rows.append(t if t.stride(-1) == 1 else t.contiguous())
+    if log_f is None:
+        return rows[0], rows[1], rows[0]
+    if log_f.shape != (B, 1, H):
+        raise ValueError(f"append's log_f must be [B, 1, H] = {(B, 1, H)}; got {tuple(log_f.shape)}")
+    return rows[0], rows[1], log_f[:, 0].float()
+
+
 def forgetting_attention_decode_triton(q, k, v, cum_q=None, cum_k=None, *, scale=None, key_start=None,
-                                       key_length=None, num_splits=None):  # fmt: skip
+                                       key_length=None, num_splits=None, append=None):  # fmt: skip
     """Forgetting Attention for queries that are the last ``Tq`` positions of ``Tk`` keys (forward only).
 
     Args:
@@ -174,6 +228,11 @@ def forgetting_attention_decode_triton(q, k, v, cum_q=None, cum_k=None, *, scale
             ``Tk`` rows of k/v (and cum_k) are keys, and the queries are the last ``Tq`` of those. Read on the
             device, so a CUDA graph captured once replays at every cache length (the static decoder's step).
         num_splits: key splits (split-K); default picks enough programs to fill the GPU when Tq is small.
+        append: ``(k_new, v_new, log_f)`` for one query (``Tq == 1``) with ``key_length``: this step's key row,
+            ``[B, 1, H, D]`` each, and its log forget gate ``[B, 1, H]`` (or None: 0), not yet in the cache. The
+            kernel writes them at row ``key_length`` of k/v (and, with cum_k, the previous row's cumulative log
+            forget plus log_f into cum_k) and attends over ``key_length + 1`` keys; cum_q is then None (the
+            query's own cumulative value is the new row's). The cache must have room for the row.
     Returns:
         ``[B, Tq, H, D]`` in q's dtype; rows that see no key are 0 (as in the reference).
     """
@@ -182,15 +241,20 @@ def forgetting_attention_decode_triton(q, k, v, cum_q=None, cum_k=None, *, scale
     Tk = k.shape[1]
     if k.shape != v.shape or k.shape[0] != B or k.shape[2] != H or k.shape[3] != D or Tk < Tq:
         raise ValueError(f"k/v shape {tuple(k.shape)} does not fit q shape {tuple(q.shape)}")
-    if (cum_q is None) != (cum_k is None):
+    if append is not None:
+        if Tq != 1 or key_length is None or cum_q is not None:
+            raise ValueError("append needs one query, key_length, and cum_q None (the new row's cum is computed)")
+        if cum_k is not None and cum_k.dtype != torch.float32:
+            raise ValueError("append writes into cum_k: it must be float32")
+        kn, vn, lf = _append_rows(append, B, H, D, k.dtype)
+    elif (cum_q is None) != (cum_k is None):
         raise ValueError("give both cum_q and cum_k, or neither")
-    has_c = cum_q is not None
+    has_c = cum_k is not None
     if has_c:
-        if cum_q.shape != (B, Tq, H) or cum_k.shape != (B, Tk, H):
-            raise ValueError(
-                f"cum_q/cum_k must be [B, Tq, H]/[B, Tk, H]; got {tuple(cum_q.shape)}/{tuple(cum_k.shape)}"
-            )
-        cum_q, cum_k = cum_q.float(), cum_k.float()
+        if cum_k.shape != (B, Tk, H) or (cum_q is not None and cum_q.shape != (B, Tq, H)):
+            raise ValueError(f"cum_q/cum_k must be [B, Tq, H]/[B, Tk, H]; got {cum_q.shape}/{tuple(cum_k.shape)}")
+        cum_k = cum_k.float()  # with append already float32: the kernel writes into it
+        cum_q = None if cum_q is None else cum_q.float()
     has_ks = key_start is not None
     if has_ks:
         if key_start.shape != (B,):
@@ -216,17 +280,22 @@ def forgetting_attention_decode_triton(q, k, v, cum_q=None, cum_k=None, *, scale
     sm_scale, mult = _scales(scale, D, has_c)
     o_part = triton_utils.empty((num_splits, B, H, Tq, D), torch.float32, q.device)
     lse_part = triton_utils.empty((num_splits, B, H, Tq), torch.float32, q.device)
-    cq = cum_q if has_c else lse_part
+    cq = cum_q if cum_q is not None else lse_part
     ck = cum_k if has_c else lse_part
-    cq_strides = cum_q.stride() if has_c else (0, 0, 0)
+    cq_strides = cum_q.stride() if cum_q is not None else (0, 0, 0)
     ck_strides = cum_k.stride() if has_c else (0, 0, 0)
     ks = key_start if has_ks else lse_part
     kl = key_length if has_kl else lse_part
+    has_lf = append is not None and append[2] is not None
+    if append is None:
+        kn = vn = lf = lse_part
+    new_strides = (*kn.stride()[:2], *vn.stride()[:2], *lf.stride()[:2])  # placeholders' strides: unread
     _decode_kernel[(B * H, n_m, num_splits)](
-        q, k, v, cq, ck, ks, kl, o_part, lse_part,
-        *_strides4(q), *_strides4(k), *_strides4(v), *cq_strides, *ck_strides,
+        q, k, v, cq, ck, ks, kl, kn, vn, lf, o_part, lse_part,
+        *_strides4(q), *_strides4(k), *_strides4(v), *cq_strides, *ck_strides, *new_strides,
         Tq, Tk, H, keys_per_split, sm_scale, mult,
-        HAS_C=has_c, HAS_KS=has_ks, HAS_KL=has_kl, HEAD_DIM=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+        HAS_C=has_c, HAS_KS=has_ks, HAS_KL=has_kl, APPEND=append is not None, HAS_LF=has_lf,
+        HEAD_DIM=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
         UPCAST=_upcast(q.dtype),
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip

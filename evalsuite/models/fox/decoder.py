@@ -2,10 +2,11 @@
 preallocated for the whole generation, with its filled length kept on the device, so the one-token step has fixed
 shapes and one captured CUDA graph replays it at every position.
 
-The step is :meth:`ForgettingAttention.step` in every block: the new row's k, v and cumulative log-forget are
-written with ``index_copy_`` at the device length and attention reads the cache through the Triton decode kernel
-with that length (:func:`~evalsuite.kernels.forgetting.cached_attention`). Prefill is the ordinary forward pass
-with the cache (the training kernels over the prompt), in passes of ``prefill_chunk`` tokens.
+The step is :meth:`ForgettingAttention.step` in every block: one launch of the Triton decode kernel writes the new
+row's k, v and cumulative log forget at the device length and attends over the cache up to it
+(:func:`~evalsuite.kernels.forgetting.append_and_attend`; ``index_copy_`` and the reference elsewhere). Prefill is
+the ordinary forward pass with the cache (the training kernels over the prompt), in passes of ``prefill_chunk``
+tokens.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from evalsuite.kernels.forgetting import BACKENDS, attention, cached_attention, cumsum_over_time
+from evalsuite.kernels.forgetting import BACKENDS, append_and_attend, attention, cumsum_over_time
 from evalsuite.models.base import DecodeState, EmbeddingHeadLM, normal_init_
 from evalsuite.models.fox.decoder import FoxStaticDecoder
 from evalsuite.models.layers import HeadRMSNorm, RMSNorm, ShiftProjection, SwiGLU, rope
@@ -300,23 +300,17 @@ class ForgettingAttention(nn.Module):
         """One new token per sequence, appended at ``length`` (``[1]`` long on the device: positions cached
         before it) to a cache filled by :meth:`forward`. x: ``[B, 1, D]`` normed input; positions: ``[B, 1]``.
         Fixed shapes, in-place cache writes and a cache length read on the device: CUDA-graph safe with the
-        Triton backend (:func:`~evalsuite.kernels.forgetting.cached_attention`). The same function as
-        :meth:`forward` with the cache (the tests compare them). After :meth:`pack_step`, the linear maps of x
-        are one GEMM."""
+        Triton backend (:func:`~evalsuite.kernels.forgetting.append_and_attend`: its decode kernel appends the new
+        row too). The same function as :meth:`forward` with the cache (the tests compare them). After
+        :meth:`pack_step`, the linear maps of x are one GEMM."""
         lin = self._maps(x, packed=self.step_pack is not None)
         q, k, v, k_last, v_last = self._heads(x, positions, None, cache.k_prev, cache.v_prev, lin)
-        cum = None
-        if cache.cum is not None:  # gated, or ungated with left padding (the cache carries the padding bias)
-            log_f = self.log_forget(x, lin)
-            log_f = torch.zeros_like(cache.cum[:, :1]) if log_f is None else log_f
-            cum = cache.cum.index_select(1, length - 1) + log_f
-            cache.cum.index_copy_(1, length, cum)
-        cache.k.index_copy_(1, length, k.to(cache.k.dtype))
-        cache.v.index_copy_(1, length, v.to(cache.v.dtype))
+        # cache.cum: gated, or ungated with left padding (the cache carries the padding bias; log f is None then)
+        log_f = None if cache.cum is None else self.log_forget(x, lin)
         for row, last in ((cache.k_prev, k_last), (cache.v_prev, v_last)):
             if last is not None:
                 row.copy_(last)
-        o = cached_attention(q, cache.k, cache.v, cum, cache.cum, length + 1, key_start=start, backend=backend)
+        o = append_and_attend(q, k, v, log_f, cache.k, cache.v, cache.cum, length, key_start=start, backend=backend)
         return self._output(o, x, lin)
 
 
