@@ -391,6 +391,24 @@ def test_decode_append(B, length, capacity, gate, key_start, num_splits):
     assert caches[0][:, n:].isnan().all()  # nothing written past the new row
 
 
+def test_merge_kernel_matches_its_reference():
+    """The splits' merge: the kernel against :func:`_merge_reference`, with splits that saw no key (lse -inf,
+    output 0) and a row no split saw (0)."""
+    g = torch.Generator().manual_seed(11)
+    S, B, H, Tq, D = 5, 2, 3, 2, 32
+    o_part = torch.randn(S, B, H, Tq, D, generator=g)
+    lse = 4 * torch.randn(S, B, H, Tq, generator=g)
+    lse[1:3, 0, 1, 0] = float("-inf")
+    o_part[1:3, 0, 1, 0] = 0.0
+    lse[:, 1, 2, 1], o_part[:, 1, 2, 1] = float("-inf"), 0.0
+    out = torch.full((B, Tq, H, D), float("nan"), dtype=torch.bfloat16)
+    rows = B * H * Tq
+    decode._merge_kernel[(rows,)](o_part, lse, out, S, rows, H, Tq, *out.stride()[:3], HEAD_DIM=D, BLOCK_S=8)
+    want = decode._merge_reference(o_part, lse).permute(0, 2, 1, 3)
+    torch.testing.assert_close(out.float(), want, atol=1e-2, rtol=1e-2)
+    assert (out[1, 1, 2] == 0).all()
+
+
 def test_decode_matches_full_forward():
     """Decoding all positions (Tq == Tk, no padding) gives the full kernel's forward."""
     q, k, v, logf = make_inputs(1, 45, 2, 32, torch.bfloat16, "strong", seed=9)

@@ -1,4 +1,4 @@
-"""Forgetting Attention for cached decoding: a forward-only kernel with split-K and a host-side merge.
+"""Forgetting Attention for cached decoding: a forward-only kernel with split-K, and a kernel merging the splits.
 
 Public entry point: :func:`forgetting_attention_decode_triton` -- for ``Tq <= Tk`` queries that are the last
 ``Tq`` positions of the keys (cached decoding, or prefill with ``Tq == Tk``), with optional left padding
@@ -7,8 +7,8 @@ Public entry point: :func:`forgetting_attention_decode_triton` -- for ``Tq <= Tk
 Design notes:
 * With few queries (one token per step) there are too few (batch, head, query block) programs to fill the GPU,
   so the keys are split over several programs (split-K, :func:`_num_splits`). Each split writes its own
-  normalised partial output and log-sum-exp (base 2); the host merges them, weighting each split by its share
-  of the softmax mass.
+  normalised partial output and log-sum-exp (base 2); a second kernel (:func:`_merge_kernel`) merges them,
+  weighting each split by its share of the softmax mass.
 * A query row may see no key at all (all its keys are left padding, or a split holds none of its keys): such
   rows keep ``m = -inf`` with zero mass, write 0 and ``lse = -inf``, and weigh nothing in the merge. Whole
   blocks of left padding are skipped.
@@ -183,6 +183,41 @@ def _decode_kernel(
     tl.store(LSE_PART + row, lse, mask=row_ok)
 
 
+@triton.jit
+def _merge_kernel(O_PART, LSE_PART, OUT, S, rows, H, Tq, stride_ob, stride_ot, stride_oh,
+                  HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):  # fmt: skip
+    """The splits' partial outputs merged into one query row: each weighted by its share of the softmax mass.
+
+    Grid: (B*H*Tq,), one program a row of the ``[B, H, Tq]`` order of O_PART ``[S, rows, D]`` and LSE_PART
+    ``[S, rows]`` (log2 units; -inf for a split that saw no key: weight 0). Writes OUT ``[B, Tq, H, D]`` (q's
+    dtype); a row no split saw is 0. The same arithmetic as :func:`_merge_reference`, in one launch.
+    """
+    row = tl.program_id(0)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, HEAD_DIM)
+    s_ok = offs_s < S
+    lse = tl.load(LSE_PART + offs_s.to(tl.int64) * rows + row, mask=s_ok, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp2(lse - m)
+    part = tl.load(O_PART + (offs_s.to(tl.int64)[:, None] * rows + row) * HEAD_DIM + offs_d[None, :],
+                   mask=s_ok[:, None], other=0.0)  # fmt: skip
+    out = tl.sum(w[:, None] * part, 0) / tl.maximum(tl.sum(w, 0), 1e-30)
+    b = (row // (H * Tq)).to(tl.int64)
+    h = (row // Tq) % H
+    t = row % Tq
+    tl.store(OUT + b * stride_ob + t * stride_ot + h * stride_oh + offs_d, out.to(OUT.dtype.element_ty))
+
+
+def _merge_reference(o_part: torch.Tensor, lse_part: torch.Tensor) -> torch.Tensor:
+    """:func:`_merge_kernel` in PyTorch: o_part ``[S, B, H, Tq, D]``, lse_part ``[S, B, H, Tq]`` -> ``[B, H, Tq, D]``
+    float32."""
+    m = lse_part.amax(dim=0)
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    w = torch.exp2(lse_part - m)  # [S, B, H, Tq]; 0 for empty splits
+    return (w[..., None] * o_part).sum(0) / w.sum(0).clamp_min(1e-30)[..., None]
+
+
 def _num_splits(bh_blocks: int, Tk: int, block_n: int, device) -> int:
     """How many key splits to fill the GPU when there are few (batch, head, query block) programs."""
     if interpreting() or device.type != "cuda":
@@ -301,11 +336,10 @@ def forgetting_attention_decode_triton(q, k, v, cum_q=None, cum_k=None, *, scale
     )  # fmt: skip
 
     if num_splits == 1:
-        out = o_part[0]
-    else:
-        # merge: weight each split's normalised output by its share of the total softmax mass (base 2)
-        m = lse_part.amax(dim=0)
-        m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
-        w = torch.exp2(lse_part - m)  # [S, B, H, Tq]; 0 for empty splits
-        out = (w[..., None] * o_part).sum(0) / w.sum(0).clamp_min(1e-30)[..., None]
-    return out.permute(0, 2, 1, 3).to(q.dtype)  # [B, H, Tq, D] -> [B, Tq, H, D]
+        return o_part[0].permute(0, 2, 1, 3).to(q.dtype)  # [B, H, Tq, D] -> [B, Tq, H, D]
+    # one launch for the merge (torch's ops were two kernels a layer in the compiled step: decode-6's profile)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    rows = B * H * Tq
+    _merge_kernel[(rows,)](o_part, lse_part, out, num_splits, rows, H, Tq, out.stride(0), out.stride(1), out.stride(2),
+                           HEAD_DIM=D, BLOCK_S=triton.next_power_of_2(num_splits), num_warps=1)  # fmt: skip
+    return out
