@@ -32,7 +32,7 @@ METRIC_NAMES = {
     "match": "match rate",
     "recall": "key-word recall",
     "bridge_stated": "bridge stated",
-    "accuracy": "last-token accuracy",
+    "accuracy": "scored-token accuracy (DRT: passkey first, 2-hop last)",
     "answer_token_acc": "answer-token accuracy",
     "answer_exact": "answer exact (teacher-forced)",
 }
@@ -52,7 +52,7 @@ def load_niah_runs(paths: Sequence[Path | str]) -> list[tuple[Path, dict]]:
 
 
 def default_metric(results: dict) -> str:
-    """The judge when the run was judged, else the offline score; DRT runs: last-token accuracy."""
+    """The judge when the run was judged, else the offline score; DRT runs: the scored token's accuracy."""
     metrics = {r["metric"] for r in results.get("records", []) if r.get("value") is not None}
     for metric in ("judge", "score", "accuracy"):
         if metric in metrics:
@@ -139,7 +139,7 @@ def plot_niah(
     cmap = LinearSegmentedColormap.from_list("fox_niah", COLORS)
     ncols = max(1, min(ncols, len(panels)))
     nrows = -(-len(panels) // ncols)
-    fig = Figure(figsize=(6 * ncols, 5.6 * nrows))
+    fig = Figure(figsize=(6 * ncols, 5.6 * nrows), layout="constrained")  # no title over the row above's labels
     axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False)).ravel()
     shared_scale = len({SCALES.get(p[3], (0, 1)) for p in panels}) == 1
     image = None
