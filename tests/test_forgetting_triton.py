@@ -343,19 +343,20 @@ def test_decode_key_length_from_the_device(B, Tq, n_keys, capacity, gate, key_st
 
 
 @pytest.mark.parametrize(
-    "B,length,capacity,gate,key_start,num_splits",
+    "B,length,capacity,gate,key_start,num_splits,n_rows",
     [
-        (2, 0, 40, None, None, None),  # the first row: nothing cached before it
-        (1, 0, 20, "mild", None, None),  # ... gated: its cumulative log forget is log f alone
-        (2, 1, 40, "mild", None, None),  # the first decoded token after a one-token prompt
-        (2, 36, 96, "strong", [0, 9], None),  # several splits, the new row inside one of them
-        (1, 49, 64, "log_f None", [20], 3),  # an ungated cache with padding biases: cum carried, log f 0
+        (2, 0, 40, None, None, None, 0),  # the first row: nothing cached before it
+        (1, 0, 20, "mild", None, None, 2),  # ... gated: its cumulative log forget is log f alone
+        (2, 1, 40, "mild", None, None, 1),  # the first decoded token after a one-token prompt
+        (2, 36, 96, "strong", [0, 9], None, 2),  # several splits, the new row inside one of them
+        (1, 49, 64, "log_f None", [20], 3, 0),  # an ungated cache with padding biases: cum carried, log f 0
     ],
 )
-def test_decode_append(B, length, capacity, gate, key_start, num_splits):
+def test_decode_append(B, length, capacity, gate, key_start, num_splits, n_rows):
     """``append``: the kernel writes this step's k, v (and cumulative log forget) at row ``length`` and attends over
-    ``length + 1`` keys: the same output and cache as writing the row first (``index_copy_``) and decoding after.
-    Unused rows hold NaN, so a read past the keys, or of the new row from memory, would show."""
+    ``length + 1`` keys: the same output and cache as writing the row first (``index_copy_``) and decoding after;
+    ``copy_rows`` pairs are copied. Unused rows hold NaN, so a read past the keys, or of the new row from memory,
+    would show."""
     g = torch.Generator().manual_seed(5)
     H, D = 2, 32
     q, k_new, v_new = (torch.randn(B, 1, H, D, generator=g).bfloat16() for _ in range(3))
@@ -371,9 +372,13 @@ def test_decode_append(B, length, capacity, gate, key_start, num_splits):
     caches = (k.clone(), v.clone(), None if cum is None else cum.clone())
     fixed = dict(key_start=ks, num_splits=num_splits)
     appended = (k_new, v_new, log_f)
+    rows = [(torch.randn(B, H, D, generator=g).bfloat16(), torch.full((B, H, D), float("nan")).bfloat16())
+            for _ in range(n_rows)]  # fmt: skip
     o = decode.forgetting_attention_decode_triton(
-        q, *caches[:2], None, caches[2], **fixed, key_length=torch.tensor([length]), append=appended
+        q, *caches[:2], None, caches[2], **fixed, key_length=torch.tensor([length]), append=appended, copy_rows=rows
     )
+    for src, dst in rows:
+        assert torch.equal(dst, src)
     k[:, length], v[:, length] = k_new[:, 0], v_new[:, 0]
     cum_q = None
     if cum is not None:

@@ -102,27 +102,30 @@ def cached_attention(q, k_cache, v_cache, cum_q, cum_cache, key_length, *, key_s
     return attention(q, k_cache[:, :n], v_cache[:, :n], cum_q, cum_k, key_start=key_start, backend=backend)
 
 
-def append_and_attend(q, k, v, log_f, k_cache, v_cache, cum_cache, length, *, key_start=None, backend: str = "auto"):
+def append_and_attend(q, k, v, log_f, k_cache, v_cache, cum_cache, length, *, key_start=None, copy_rows=(),
+                      backend: str = "auto"):  # fmt: skip
     """One decoding step: write this step's key row at ``length`` (a one-element integer tensor on q's device, the
     rows cached before it) and attend the query over the ``length + 1`` cached keys.
 
     q, k, v ``[B, 1, H, D]``; log_f ``[B, 1, H]`` or None (0: an ungated model whose cache carries left-padding
     biases); k_cache/v_cache ``[B, capacity, H, D]``; cum_cache ``[B, capacity, H]`` float32 or None (no gate).
-    The new row's cumulative log forget is the previous row's plus log_f. The Triton decode kernel does the writes
-    itself (one launch, CUDA-graph safe); every other backend writes with ``index_copy_`` and calls
-    :func:`cached_attention` (the twin the tests compare it with).
+    The new row's cumulative log forget is the previous row's plus log_f. ``copy_rows``: up to two ``(src, dst)``
+    pairs of ``[B, H, D]`` rows the step also writes (``dst.copy_(src)``: FoX (Pro)'s KV-shift rows). The Triton
+    decode kernel does all the writes itself (one launch, CUDA-graph safe); every other backend writes with
+    ``index_copy_``/``copy_`` and calls :func:`cached_attention` (the twin the tests compare it with).
     """
     q, k, v = _autocast_inputs(q, k, v)  # the caches are written in place: never cast
     if cached_attention_graph_safe(q, backend) and q.dtype == k_cache.dtype == v_cache.dtype:
-        return forgetting_attention_decode_triton(
-            q, k_cache, v_cache, None, cum_cache, key_start=key_start, key_length=length, append=(k, v, log_f)
-        )
+        appended = {"append": (k, v, log_f), "copy_rows": copy_rows, "key_length": length, "key_start": key_start}
+        return forgetting_attention_decode_triton(q, k_cache, v_cache, None, cum_cache, **appended)
     cum = None
     if cum_cache is not None:
         cum = cum_cache.index_select(1, length - 1) + (0.0 if log_f is None else log_f)
         cum_cache.index_copy_(1, length, cum)
     k_cache.index_copy_(1, length, k.to(k_cache.dtype))
     v_cache.index_copy_(1, length, v.to(v_cache.dtype))
+    for src, dst in copy_rows:
+        dst.copy_(src)
     return cached_attention(q, k_cache, v_cache, cum, cum_cache, length + 1, key_start=key_start, backend=backend)
 
 

@@ -38,6 +38,10 @@ def _decode_kernel(
     KN,
     VN,
     LF,
+    RS1,
+    RD1,
+    RS2,
+    RD2,
     O_PART,
     LSE_PART,
     stride_qb,
@@ -64,6 +68,14 @@ def _decode_kernel(
     stride_vnh,
     stride_lfb,
     stride_lfh,
+    stride_rs1b,
+    stride_rs1h,
+    stride_rd1b,
+    stride_rd1h,
+    stride_rs2b,
+    stride_rs2h,
+    stride_rd2b,
+    stride_rd2h,
     Tq,
     Tk,
     H,
@@ -75,6 +87,7 @@ def _decode_kernel(
     HAS_KL: tl.constexpr,
     APPEND: tl.constexpr,
     HAS_LF: tl.constexpr,
+    N_ROWS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -89,7 +102,9 @@ def _decode_kernel(
     before it, the new row is key ``KL`` (the query's own position), its k/v come from ``KN``/``VN`` ``[B, H, D]``
     and its cumulative log forget is the previous row's plus ``LF`` ``[B, H]`` (0 without ``HAS_LF``). Every
     program takes the new row from registers; the programs of split 0 also write it into the cache (K, V, CK),
-    so the step needs no separate cache-append kernels (issue #18: results/bench/h100/decode-6/).
+    so the step needs no separate cache-append kernels (issue #18: results/bench/h100/decode-6/). ``N_ROWS``
+    (0-2) more ``[B, H, D]`` rows are copied by those programs, RS1 -> RD1 and RS2 -> RD2 (FoX (Pro)'s KV-shift
+    rows): state the step writes, in the same launch.
     Grid: (B*H, cdiv(Tq, BLOCK_M), n_splits). Split s covers keys [s*keys_per_split, (s+1)*keys_per_split).
     Writes O_PART [S, B, H, Tq, D] (normalised within the split, 0 where nothing is visible) and
     LSE_PART [S, B, H, Tq] (log2 units, -inf where nothing is visible); the host merges the splits.
@@ -133,6 +148,12 @@ def _decode_kernel(
             tl.store(v_base + new.to(tl.int64) * stride_vt + offs_d * stride_vd, vn)
             if HAS_C:
                 tl.store(ck_base + new.to(tl.int64) * stride_ckt, c_new)
+            if N_ROWS >= 1:
+                copied = tl.load(RS1 + b * stride_rs1b + h * stride_rs1h + offs_d)
+                tl.store(RD1 + b * stride_rd1b + h * stride_rd1h + offs_d, copied)
+            if N_ROWS >= 2:
+                copied = tl.load(RS2 + b * stride_rs2b + h * stride_rs2h + offs_d)
+                tl.store(RD2 + b * stride_rd2b + h * stride_rd2h + offs_d, copied)
     elif HAS_C:
         cq = tl.load(CQ + b * stride_cqb + h * stride_cqh + offs_m.to(tl.int64) * stride_cqt, mask=row_ok, other=0.0)
     if HAS_KS:
@@ -251,7 +272,7 @@ def _append_rows(append, B: int, H: int, D: int, dtype: torch.dtype):
 
 
 def forgetting_attention_decode_triton(q, k, v, cum_q=None, cum_k=None, *, scale=None, key_start=None,
-                                       key_length=None, num_splits=None, append=None):  # fmt: skip
+                                       key_length=None, num_splits=None, append=None, copy_rows=()):  # fmt: skip
     """Forgetting Attention for queries that are the last ``Tq`` positions of ``Tk`` keys (forward only).
 
     Args:
@@ -268,6 +289,8 @@ def forgetting_attention_decode_triton(q, k, v, cum_q=None, cum_k=None, *, scale
             kernel writes them at row ``key_length`` of k/v (and, with cum_k, the previous row's cumulative log
             forget plus log_f into cum_k) and attends over ``key_length + 1`` keys; cum_q is then None (the
             query's own cumulative value is the new row's). The cache must have room for the row.
+        copy_rows: with append, up to two ``(src, dst)`` pairs of ``[B, H, D]`` tensors (D contiguous) copied in
+            the same launch (``dst.copy_(src)``; the KV-shift rows of FoX (Pro)).
     Returns:
         ``[B, Tq, H, D]`` in q's dtype; rows that see no key are 0 (as in the reference).
     """
@@ -284,6 +307,12 @@ def forgetting_attention_decode_triton(q, k, v, cum_q=None, cum_k=None, *, scale
         kn, vn, lf = _append_rows(append, B, H, D, k.dtype)
     elif (cum_q is None) != (cum_k is None):
         raise ValueError("give both cum_q and cum_k, or neither")
+    if copy_rows and (append is None or len(copy_rows) > 2):
+        raise ValueError("copy_rows needs append, and at most two (src, dst) pairs")
+    for src, dst in copy_rows:
+        unit = src.stride(-1) == dst.stride(-1) == 1
+        if src.shape != (B, H, D) or dst.shape != src.shape or dst.dtype != src.dtype or not unit:
+            raise ValueError(f"copy_rows pairs must be [B, H, D] = {(B, H, D)}, one dtype, unit stride over D")
     has_c = cum_k is not None
     if has_c:
         if cum_k.shape != (B, Tk, H) or (cum_q is not None and cum_q.shape != (B, Tq, H)):
@@ -325,11 +354,14 @@ def forgetting_attention_decode_triton(q, k, v, cum_q=None, cum_k=None, *, scale
     if append is None:
         kn = vn = lf = lse_part
     new_strides = (*kn.stride()[:2], *vn.stride()[:2], *lf.stride()[:2])  # placeholders' strides: unread
+    pairs = list(copy_rows) + [(lse_part, lse_part)] * (2 - len(copy_rows))  # placeholders: unread
+    row_args = [t for pair in pairs for t in pair]
+    row_strides = [n for t in row_args for n in t.stride()[:2]]
     _decode_kernel[(B * H, n_m, num_splits)](
-        q, k, v, cq, ck, ks, kl, kn, vn, lf, o_part, lse_part,
-        *_strides4(q), *_strides4(k), *_strides4(v), *cq_strides, *ck_strides, *new_strides,
+        q, k, v, cq, ck, ks, kl, kn, vn, lf, *row_args, o_part, lse_part,
+        *_strides4(q), *_strides4(k), *_strides4(v), *cq_strides, *ck_strides, *new_strides, *row_strides,
         Tq, Tk, H, keys_per_split, sm_scale, mult,
-        HAS_C=has_c, HAS_KS=has_ks, HAS_KL=has_kl, APPEND=append is not None, HAS_LF=has_lf,
+        HAS_C=has_c, HAS_KS=has_ks, HAS_KL=has_kl, APPEND=append is not None, HAS_LF=has_lf, N_ROWS=len(copy_rows),
         HEAD_DIM=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
         UPCAST=_upcast(q.dtype),
         num_warps=num_warps, num_stages=num_stages,

@@ -307,10 +307,9 @@ class ForgettingAttention(nn.Module):
         q, k, v, k_last, v_last = self._heads(x, positions, None, cache.k_prev, cache.v_prev, lin)
         # cache.cum: gated, or ungated with left padding (the cache carries the padding bias; log f is None then)
         log_f = None if cache.cum is None else self.log_forget(x, lin)
-        for row, last in ((cache.k_prev, k_last), (cache.v_prev, v_last)):
-            if last is not None:
-                row.copy_(last)
-        o = append_and_attend(q, k, v, log_f, cache.k, cache.v, cache.cum, length, key_start=start, backend=backend)
+        shift = tuple((last, row) for row, last in ((cache.k_prev, k_last), (cache.v_prev, v_last)) if last is not None)
+        o = append_and_attend(q, k, v, log_f, cache.k, cache.v, cache.cum, length, key_start=start, copy_rows=shift,
+                              backend=backend)  # fmt: skip
         return self._output(o, x, lin)
 
 
