@@ -17,9 +17,10 @@
 #                   weights never stop early) on fox-pro-random, batch size from free memory; time in results.json
 #   longbench_time  issue #18: LongBench's 14 FoX tasks on a self-made fixture (20 records each, from the books in
 #                   $DATA/heldout: scripts/make_longbench_fixture.py) on fox-pro-random; time in results.json
-#   profile_step    scripts/profile_decode.py: one decode step of the 760M FoX (Pro) after 4K tokens: compiled and
-#                   graph at batch 1, compiled at batch 8 (ms per step, GPU kernel time, kernels); the variants
-#                   (--no-pack, --other-capacity, max-autotune) were measured in results/bench/h100/decode-5
+#   profile_step    scripts/profile_decode.py: one decode step of the 760M FoX (Pro) after 4K tokens: compiled (with
+#                   the cache rows written in the decode kernel, and without: --separate-append) and graph at batch
+#                   1, compiled at batch 8 (ms per step, GPU kernel time, kernels); the variants (--no-pack,
+#                   --other-capacity, max-autotune) were measured in results/bench/h100/decode-5
 #   generate_grid   issue #18's full grid: bench generate, FoX (Pro) 760M, 1K-64K x batch 1/8/32, graph and compiled
 #                   (cells that do not fit in memory are skipped; resumable)
 #   tune_decode     scripts/tune_decode.py: the FoX decode kernel's block configs and split counts at 4K/16K keys,
@@ -63,8 +64,8 @@ for step in $STEPS; do
             --books '${DATA:-../shared/data/gutenberg}/heldout' --out '$OUT/longbench_time/fixture' --per-task 20 && \
             python3 -m evalsuite.cli longbench --model fox-pro-random --data '$OUT/longbench_time/fixture' \
             --device cuda --dtype bfloat16 --batch-size 4 --out '$OUT/longbench_time/run'" ;;
-        profile_step) run_step profile_step bash -c "for k in '--path compiled' '--path graph' \
-            '--path compiled --batch 8'; do python3 scripts/profile_decode.py --card fox-pro \
+        profile_step) run_step profile_step bash -c "for k in '--path compiled' '--path compiled --separate-append' \
+            '--path graph' '--path compiled --batch 8'; do python3 scripts/profile_decode.py --card fox-pro \
             --length 4096 --batch 1 \$k --out '$OUT/profile_step' || echo profile \$k failed; done" ;;
         generate_grid) run_step generate_grid python3 -m evalsuite.cli bench generate --out "$OUT/generate_grid" \
             --lengths 1024,2048,4096,8192,16384,32768,65536 --batches 1,8,32 --paths graph,compiled --new-tokens 128 ;;

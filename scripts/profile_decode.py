@@ -26,6 +26,7 @@ from evalsuite.adapters.native import NativeAdapter
 from evalsuite.cards import load_card
 from evalsuite.generation import CudaGraphStep, _decoder
 from evalsuite.models.fox import decoder as fox_decoder
+from evalsuite.models.fox import model as fox_model
 from evalsuite.provenance import git_commit, versions
 
 
@@ -44,6 +45,7 @@ def _args():
         "compiled step then recompiles dynamic in the cache size (what bench generate times).",
     )
     p.add_argument("--no-pack", action="store_true", help="FoX: keep the step's GEMVs apart (before/after).")
+    p.add_argument("--separate-append", action="store_true", help="FoX: cache rows written apart (before/after).")
     p.add_argument("--out", type=Path, required=True)
     return p.parse_args()
 
@@ -68,6 +70,7 @@ def _warm_step(model, path: str, ids: torch.Tensor, capacity: int):
 def main() -> None:
     a = _args()
     fox_decoder.PACK_STEP = not a.no_pack
+    fox_model.APPEND_IN_KERNEL = not a.separate_append
     card = replace(load_card(a.card), weights={"source": "random", "seed": 0})
     cuda = a.device == "cuda"
     adapter = NativeAdapter(card, device=a.device, dtype="bfloat16" if cuda else "float32")
@@ -99,6 +102,7 @@ def main() -> None:
     packed = any(getattr(m, "step_pack", None) is not None for m in model.modules())
     name = f"profile_{a.path}_{a.length}_b{a.batch}" + ("" if packed else "_unpacked")
     name += "_other_capacity" if a.other_capacity else ""
+    name += "_separate_append" if a.separate_append else ""
     a.out.mkdir(parents=True, exist_ok=True)
     device_name = torch.cuda.get_device_name() if cuda else "cpu"
     head = (f"{card.name} ({device_name}), path {taken}{', packed GEMVs' if packed else ''}, batch {a.batch}, "
@@ -113,7 +117,8 @@ def main() -> None:
     top_rows = [{"kernel": e.key, "calls_per_step": e.count / a.steps, "us_per_step": self_us(e) / a.steps}
                 for e in top[:40]]  # fmt: skip
     summary = {"card": card.name, "path": taken, "packed": packed, "length": a.length, "batch": a.batch,
-               "steps": a.steps, "other_capacity": a.other_capacity, "ms_per_step": ms,
+               "steps": a.steps, "other_capacity": a.other_capacity, "append_in_kernel": not a.separate_append,
+               "ms_per_step": ms,
                "device_ms_per_step": device_us / 1e3,
                "kernels_per_step": sum(e.count for e in kernels) / a.steps, "top": top_rows,
                "device": device_name, "versions": versions(), "git_commit": git_commit()}  # fmt: skip

@@ -392,6 +392,10 @@ def test_profile_decode_script_reports_the_step(tmp_path):
     subprocess.run([*run, "--other-capacity"], check=True, capture_output=True, timeout=300,
                    env={**os.environ, "PYTHONPATH": str(root)})  # fmt: skip
     assert json.loads((tmp_path / "profile_static_32_b1_other_capacity.json").read_text())["other_capacity"] is True
+    subprocess.run([*run, "--separate-append"], check=True, capture_output=True, timeout=300,
+                   env={**os.environ, "PYTHONPATH": str(root)})  # fmt: skip
+    separate = json.loads((tmp_path / "profile_static_32_b1_separate_append.json").read_text())
+    assert report["append_in_kernel"] is True and separate["append_in_kernel"] is False
     assert sum(t["us_per_step"] for t in report["top"]) <= report["device_ms_per_step"] * 1e3 * 1.0001
     assert any(t["kernel"] == "aten::mm" for t in report["top"])  # the projections
     assert "ms of device kernels per step" in (tmp_path / "profile_static_32_b1.txt").read_text()

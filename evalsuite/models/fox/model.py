@@ -309,8 +309,13 @@ class ForgettingAttention(nn.Module):
         log_f = None if cache.cum is None else self.log_forget(x, lin)
         shift = tuple((last, row) for row, last in ((cache.k_prev, k_last), (cache.v_prev, v_last)) if last is not None)
         o = append_and_attend(q, k, v, log_f, cache.k, cache.v, cache.cum, length, key_start=start, copy_rows=shift,
-                              backend=backend)  # fmt: skip
+                              backend=backend, in_kernel=APPEND_IN_KERNEL)  # fmt: skip
         return self._output(o, x, lin)
+
+
+# Whether the decode kernel writes the step's cache rows itself; False only to measure without
+# (scripts/profile_decode.py --separate-append).
+APPEND_IN_KERNEL = True
 
 
 class Block(nn.Module):
