@@ -107,7 +107,7 @@ def _decode_kernel(
     rows): state the step writes, in the same launch.
     Grid: (B*H, cdiv(Tq, BLOCK_M), n_splits). Split s covers keys [s*keys_per_split, (s+1)*keys_per_split).
     Writes O_PART [S, B, H, Tq, D] (normalised within the split, 0 where nothing is visible) and
-    LSE_PART [S, B, H, Tq] (log2 units, -inf where nothing is visible); the host merges the splits.
+    LSE_PART [S, B, H, Tq] (log2 units, -inf where nothing is visible); :func:`_merge_kernel` merges the splits.
     """
     # torch.compile (inductor) passes Python floats as fp64; fp64 scales would turn the accumulator fp64
     sm_scale = tl.cast(sm_scale, tl.float32)
