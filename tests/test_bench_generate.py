@@ -84,4 +84,6 @@ def test_steps_are_also_timed_inside_the_call(tmp_path):
                                                                    "new_tokens": 10})  # fmt: skip
     (r,) = records
     assert r["steps_in_call"] == 10 - bench.StepTimer().skip and 0 < r["ms_per_step_in_call"] < 1e4
+    in_call = 1e3 / r["ms_per_step_in_call"] / r["bound_tokens_per_s"]
+    assert r["fraction_of_bound_in_call"] == pytest.approx(in_call)
     assert "ms/step in call" in (tmp_path / bench.MD_NAME).read_text()

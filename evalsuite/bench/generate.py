@@ -12,7 +12,8 @@ the capture to the last): ``ms_per_step_in_call``, free of the differences betwe
 Bound: a decode step reads every weight once (the input embedding only for B rows, unless the head is tied to
 it) and the whole decode state of the batch at length L, so decode tokens/s <= B * bandwidth / (weight bytes +
 B * state bytes); the bandwidth is measured in the same run by a large device-to-device copy (bytes read plus
-bytes written per second). ``fraction_of_bound`` = measured / bound.
+bytes written per second). ``fraction_of_bound`` = measured / bound; ``fraction_of_bound_in_call`` the same from the
+in-call step time.
 
 Paths: native models ``eager`` (``model.forward`` with a state), ``static`` (the family's static decoder, eager)
 and ``graph`` (its step replayed as a CUDA graph) -- :mod:`evalsuite.generation`; ``hf:`` models ``eager``
@@ -221,6 +222,8 @@ def add_bound(rec: dict, weight_bytes: int, seq_state_bytes: int | None, bandwid
     rec["bound_tokens_per_s"] = rec["batch"] / step_s
     if "decode_tokens_per_s" in rec:
         rec["fraction_of_bound"] = rec["decode_tokens_per_s"] / rec["bound_tokens_per_s"]
+    if "ms_per_step_in_call" in rec:  # the steady step alone (the two-call difference carries one-off costs)
+        rec["fraction_of_bound_in_call"] = rec["batch"] * 1e3 / rec["ms_per_step_in_call"] / rec["bound_tokens_per_s"]
 
 
 def _key(r: dict) -> tuple:
@@ -350,7 +353,7 @@ def format_markdown(records, env: dict, params: dict) -> str:
              f"{params['weights']} weights, {params['new_tokens']} new tokens per call; copy bandwidth "
              f"{bw.get('bytes_per_s', 0) / 1e9:.1f} GB/s ({bw.get('copy_mib')} MiB copy)."]  # fmt: skip
     head = ["path", "length", "batch", "prefill tok/s", "decode tok/s", "ms/step", "ms/step in call", "bound tok/s",
-            "of bound", "status"]  # fmt: skip
+            "of bound", "in call", "status"]  # fmt: skip
     for model in dict.fromkeys(r["model"] for r in records):
         lines += ["", f"## {model}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         rows = sorted((r for r in records if r["model"] == model), key=lambda r: (r["path"], r["length"], r["batch"]))
@@ -359,11 +362,13 @@ def format_markdown(records, env: dict, params: dict) -> str:
             def num(key, fmt, r=r):
                 return format(r[key], fmt) if key in r else "-"
 
-            frac = f"{100 * r['fraction_of_bound']:.1f}%" if "fraction_of_bound" in r else "-"
+            def pct(key, r=r):
+                return f"{100 * r[key]:.1f}%" if key in r else "-"
+
             cells = [r["path"], str(r["length"]), str(r["batch"]), num("prefill_tokens_per_s", ".0f"),
                      num("decode_tokens_per_s", ".1f"), num("ms_per_step", ".2f"), num("ms_per_step_in_call", ".2f"),
-                     num("bound_tokens_per_s", ".0f"),
-                     frac, r["status"][:60]]  # fmt: skip
+                     num("bound_tokens_per_s", ".0f"), pct("fraction_of_bound"), pct("fraction_of_bound_in_call"),
+                     r["status"][:60]]  # fmt: skip
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
