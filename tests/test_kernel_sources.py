@@ -12,21 +12,25 @@ import types
 import pytest
 
 triton = pytest.importorskip("triton")
+from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
+
+# A kernel module imported under TRITON_INTERPRET=1 (other test files set it) holds InterpretedFunctions instead
+KERNEL_TYPES = (JITFunction, InterpretedFunction)
 
 import evalsuite.kernels  # noqa: E402
 
 
 def _jit_functions():
-    """(module name, name, JITFunction) of every jit function defined in evalsuite.kernels (autotuned ones too)."""
+    """(module name, name, kernel) of every jit function defined in evalsuite.kernels (autotuned ones too)."""
     for info in pkgutil.walk_packages(evalsuite.kernels.__path__, "evalsuite.kernels."):
         module = importlib.import_module(info.name)
         for name, obj in vars(module).items():
             for _ in range(3):  # Autotuner / Heuristics wrap the JITFunction in .fn
-                if isinstance(obj, JITFunction):
+                if isinstance(obj, KERNEL_TYPES):
                     break
                 obj = getattr(obj, "fn", None)
-            if isinstance(obj, JITFunction) and obj.fn.__module__ == module.__name__:
+            if isinstance(obj, KERNEL_TYPES) and obj.fn.__module__ == module.__name__:
                 yield module.__name__, name, obj
 
 
@@ -40,7 +44,7 @@ def test_jit_helpers_are_called_by_their_own_names():
     for module, name, fn in _jit_functions():
         for symbol in fn.fn.__code__.co_names:
             value = fn.fn.__globals__.get(symbol)
-            if isinstance(value, JITFunction) and value.fn.__name__ != symbol:
+            if isinstance(value, KERNEL_TYPES) and value.fn.__name__ != symbol:
                 bad.append(f"{module}.{name} calls {value.fn.__name__} as {symbol}")
             if isinstance(value, types.ModuleType) and not value.__name__.startswith("triton"):
                 bad.append(f"{module}.{name} reaches into module {value.__name__} as {symbol}")
