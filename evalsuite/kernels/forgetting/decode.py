@@ -101,8 +101,8 @@ def _decode_kernel(
     With ``APPEND`` (one query, ``HAS_KL``) this step's key row is not in the cache yet: ``KL`` counts the keys
     before it, the new row is key ``KL`` (the query's own position), its k/v come from ``KN``/``VN`` ``[B, H, D]``
     and its cumulative log forget is the previous row's plus ``LF`` ``[B, H]`` (0 without ``HAS_LF``). Every
-    program takes the new row from registers; the programs of split 0 also write it into the cache (K, V, CK),
-    so the step needs no separate cache-append kernels (issue #18: results/bench/h100/decode-6/). ``N_ROWS``
+    program takes the new row from registers; the programs of the last split also write it into the cache (K, V,
+    CK), so the step needs no separate cache-append kernels (issue #18: results/bench/h100/decode-6/). ``N_ROWS``
     (0-2) more ``[B, H, D]`` rows are copied by those programs, RS1 -> RD1 and RS2 -> RD2 (FoX (Pro)'s KV-shift
     rows): state the step writes, in the same launch.
     Grid: (B*H, cdiv(Tq, BLOCK_M), n_splits). Split s covers keys [s*keys_per_split, (s+1)*keys_per_split).
@@ -143,7 +143,7 @@ def _decode_kernel(
             if HAS_LF:
                 c_new += tl.load(LF + b * stride_lfb + h * stride_lfh)
             cq = tl.zeros([BLOCK_M], dtype=tl.float32) + c_new  # Tq == 1: the block's one live row
-        if pid_s == 0:
+        if pid_s == tl.num_programs(2) - 1:  # the last split never has more keys than another: off the critical path
             tl.store(k_base + new.to(tl.int64) * stride_kt + offs_d * stride_kd, kn)
             tl.store(v_base + new.to(tl.int64) * stride_vt + offs_d * stride_vd, vn)
             if HAS_C:
@@ -175,14 +175,16 @@ def _decode_kernel(
         cols64 = cols.to(tl.int64)
         k = tl.load(k_base + cols64[:, None] * stride_kt + offs_d[None, :] * stride_kd, mask=col_ok[:, None], other=0.0)
         v = tl.load(v_base + cols64[:, None] * stride_vt + offs_d[None, :] * stride_vd, mask=col_ok[:, None], other=0.0)
-        if APPEND:  # the new row from registers: split 0 may be writing it to memory now
-            k = tl.where((cols == new)[:, None], kn[None, :], k)
-            v = tl.where((cols == new)[:, None], vn[None, :], v)
+        if APPEND:
+            if (start_n <= new) & (new < start_n + BLOCK_N):  # the new row from registers: it may be in flight
+                k = tl.where((cols == new)[:, None], kn[None, :], k)
+                v = tl.where((cols == new)[:, None], vn[None, :], v)
         s = _mm(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST)
         if HAS_C:
             ck = tl.load(ck_base + cols64 * stride_ckt, mask=col_ok, other=0.0)
             if APPEND:
-                ck = tl.where(cols == new, c_new, ck)
+                if (start_n <= new) & (new < start_n + BLOCK_N):
+                    ck = tl.where(cols == new, c_new, ck)
             s = s * sm_scale + (cq[:, None] - ck[None, :])
         visible = (cols[None, :] <= pos[:, None]) & col_ok[None, :] & (cols[None, :] >= ks)
         s = tl.where(visible, s, float("-inf"))
