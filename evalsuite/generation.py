@@ -238,11 +238,25 @@ class StepTimer:
     """Times the decode steps of one :func:`generate` call from inside it: from the end of step ``skip`` (after the
     graph's warm-up and capture) to the end of the last step, by CUDA events on CUDA (no host sync in the loop) or
     the wall clock on the CPU. Benchmarks read :attr:`ms_per_step` after the call; ``None`` when too few steps ran.
+    :attr:`phases` (seconds, wall clock, the device synchronised at each boundary): ``setup`` (the decoder and its
+    cache), ``prefill``, ``first_steps`` (through step ``skip``: warm-up and capture), ``steps`` (the rest),
+    ``finish`` (the host's per-token rules and detokenisation), to find what differs between two calls.
     """
 
     def __init__(self, skip: int = GRAPH_WARMUP + 2):
         self.skip, self.steps, self.ms_per_step = skip, 0, None
         self._start = None
+        self.phases: dict[str, float] = {}
+        self._last = None
+
+    def phase(self, name: str | None, device: torch.device) -> None:
+        """End the current phase as ``name`` (None: start the clock)."""
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        now = time.perf_counter()
+        if name is not None and self._last is not None:
+            self.phases[name] = self.phases.get(name, 0.0) + now - self._last
+        self._last = now
 
     def _mark(self, device: torch.device):
         if device.type == "cuda":
@@ -253,6 +267,7 @@ class StepTimer:
 
     def after_step(self, made: int, device: torch.device) -> None:
         if made == self.skip:
+            self.phase("first_steps", device)
             self._start = self._mark(device)
 
     def finish(self, made: int, device: torch.device) -> None:
@@ -291,7 +306,11 @@ def generate(
     n = config.max_new_tokens
     greedy = config.temperature == 0
     start = None if start is None else start.to(device)
+    if timer is not None:
+        timer.phase(None, device)
     decoder, taken = _decoder(model, path, device, B, T + n, start)
+    if timer is not None:
+        timer.phase("setup", device)
     gen = torch.Generator().manual_seed(config.seed)
 
     def select(logits):  # [B, V] -> [B] on the device
@@ -310,6 +329,8 @@ def generate(
     out = torch.empty(B, n, dtype=torch.long, device=device)
     tok = select(model.logits(decoder.prefill(ids.to(device))))
     out[:, 0] = tok
+    if timer is not None:
+        timer.phase("prefill", device)
     done = tok == eos if eos is not None and not config.stop else None  # with stop strings the host sees all
     every = sync_every if greedy else 1  # sampling has synced already: check every token
     made, checked = 1, 0
@@ -331,8 +352,12 @@ def generate(
             timer.after_step(made, device)
     if timer is not None:
         timer.finish(made, device)
+        timer.phase("steps" if made > timer.skip else "first_steps", device)
     finisher.feed(out[:, checked:made].tolist())
-    return finisher.generations()
+    generations = finisher.generations()
+    if timer is not None:
+        timer.phase("finish", device)
+    return generations
 
 
 # -- batch size from free memory (issue #18 point 3) ------------------------------------------------------------

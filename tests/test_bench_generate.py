@@ -86,4 +86,9 @@ def test_steps_are_also_timed_inside_the_call(tmp_path):
     assert r["steps_in_call"] == 10 - bench.StepTimer().skip and 0 < r["ms_per_step_in_call"] < 1e4
     in_call = 1e3 / r["ms_per_step_in_call"] / r["bound_tokens_per_s"]
     assert r["fraction_of_bound_in_call"] == pytest.approx(in_call)
+    phases = r["phases_s"]  # each call by phase; the steps past the first ones only where there were any
+    assert set(phases) == {"1", "5", "10"}
+    assert set(phases["10"]) == {"setup", "prefill", "first_steps", "steps", "finish"}
+    assert "steps" not in phases["1"] and all(v >= 0 for p in phases.values() for v in p.values())
+    assert sum(phases["10"].values()) <= r["total_s"] * 1.01
     assert "ms/step in call" in (tmp_path / bench.MD_NAME).read_text()

@@ -7,7 +7,9 @@ M = N / 2 and N tokens. Prefill tokens/s = B L / t1; decode tokens/s = B (N - M)
 past the first steps and the CUDA-graph capture, whose one-off cost per call is ``call_overhead_s`` = tM - t1 -
 (M - 1) x the steady step time. All include the host's work, as a task sees it. For our own models the N-token
 call also times its steps from inside (:class:`~evalsuite.generation.StepTimer`: CUDA events from the step after
-the capture to the last): ``ms_per_step_in_call``, free of the differences between two calls' one-off costs.
+the capture to the last): ``ms_per_step_in_call``, free of the differences between two calls' one-off costs; and
+every call's wall time by phase (``phases_s``, keyed by the call's token count: setup, prefill, first_steps,
+steps, finish), to show where two calls differ beyond their steps.
 
 Bound: a decode step reads every weight once (the input embedding only for B rows, unless the head is tied to
 it) and the whole decode state of the batch at length L, so decode tokens/s <= B * bandwidth / (weight bytes +
@@ -188,25 +190,32 @@ def measure_cell(adapter, length: int, batch: int, new_tokens: int, *, warmup: b
     if warmup:  # kernels compiled and autotuned, static caches compiled, for these shapes, outside the timings
         adapter.generate(prompts, half)
         adapter.generate(prompts, full)
-    t1 = _timed(lambda: adapter.generate(prompts, one), device)
-    tm = _timed(lambda: adapter.generate(prompts, half), device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    made = []
-    timer = StepTimer() if hasattr(adapter, "step_timer") else None  # native adapters: the steps timed in the call
-    if timer is not None:
-        adapter.step_timer = timer
-    try:
-        tn = _timed(lambda: made.extend(adapter.generate(prompts, full)), device)
-    finally:
+    made, timers = [], []
+
+    def timed_call(config, reset_peak=False):  # native adapters: each call timed from inside too (StepTimer)
+        if reset_peak and device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        timer = StepTimer() if hasattr(adapter, "step_timer") else None
         if timer is not None:
-            adapter.step_timer = None
+            adapter.step_timer = timer
+            timers.append(timer)
+        try:
+            return _timed(lambda: made.extend(adapter.generate(prompts, config)), device)
+        finally:
+            if timer is not None:
+                adapter.step_timer = None
+
+    t1, tm = timed_call(one), timed_call(half)
+    made.clear()
+    tn = timed_call(full, reset_peak=True)
     m = counts[1]
     step_s = max(tn - tm, 1e-9) / (new_tokens - m)
     rec = {"prefill_s": t1, "half_s": tm, "total_s": tn, "prefill_tokens_per_s": batch * length / t1}
     rec.update(decode_tokens_per_s=batch / step_s, ms_per_step=step_s * 1e3, call_overhead_s=tm - t1 - (m - 1) * step_s)
-    if timer is not None and timer.ms_per_step is not None:  # the same steps timed inside the call (StepTimer)
-        rec.update(ms_per_step_in_call=timer.ms_per_step, steps_in_call=timer.steps)
+    if timers and timers[-1].ms_per_step is not None:  # the same steps timed inside the call (StepTimer)
+        rec.update(ms_per_step_in_call=timers[-1].ms_per_step, steps_in_call=timers[-1].steps)
+    if timers:  # where each call's time went: what differs between the calls that the decode rate is taken from
+        rec["phases_s"] = {str(k): t.phases for k, t in zip(counts, timers, strict=True)}
     rec["tokens_made"] = sum(len(g.token_ids) for g in made)
     if device.type == "cuda":
         rec["peak_mem_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
