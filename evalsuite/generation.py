@@ -235,51 +235,57 @@ def _decoder(model, path: str, device: torch.device, batch: int, capacity: int, 
 
 
 class StepTimer:
-    """Times the decode steps of one :func:`generate` call from inside it: from the end of step ``skip`` (after the
-    graph's warm-up and capture) to the end of the last step, by CUDA events on CUDA (no host sync in the loop) or
-    the wall clock on the CPU. Benchmarks read :attr:`ms_per_step` after the call; ``None`` when too few steps ran.
-    :attr:`phases` (seconds, wall clock, the device synchronised at each boundary): ``setup`` (the decoder and its
-    cache), ``prefill``, ``first_steps`` (through step ``skip``: warm-up and capture), ``steps`` (the rest),
-    ``finish`` (the host's per-token rules and detokenisation), to find what differs between two calls.
-    """
+    """Times one :func:`generate` call by phase (seconds of wall clock, the device synchronised at each boundary):
+    ``setup`` (the decoder and its cache), ``prefill``, ``first_steps`` (through step ``skip``: the graph's warm-up
+    and capture), ``steps`` (the rest), ``finish`` (the host's per-token rules and detokenisation). Benchmarks read
+    :attr:`phases` and :attr:`ms_per_step` (the ``steps`` phase per step; ``None`` when too few steps ran) after the
+    call, to find what differs between two calls."""
 
     def __init__(self, skip: int = GRAPH_WARMUP + 2):
         self.skip, self.steps, self.ms_per_step = skip, 0, None
-        self._start = None
         self.phases: dict[str, float] = {}
-        self._last = None
+        self._device, self._last = None, 0.0
 
-    def phase(self, name: str | None, device: torch.device) -> None:
-        """End the current phase as ``name`` (None: start the clock)."""
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        now = time.perf_counter()
-        if name is not None and self._last is not None:
-            self.phases[name] = self.phases.get(name, 0.0) + now - self._last
+    def start(self, device: torch.device) -> None:
+        self._device = device
+        self._last = self._now()
+
+    def phase(self, name: str) -> None:
+        """End the current phase as ``name``."""
+        now = self._now()
+        self.phases[name] = self.phases.get(name, 0.0) + now - self._last
         self._last = now
 
-    def _mark(self, device: torch.device):
-        if device.type == "cuda":
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
+    def after_step(self, made: int) -> None:
+        if made == self.skip:
+            self.phase("first_steps")
+
+    def finish(self, made: int) -> None:
+        self.phase("steps" if made > self.skip else "first_steps")
+        if made > self.skip:
+            self.steps = made - self.skip
+            self.ms_per_step = self.phases["steps"] * 1e3 / self.steps
+
+    def _now(self) -> float:
+        if self._device.type == "cuda":
+            torch.cuda.synchronize(self._device)
         return time.perf_counter()
 
-    def after_step(self, made: int, device: torch.device) -> None:
-        if made == self.skip:
-            self.phase("first_steps", device)
-            self._start = self._mark(device)
 
-    def finish(self, made: int, device: torch.device) -> None:
-        if self._start is None or made <= self.skip:
-            return
-        end, self.steps = self._mark(device), made - self.skip
-        if device.type == "cuda":
-            end.synchronize()
-            ms = self._start.elapsed_time(end)
-        else:
-            ms = (end - self._start) * 1e3
-        self.ms_per_step = ms / self.steps
+class _NoTimer(StepTimer):
+    """What :func:`generate` times with when nobody asked: nothing."""
+
+    def start(self, device) -> None:
+        pass
+
+    def phase(self, name) -> None:
+        pass
+
+    def after_step(self, made) -> None:
+        pass
+
+    def finish(self, made) -> None:
+        pass
 
 
 def generate(
@@ -297,7 +303,7 @@ def generate(
 
     ``model``: a ``CausalLM`` on its device, under the caller's autocast and inference mode. Returns one
     :class:`Generation` per row, equal to the per-token loop's (see the module docstring). ``timer``: a
-    :class:`StepTimer` that times the steps (benchmarks).
+    :class:`StepTimer` that times the call's phases (benchmarks).
     """
     if sync_every < 1:
         raise ValueError(f"sync_every must be at least 1, got {sync_every}")
@@ -306,11 +312,10 @@ def generate(
     n = config.max_new_tokens
     greedy = config.temperature == 0
     start = None if start is None else start.to(device)
-    if timer is not None:
-        timer.phase(None, device)
+    timer = timer or _NoTimer()
+    timer.start(device)
     decoder, taken = _decoder(model, path, device, B, T + n, start)
-    if timer is not None:
-        timer.phase("setup", device)
+    timer.phase("setup")
     gen = torch.Generator().manual_seed(config.seed)
 
     def select(logits):  # [B, V] -> [B] on the device
@@ -329,8 +334,7 @@ def generate(
     out = torch.empty(B, n, dtype=torch.long, device=device)
     tok = select(model.logits(decoder.prefill(ids.to(device))))
     out[:, 0] = tok
-    if timer is not None:
-        timer.phase("prefill", device)
+    timer.phase("prefill")
     done = tok == eos if eos is not None and not config.stop else None  # with stop strings the host sees all
     every = sync_every if greedy else 1  # sampling has synced already: check every token
     made, checked = 1, 0
@@ -348,15 +352,11 @@ def generate(
         if done is not None:
             done |= tok == eos
         made += 1
-        if timer is not None:
-            timer.after_step(made, device)
-    if timer is not None:
-        timer.finish(made, device)
-        timer.phase("steps" if made > timer.skip else "first_steps", device)
+        timer.after_step(made)
+    timer.finish(made)
     finisher.feed(out[:, checked:made].tolist())
     generations = finisher.generations()
-    if timer is not None:
-        timer.phase("finish", device)
+    timer.phase("finish")
     return generations
 
 

@@ -92,7 +92,7 @@ class NativeAdapter(TokenAdapter):
         self.card = card
         self.decode_path = decode_path  # evalsuite.generation.PATHS: auto, eager, static, graph or compiled
         self.sync_every = engine.SYNC_EVERY
-        self.step_timer: engine.StepTimer | None = None  # set by benchmarks: times the next generate's steps
+        self.step_timer: engine.StepTimer | None = None  # set by benchmarks: times the next generate call by phase
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype)
         ckpt = Path(checkpoint) if checkpoint is not None else resolve_checkpoint(card)

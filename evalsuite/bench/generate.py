@@ -6,9 +6,9 @@ every call makes all its tokens). ``t1``, ``tM``, ``tN``: calls making 1 (the pr
 M = N / 2 and N tokens. Prefill tokens/s = B L / t1; decode tokens/s = B (N - M) / (tN - tM), the steady state
 past the first steps and the CUDA-graph capture, whose one-off cost per call is ``call_overhead_s`` = tM - t1 -
 (M - 1) x the steady step time. All include the host's work, as a task sees it. For our own models the N-token
-call also times its steps from inside (:class:`~evalsuite.generation.StepTimer`: CUDA events from the step after
-the capture to the last): ``ms_per_step_in_call``, free of the differences between two calls' one-off costs; and
-every call's wall time by phase (``phases_s``, keyed by the call's token count: setup, prefill, first_steps,
+call also times its steps from inside (:class:`~evalsuite.generation.StepTimer`: the steps after the capture, the
+device synchronised at both ends): ``ms_per_step_in_call``, free of the differences between two calls' one-off
+costs; and every call's wall time by phase (``phases_s``, keyed by the call's token count: setup, prefill, first_steps,
 steps, finish), to show where two calls differ beyond their steps.
 
 Bound: a decode step reads every weight once (the input embedding only for B rows, unless the head is tied to
@@ -190,24 +190,22 @@ def measure_cell(adapter, length: int, batch: int, new_tokens: int, *, warmup: b
     if warmup:  # kernels compiled and autotuned, static caches compiled, for these shapes, outside the timings
         adapter.generate(prompts, half)
         adapter.generate(prompts, full)
-    made, timers = [], []
+    made, timers = [], []  # each call's generations and, for our own models, its StepTimer
 
-    def timed_call(config, reset_peak=False):  # native adapters: each call timed from inside too (StepTimer)
-        if reset_peak and device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        timer = StepTimer() if hasattr(adapter, "step_timer") else None
-        if timer is not None:
-            adapter.step_timer = timer
-            timers.append(timer)
+    def timed_call(config):
+        if hasattr(adapter, "step_timer"):
+            adapter.step_timer = StepTimer()
+            timers.append(adapter.step_timer)
         try:
-            return _timed(lambda: made.extend(adapter.generate(prompts, config)), device)
+            return _timed(lambda: made.append(adapter.generate(prompts, config)), device)
         finally:
-            if timer is not None:
+            if hasattr(adapter, "step_timer"):
                 adapter.step_timer = None
 
     t1, tm = timed_call(one), timed_call(half)
-    made.clear()
-    tn = timed_call(full, reset_peak=True)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    tn = timed_call(full)
     m = counts[1]
     step_s = max(tn - tm, 1e-9) / (new_tokens - m)
     rec = {"prefill_s": t1, "half_s": tm, "total_s": tn, "prefill_tokens_per_s": batch * length / t1}
@@ -216,7 +214,7 @@ def measure_cell(adapter, length: int, batch: int, new_tokens: int, *, warmup: b
         rec.update(ms_per_step_in_call=timers[-1].ms_per_step, steps_in_call=timers[-1].steps)
     if timers:  # where each call's time went: what differs between the calls that the decode rate is taken from
         rec["phases_s"] = {str(k): t.phases for k, t in zip(counts, timers, strict=True)}
-    rec["tokens_made"] = sum(len(g.token_ids) for g in made)
+    rec["tokens_made"] = sum(len(g.token_ids) for g in made[-1])
     if device.type == "cuda":
         rec["peak_mem_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
     return rec

@@ -258,7 +258,7 @@ def _num_splits(bh_blocks: int, Tk: int, block_n: int, device) -> int:
 
 def _append_rows(append, B: int, H: int, D: int, dtype: torch.dtype):
     """The ``append`` rows as the kernel reads them: k/v ``[B, H, D]`` in the cache's dtype with unit stride over D,
-    log f ``[B, H]`` float32 (a placeholder when None)."""
+    log f ``[B, H]`` float32 or None."""
     k_new, v_new, log_f = append
     rows = []
     for t in (k_new, v_new):
@@ -267,7 +267,7 @@ def _append_rows(append, B: int, H: int, D: int, dtype: torch.dtype):
         t = t[:, 0].to(dtype)
         rows.append(t if t.stride(-1) == 1 else t.contiguous())
     if log_f is None:
-        return rows[0], rows[1], rows[0]
+        return rows[0], rows[1], None
     if log_f.shape != (B, 1, H):
         raise ValueError(f"append's log_f must be [B, 1, H] = {(B, 1, H)}; got {tuple(log_f.shape)}")
     return rows[0], rows[1], log_f[:, 0].float()
@@ -301,6 +301,7 @@ def forgetting_attention_decode_triton(q, k, v, cum_q=None, cum_k=None, *, scale
     Tk = k.shape[1]
     if k.shape != v.shape or k.shape[0] != B or k.shape[2] != H or k.shape[3] != D or Tk < Tq:
         raise ValueError(f"k/v shape {tuple(k.shape)} does not fit q shape {tuple(q.shape)}")
+    kn = vn = lf = None
     if append is not None:
         if Tq != 1 or key_length is None or cum_q is not None:
             raise ValueError("append needs one query, key_length, and cum_q None (the new row's cum is computed)")
@@ -346,17 +347,17 @@ def forgetting_attention_decode_triton(q, k, v, cum_q=None, cum_k=None, *, scale
     sm_scale, mult = _scales(scale, D, has_c)
     o_part = triton_utils.empty((num_splits, B, H, Tq, D), torch.float32, q.device)
     lse_part = triton_utils.empty((num_splits, B, H, Tq), torch.float32, q.device)
-    cq = cum_q if cum_q is not None else lse_part
-    ck = cum_k if has_c else lse_part
+    unused = lse_part  # the pointer given for an input whose branch the constexpr flags compile out: never read
+    cq = cum_q if cum_q is not None else unused
+    ck = cum_k if has_c else unused
     cq_strides = cum_q.stride() if cum_q is not None else (0, 0, 0)
     ck_strides = cum_k.stride() if has_c else (0, 0, 0)
-    ks = key_start if has_ks else lse_part
-    kl = key_length if has_kl else lse_part
-    has_lf = append is not None and append[2] is not None
-    if append is None:
-        kn = vn = lf = lse_part
-    new_strides = (*kn.stride()[:2], *vn.stride()[:2], *lf.stride()[:2])  # placeholders' strides: unread
-    pairs = list(copy_rows) + [(lse_part, lse_part)] * (2 - len(copy_rows))  # placeholders: unread
+    ks = key_start if has_ks else unused
+    kl = key_length if has_kl else unused
+    has_lf = lf is not None
+    kn, vn, lf = (unused if t is None else t for t in (kn, vn, lf))
+    new_strides = (*kn.stride()[:2], *vn.stride()[:2], *lf.stride()[:2])
+    pairs = [*copy_rows, *[(unused, unused)] * (2 - len(copy_rows))]
     row_args = [t for pair in pairs for t in pair]
     row_strides = [n for t in row_args for n in t.stride()[:2]]
     _decode_kernel[(B * H, n_m, num_splits)](
