@@ -142,6 +142,7 @@ def bench_generate_cmd(
         int | None, typer.Option(help="MiB of the bandwidth copy (default: 1024 on CUDA, 256 on CPU).", min=1)
     ] = None,
     warmup: Annotated[bool, typer.Option(help="One untimed call per cell first (compiles, autotunes).")] = True,
+    repeats: Annotated[int, typer.Option(help="Timed repeats of each call; the medians count.", min=1)] = 3,
 ):
     """Prefill and decode tokens/s of generate calls per path, length and batch, against the bandwidth bound."""
     from evalsuite.bench import generate as gen
@@ -152,5 +153,5 @@ def bench_generate_cmd(
     gen.bench_generate(out, models=model or list(gen.DEFAULT_MODELS), lengths=_csv_list(lengths, int, "--lengths"),
                        batches=_csv_list(batches, int, "--batches"), new_tokens=new_tokens,
                        paths=_csv_list(paths, str, "--paths"), device=device, dtype=dtype, weights=weights,
-                       copy_mib=copy_mib, warmup=warmup)  # fmt: skip
+                       copy_mib=copy_mib, warmup=warmup, repeats=repeats)  # fmt: skip
     typer.echo(f"wrote {out}/{gen.JSON_NAME}, .md and .png")

@@ -11,7 +11,10 @@ no static decoder, or none that is graph-safe here, are recorded as such.
 
 Pass: ``graph`` equals ``static`` everywhere (the same function, captured: it must match bit for bit) and equals
 ``eager`` in float32; bfloat16 mismatches against ``eager`` are reported (different kernels may round near-ties
-differently on random weights). Exit status 1 on a failure. Writes ``DIR/generate_check.json``.
+differently on random weights). A sampled float32 row that draws another token than eager's is a failure unless
+the logits the two paths drew from agreed to within ``NEAR_TIE`` up to that token (``logit_gap_eager``, per row:
+the largest difference over those steps): then the draw fell at a boundary that float32 rounding moves, not a
+fault. Exit status 1 on a failure. Writes ``DIR/generate_check.json``.
 
 Usage: python scripts/gpu_generate_check.py --out DIR [--new-tokens 64] [--skip-760m]
 (``--device cpu`` runs the same checks without the graph path: a smoke test of this script.)
@@ -26,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from evalsuite import generation
 from evalsuite.adapters.base import GenerationConfig
 from evalsuite.adapters.native import NativeAdapter
 from evalsuite.bench.attention import env_info
@@ -35,6 +39,39 @@ from evalsuite.models.registry import FAMILIES, resolve_architecture
 from evalsuite.store import atomic_write_json
 
 PATHS = ("eager", "static", "graph", "compiled")
+NEAR_TIE = 1e-3  # largest logit difference (float32) under which a sampled row's other draw counts as a near-tie
+
+
+class LogitRecorder:
+    """Keeps the logits every sampled draw of :func:`evalsuite.generation.generate` reads (``steps``: one ``[B, V]``
+    float32 CPU tensor per new token, the prefill's first), by wrapping the module's ``sample_next`` while active."""
+
+    def __init__(self):
+        self.steps: list[torch.Tensor] = []
+        self._original = None
+
+    def __enter__(self):
+        self._original = generation.sample_next
+
+        def recording(logits, config, gen):
+            self.steps.append(logits.float().cpu())
+            return self._original(logits, config, gen)
+
+        generation.sample_next = recording
+        return self
+
+    def __exit__(self, *exc):
+        generation.sample_next = self._original
+
+
+def logit_gaps(ref: list[torch.Tensor], got: list[torch.Tensor], first_diff: list[int | None]) -> list[float]:
+    """Per row: the largest |logit difference| between two paths' draws over the steps they share a history (through
+    the first differing token, or every step where none differs)."""
+    gaps = []
+    for b, first in enumerate(first_diff):
+        last = min(len(ref), len(got)) if first is None else min(first + 1, len(ref), len(got))
+        gaps.append(max((float((ref[i][b] - got[i][b]).abs().max()) for i in range(last)), default=0.0))
+    return gaps
 
 
 def first_difference(a: list[list[int]], b: list[list[int]]) -> list[int | None]:
@@ -78,16 +115,17 @@ def check_model(card, dtype: str, lengths: list[int], new_tokens: int, device="c
         endings.append(("stop+eos", stopping, ref[1].token_ids[new_tokens // 2]))
     for ending, config, eos in endings:
         adapter.tokenizer.eos_id = eos if eos is not None else saved_eos
-        outs = {}
+        outs, drawn = {}, {}
         try:
             for path in paths:
                 adapter.decode_path = path
                 adapter.generate(prompts, config)  # warm-up: compiles and autotunes
                 _sync(adapter.device)
                 t0 = time.perf_counter()
-                got = adapter.generate(prompts, config)
+                with LogitRecorder() as logits:  # records nothing on the greedy endings
+                    got = adapter.generate(prompts, config)
                 _sync(adapter.device)
-                outs[path] = got
+                outs[path], drawn[path] = got, logits.steps
                 rec = {**base, "ending": ending, "path": path, "seconds": time.perf_counter() - t0}
                 rec.update(finish_reasons=[g.finish_reason for g in got], tokens=[len(g.token_ids) for g in got])
                 for peer in ("eager", "static"):
@@ -95,6 +133,8 @@ def check_model(card, dtype: str, lengths: list[int], new_tokens: int, device="c
                         ids, peer_ids = [g.token_ids for g in got], [g.token_ids for g in outs[peer]]
                         rec[f"equal_{peer}"] = ids == peer_ids and [g.text for g in got] == [g.text for g in outs[peer]]
                         rec[f"first_difference_{peer}"] = first_difference(ids, peer_ids)
+                if drawn[path] and "eager" in drawn and path != "eager":
+                    rec["logit_gap_eager"] = logit_gaps(drawn["eager"], drawn[path], rec["first_difference_eager"])
                 records.append(rec)
         finally:
             adapter.tokenizer.eos_id = saved_eos
@@ -103,10 +143,12 @@ def check_model(card, dtype: str, lengths: list[int], new_tokens: int, device="c
 
 def failures(records: list[dict]) -> list[dict]:
     """Graph records that differ from static, or from eager in float32; compiled records that differ from eager in
-    float32 (fused kernels may round differently from static's, so bf16 differences are recorded, not failures)."""
+    float32 (fused kernels may round differently from static's, so bf16 differences are recorded, not failures). A
+    sampled float32 difference whose logits agreed to within ``NEAR_TIE`` is a near-tie, not a failure."""
     bad = []
     for r in records:
-        fp32_differs = r["dtype"] == "float32" and r.get("equal_eager") is False
+        near_tie = max(r.get("logit_gap_eager") or [float("inf")]) <= NEAR_TIE
+        fp32_differs = r["dtype"] == "float32" and r.get("equal_eager") is False and not near_tie
         if (r.get("path") == "graph" and (r.get("equal_static") is False or fp32_differs)) or (
             r.get("path") == "compiled" and fp32_differs
         ):

@@ -90,5 +90,16 @@ def test_steps_are_also_timed_inside_the_call(tmp_path):
     assert set(phases) == {"1", "5", "10"}
     assert set(phases["10"]) == {"setup", "prefill", "first_steps", "steps", "finish"}
     assert "steps" not in phases["1"] and all(v >= 0 for p in phases.values() for v in p.values())
-    assert sum(phases["10"].values()) <= r["total_s"] * 1.01
+    assert sum(phases["10"].values()) <= r["call_times_s"]["10"][-1] * 1.01  # the last repeat's phases
+
+
+def test_each_call_is_repeated_and_timed_by_its_median(tmp_path):
+    records = bench.bench_generate(tmp_path, paths=["static"], repeats=3, **{**TINY, "lengths": [64],
+                                                                             "batches": [1]})  # fmt: skip
+    (r,) = records
+    times = r["call_times_s"]
+    assert r["repeats"] == 3 and set(times) == {"1", "2", "4"} and all(len(t) == 3 for t in times.values())
+    assert (r["prefill_s"], r["half_s"], r["total_s"]) == tuple(sorted(times[k])[1] for k in ("1", "2", "4"))
+    with pytest.raises(UserError, match="repeats"):
+        bench.bench_generate(tmp_path / "x", repeats=0, **TINY)
     assert "ms/step in call" in (tmp_path / bench.MD_NAME).read_text()

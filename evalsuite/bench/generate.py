@@ -1,15 +1,16 @@
 """Generation speed against the memory-bandwidth bound (issue #18 point 5): ``evalsuite bench generate``.
 
 For each model (a card, by default FoX (Pro) at its 760M shapes with random weights, or ``hf:DIR``), decode path,
-prompt length L and batch B: B random prompts of L tokens go through the adapter's ``generate`` (EOS off, so
-every call makes all its tokens). ``t1``, ``tM``, ``tN``: calls making 1 (the prefill and one LM-head pass),
-M = N / 2 and N tokens. Prefill tokens/s = B L / t1; decode tokens/s = B (N - M) / (tN - tM), the steady state
-past the first steps and the CUDA-graph capture, whose one-off cost per call is ``call_overhead_s`` = tM - t1 -
-(M - 1) x the steady step time. All include the host's work, as a task sees it. For our own models the N-token
-call also times its steps from inside (:class:`~evalsuite.generation.StepTimer`: the steps after the capture, the
-device synchronised at both ends): ``ms_per_step_in_call``, free of the differences between two calls' one-off
-costs; and every call's wall time by phase (``phases_s``, keyed by the call's token count: setup, prefill, first_steps,
-steps, finish), to show where two calls differ beyond their steps.
+prompt length L and batch B: B random prompts of L tokens go through the adapter's ``generate`` (EOS off, so every
+call makes all its tokens). ``t1``, ``tM``, ``tN``: calls making 1 (the prefill and one LM-head pass), M = N / 2 and
+N tokens, each call repeated (``--repeats``, default 3) and timed by its median. Prefill tokens/s = B L / t1; decode
+tokens/s = B (N - M) / (tN - tM), the steady state past the first steps and the CUDA-graph capture, whose one-off
+cost per call is ``call_overhead_s`` = tM - t1 - (M - 1) x the steady step time. All include the host's work, as a
+task sees it. For our own models the N-token call also times its steps from inside
+(:class:`~evalsuite.generation.StepTimer`: the steps after the capture, the device synchronised at both ends):
+``ms_per_step_in_call``, free of the differences between two calls' one-off costs; and every call's wall time by
+phase (``phases_s``, keyed by the call's token count: setup, prefill, first_steps, steps, finish), to show where two
+calls differ beyond their steps.
 
 Bound: a decode step reads every weight once (the input embedding only for B rows, unless the head is tied to
 it) and the whole decode state of the batch at length L, so decode tokens/s <= B * bandwidth / (weight bytes +
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -48,6 +50,7 @@ DEFAULT_BATCHES = (1, 8, 32)
 DEFAULT_PATHS = ("eager", "graph")
 JSON_NAME, MD_NAME, PNG_NAME = "generate_bench.json", "generate_bench.md", "generate_bench.png"
 COPY_MIB = {"cuda": 1024, "cpu": 256}  # the bandwidth copy: well beyond every cache
+REPEATS = 3  # timed repeats of each call per cell (medians)
 RESUME_KEYS = ("new_tokens", "dtype", "weights", "device", "seed")  # a resumed run must agree on these
 
 
@@ -180,39 +183,45 @@ def free_bytes(device: torch.device) -> int | None:
         return None
 
 
-def measure_cell(adapter, length: int, batch: int, new_tokens: int, *, warmup: bool = True, seed: int = 0) -> dict:
-    """Time one (length, batch) cell on the adapter's current path (see the module docstring)."""
+def measure_cell(adapter, length: int, batch: int, new_tokens: int, *, warmup: bool = True, seed: int = 0,
+                 repeats: int = REPEATS) -> dict:  # fmt: skip
+    """Time one (length, batch) cell on the adapter's current path (see the module docstring): the three calls
+    ``repeats`` times over, each call's time the median of its repeats (one slow prefill or capture does not move
+    the two-call rate)."""
     device = adapter.device
     gen = torch.Generator().manual_seed(seed + 7919 * length + batch)
     prompts = torch.randint(0, adapter.tokenizer.vocab_size, (batch, length), generator=gen).tolist()
     counts = (1, max(1, new_tokens // 2), new_tokens)
-    one, half, full = (GenerationConfig(max_new_tokens=k, stop_at_eos=False) for k in counts)
+    configs = [GenerationConfig(max_new_tokens=k, stop_at_eos=False) for k in counts]
     if warmup:  # kernels compiled and autotuned, static caches compiled, for these shapes, outside the timings
-        adapter.generate(prompts, half)
-        adapter.generate(prompts, full)
-    made, timers = [], []  # each call's generations and, for our own models, its StepTimer
-
-    def timed_call(config):
-        if hasattr(adapter, "step_timer"):
-            adapter.step_timer = StepTimer()
-            timers.append(adapter.step_timer)
-        try:
-            return _timed(lambda: made.append(adapter.generate(prompts, config)), device)
-        finally:
-            if hasattr(adapter, "step_timer"):
-                adapter.step_timer = None
-
-    t1, tm = timed_call(one), timed_call(half)
+        adapter.generate(prompts, configs[1])
+        adapter.generate(prompts, configs[2])
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    tn = timed_call(full)
+    times: list[list[float]] = [[], [], []]  # per call kind, one wall time per repeat
+    timers: list[StepTimer | None] = [None, None, None]  # the last repeat's, for our own models
+    in_call, made = [], []
+
+    for _ in range(repeats):
+        for i, config in enumerate(configs):
+            if hasattr(adapter, "step_timer"):
+                adapter.step_timer = timers[i] = StepTimer()
+            try:
+                times[i].append(_timed(lambda config=config: made.append(adapter.generate(prompts, config)), device))
+            finally:
+                if hasattr(adapter, "step_timer"):
+                    adapter.step_timer = None
+            if i == 2 and timers[2] is not None and timers[2].ms_per_step is not None:
+                in_call.append(timers[2].ms_per_step)
+    t1, tm, tn = (statistics.median(t) for t in times)
     m = counts[1]
     step_s = max(tn - tm, 1e-9) / (new_tokens - m)
     rec = {"prefill_s": t1, "half_s": tm, "total_s": tn, "prefill_tokens_per_s": batch * length / t1}
     rec.update(decode_tokens_per_s=batch / step_s, ms_per_step=step_s * 1e3, call_overhead_s=tm - t1 - (m - 1) * step_s)
-    if timers and timers[-1].ms_per_step is not None:  # the same steps timed inside the call (StepTimer)
-        rec.update(ms_per_step_in_call=timers[-1].ms_per_step, steps_in_call=timers[-1].steps)
-    if timers:  # where each call's time went: what differs between the calls that the decode rate is taken from
+    rec.update(repeats=repeats, call_times_s={str(k): t for k, t in zip(counts, times, strict=True)})
+    if in_call:  # the same steps timed inside the N-token calls (StepTimer), median over the repeats
+        rec.update(ms_per_step_in_call=statistics.median(in_call), steps_in_call=timers[2].steps)
+    if timers[0] is not None:  # where each call's time went: what differs between the calls the rate is taken from
         rec["phases_s"] = {str(k): t.phases for k, t in zip(counts, timers, strict=True)}
     rec["tokens_made"] = sum(len(g.token_ids) for g in made[-1])
     if device.type == "cuda":
@@ -256,12 +265,12 @@ def _load_previous(path: Path, params: dict) -> list[dict]:
 def bench_generate(out, *, models=DEFAULT_MODELS, lengths=DEFAULT_LENGTHS, batches=DEFAULT_BATCHES,
                    new_tokens: int = 128, paths=DEFAULT_PATHS, device: str = "auto", dtype: str | None = None,
                    weights: str = "random", copy_mib: int | None = None, warmup: bool = True, seed: int = 0,
-                   verbose: bool = True) -> list[dict]:  # fmt: skip
+                   repeats: int = REPEATS, verbose: bool = True) -> list[dict]:  # fmt: skip
     """The whole sweep; writes the JSON (as it goes), Markdown and PNG under ``out``; returns the records.
 
     ``dtype``: default bfloat16 on CUDA, float32 on a CPU. ``weights``: ``random`` (the cards' shapes, seed 0) or
     ``card`` (what each card names). ``copy_mib``: size of the bandwidth copy (default 1 GiB on CUDA, 256 MiB on a
-    CPU). ``warmup``: one untimed full call per cell first.
+    CPU). ``warmup``: one untimed full call per cell first. ``repeats``: timed repeats of each call (medians).
     """
     from evalsuite.bench.attention import env_info
     from evalsuite.runtime import resolve_device
@@ -276,6 +285,8 @@ def bench_generate(out, *, models=DEFAULT_MODELS, lengths=DEFAULT_LENGTHS, batch
         raise UserError("--new-tokens must be at least 2 (decode speed needs a step after the first token)")
     if not models or not lengths or not batches or min(lengths) < 1 or min(batches) < 1:
         raise UserError("give at least one model, and positive lengths and batch sizes")
+    if repeats < 1:
+        raise UserError("--repeats must be at least 1")
     dev = resolve_device(device)
     dtype = dtype or ("bfloat16" if dev.type == "cuda" else "float32")
     out = Path(out)
@@ -283,7 +294,7 @@ def bench_generate(out, *, models=DEFAULT_MODELS, lengths=DEFAULT_LENGTHS, batch
     env["device"] = env["device"] if dev.type == "cuda" else "cpu"
     params = dict(models=list(models), lengths=sorted(lengths), batches=sorted(batches), new_tokens=new_tokens,
                   paths=list(paths), dtype=dtype, weights=weights, device=env["device"], seed=seed,
-                  warmup=warmup)  # fmt: skip
+                  warmup=warmup, repeats=repeats)  # fmt: skip
     records = _load_previous(out / JSON_NAME, params)
     out.mkdir(parents=True, exist_ok=True)
     bandwidth = measure_copy_bandwidth(dev, copy_mib)
@@ -335,7 +346,10 @@ def bench_generate(out, *, models=DEFAULT_MODELS, lengths=DEFAULT_LENGTHS, batch
                     rec["status"] = f"skipped: needs ~{need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free"
                 else:
                     try:
-                        rec.update(measure_cell(adapter, L, B, new_tokens, warmup=warmup, seed=seed), status="ok")
+                        rec.update(
+                            measure_cell(adapter, L, B, new_tokens, warmup=warmup, seed=seed, repeats=repeats),
+                            status="ok",
+                        )
                     except torch.OutOfMemoryError:
                         rec["status"], oom_at[L] = "oom", min(B, oom_at.get(L, B))
                     except Exception as exc:  # noqa: BLE001 -- one failing cell must not stop the sweep
@@ -436,10 +450,12 @@ def main(argv=None) -> None:
     parser.add_argument("--weights", default="random", choices=("random", "card"))
     parser.add_argument("--copy-mib", type=int, default=None)
     parser.add_argument("--no-warmup", action="store_true")
+    parser.add_argument("--repeats", type=int, default=REPEATS, help="timed repeats of each call (medians)")
     args = parser.parse_args(argv)
     bench_generate(args.out, models=args.model or list(DEFAULT_MODELS), lengths=args.lengths, batches=args.batches,
                    new_tokens=args.new_tokens, paths=args.paths, device=args.device, dtype=args.dtype,
-                   weights=args.weights, copy_mib=args.copy_mib, warmup=not args.no_warmup)  # fmt: skip
+                   weights=args.weights, copy_mib=args.copy_mib, warmup=not args.no_warmup,
+                   repeats=args.repeats)  # fmt: skip
 
 
 if __name__ == "__main__":
