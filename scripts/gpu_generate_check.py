@@ -16,7 +16,8 @@ the logits the two paths drew from agreed to within ``NEAR_TIE`` up to that toke
 the largest difference over those steps): then the draw fell at a boundary that float32 rounding moves, not a
 fault. Exit status 1 on a failure. Writes ``DIR/generate_check.json``.
 
-Usage: python scripts/gpu_generate_check.py --out DIR [--new-tokens 64] [--skip-760m]
+Usage: python scripts/gpu_generate_check.py --out DIR [--new-tokens 64] [--skip-760m] [--only CARD ...]
+(``--only``: just these of the tiny cards and ``fox-pro``, the 760M model, e.g. to finish a cut run.)
 (``--device cpu`` runs the same checks without the graph path: a smoke test of this script.)
 """
 
@@ -162,6 +163,7 @@ def main(argv=None) -> int:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--skip-760m", action="store_true")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--only", nargs="+", metavar="CARD", help="check just these cards (tiny ones, or fox-pro)")
     args = ap.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("this check needs a CUDA GPU (or --device cpu for a smoke test without the graph path)")
@@ -171,6 +173,11 @@ def main(argv=None) -> int:
     models = [(c, [37, 64, 5]) for c in tiny]
     if not args.skip_760m:
         models.append((replace(load_card("fox-pro"), weights={"source": "random", "seed": 0}), [4096, 3000, 1024]))
+    if args.only:
+        unknown = set(args.only) - {card.name for card, _ in models}
+        if unknown:
+            raise SystemExit(f"--only: not among the checked cards: {', '.join(sorted(unknown))}")
+        models = [(card, lengths) for card, lengths in models if card.name in args.only]
     records, errors = [], []
     head = {"env": env_info(), "device": args.device,
             "families_without_tiny_card": sorted(set(FAMILIES.names()) - families)}  # fmt: skip
