@@ -27,6 +27,9 @@
 #                   batch 1/8 (24 heads of 64), each checked against the reference
 #   drt_generate    issue #18: the paper-sized DRT (128M, random weights) on its eager and graph paths (static
 #                   decoder: window rings and retrieved chunks in buffers, chunk-ending steps eager), 4K-64K, batch 1/8
+#   generate_families  issue #18 part 5: bench generate for the other families at their paper shapes (random
+#                   weights): GSA 1.3B, TNL 385M, FoX (LLaMA) and the Transformer (Pro) 760M, 1K-64K x batch 1/8/32,
+#                   graph and compiled (where the family has one)
 #   hf_twin         issue #18 part 4: transformer-llama (760M) natively and as a transformers LLaMA twin
 #                   (scripts/make_hf_twin.py), bench generate at 1K/4K/16K x batch 1/8 on every path of each
 set -uo pipefail
@@ -72,6 +75,9 @@ for step in $STEPS; do
         tune_decode) run_step tune_decode python3 scripts/tune_decode.py --out "$OUT/tune_decode" ;;
         drt_generate) run_step drt_generate python3 -m evalsuite.cli bench generate --out "$OUT/drt_generate" \
             --model drt --lengths 4096,16384,65536 --batches 1,8 --paths eager,graph --new-tokens 128 ;;
+        generate_families) run_step generate_families python3 -m evalsuite.cli bench generate \
+            --out "$OUT/generate_families" --model gsa --model tnl --model fox-llama --model transformer-pro \
+            --lengths 1024,4096,16384,65536 --batches 1,8,32 --paths graph,compiled --new-tokens 128 ;;
         hf_twin) run_step hf_twin bash -c "python3 scripts/make_hf_twin.py --card transformer-llama \
             --out /tmp/hf-twin && python3 -m evalsuite.cli bench generate --out '$OUT/hf_twin' --model transformer-llama \
             --model hf:/tmp/hf-twin --lengths 1024,4096,16384 --batches 1,8 --paths eager,graph,compiled --new-tokens 64" ;;
