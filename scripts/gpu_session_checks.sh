@@ -30,6 +30,8 @@
 #   generate_families  issue #18 part 5: bench generate for the other families at their paper shapes (random
 #                   weights): GSA 1.3B, TNL 385M, FoX (LLaMA) and the Transformer (Pro) 760M, 1K-64K x batch 1/8/32,
 #                   graph and compiled (where the family has one)
+#   mqar_profile    issue #13 part 5: where the compiled MQAR training step's GPU time goes (d = 128, one cell
+#                   each of transformer-llama, fox-pro, gsa; the 25 kernels with most time: scripts/mqar_step_time.py)
 #   hf_twin         issue #18 part 4: transformer-llama (760M) natively and as a transformers LLaMA twin
 #                   (scripts/make_hf_twin.py), bench generate at 1K/4K/16K x batch 1/8 on every path of each
 set -uo pipefail
@@ -78,6 +80,8 @@ for step in $STEPS; do
         generate_families) run_step generate_families python3 -m evalsuite.cli bench generate \
             --out "$OUT/generate_families" --model gsa --model tnl --model fox-llama --model transformer-pro \
             --lengths 1024,4096,16384,65536 --batches 1,8,32 --paths graph,compiled --new-tokens 128 ;;
+        mqar_profile) run_step mqar_profile python3 scripts/mqar_step_time.py --out "$OUT/mqar_profile/step_time.json" \
+            --models transformer-llama,fox-pro,gsa --amp auto --graph compile --cells 1 --profile 25 ;;
         hf_twin) run_step hf_twin bash -c "python3 scripts/make_hf_twin.py --card transformer-llama \
             --out /tmp/hf-twin && python3 -m evalsuite.cli bench generate --out '$OUT/hf_twin' --model transformer-llama \
             --model hf:/tmp/hf-twin --lengths 1024,4096,16384 --batches 1,8 --paths eager,graph,compiled --new-tokens 64" ;;

@@ -48,7 +48,7 @@ ap.add_argument(
 ap.add_argument("--cells", default="1", help="comma-separated numbers of cells training at once (threads)")
 ap.add_argument("--steps", type=int, default=30)
 ap.add_argument("--warmup", type=int, default=5)
-ap.add_argument("--profile", type=int, default=0, help="print the N kernels with most GPU time (one eager cell)")
+ap.add_argument("--profile", type=int, default=0, help="print the N kernels with most GPU time (per cell)")
 args = ap.parse_args()
 
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
