@@ -91,6 +91,7 @@ def test_steps_are_also_timed_inside_the_call(tmp_path):
     assert set(phases["10"]) == {"setup", "prefill", "first_steps", "steps", "finish"}
     assert "steps" not in phases["1"] and all(v >= 0 for p in phases.values() for v in p.values())
     assert sum(phases["10"].values()) <= r["call_times_s"]["10"][-1] * 1.01  # the last repeat's phases
+    assert "ms/step in call" in (tmp_path / bench.MD_NAME).read_text()
 
 
 def test_each_call_is_repeated_and_timed_by_its_median(tmp_path):
@@ -102,4 +103,3 @@ def test_each_call_is_repeated_and_timed_by_its_median(tmp_path):
     assert (r["prefill_s"], r["half_s"], r["total_s"]) == tuple(sorted(times[k])[1] for k in ("1", "2", "4"))
     with pytest.raises(UserError, match="repeats"):
         bench.bench_generate(tmp_path / "x", repeats=0, **TINY)
-    assert "ms/step in call" in (tmp_path / bench.MD_NAME).read_text()

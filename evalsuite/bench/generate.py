@@ -8,9 +8,9 @@ tokens/s = B (N - M) / (tN - tM), the steady state past the first steps and the 
 cost per call is ``call_overhead_s`` = tM - t1 - (M - 1) x the steady step time. All include the host's work, as a
 task sees it. For our own models the N-token call also times its steps from inside
 (:class:`~evalsuite.generation.StepTimer`: the steps after the capture, the device synchronised at both ends):
-``ms_per_step_in_call``, free of the differences between two calls' one-off costs; and every call's wall time by
-phase (``phases_s``, keyed by the call's token count: setup, prefill, first_steps, steps, finish), to show where two
-calls differ beyond their steps.
+``ms_per_step_in_call`` (median over the repeats), free of the differences between two calls' one-off costs; and
+every call's wall time by phase in the last repeat (``phases_s``, keyed by the call's token count: setup, prefill,
+first_steps, steps, finish), to show where two calls differ beyond their steps.
 
 Bound: a decode step reads every weight once (the input embedding only for B rows, unless the head is tied to
 it) and the whole decode state of the batch at length L, so decode tokens/s <= B * bandwidth / (weight bytes +
