@@ -319,7 +319,8 @@ def forgetting_attention_decode_triton(q, k, v, cum_q=None, cum_k=None, *, scale
     has_c = cum_k is not None
     if has_c:
         if cum_k.shape != (B, Tk, H) or (cum_q is not None and cum_q.shape != (B, Tq, H)):
-            raise ValueError(f"cum_q/cum_k must be [B, Tq, H]/[B, Tk, H]; got {cum_q.shape}/{tuple(cum_k.shape)}")
+            got = (None if cum_q is None else tuple(cum_q.shape), tuple(cum_k.shape))
+            raise ValueError(f"cum_q/cum_k must be [B, Tq, H]/[B, Tk, H]; got {got[0]}/{got[1]}")
         cum_k = cum_k.float()  # with append already float32: the kernel writes into it
         cum_q = None if cum_q is None else cum_q.float()
     has_ks = key_start is not None

@@ -39,6 +39,9 @@ from evalsuite.models.packed import PackedLinears
 
 FGATE_TYPES = ("full", "bias_only", "fixed", "none")
 PAD_BIAS = 1e30  # added to the cumulative log-forget of padding keys; exp(-1e30) == 0 in fp32
+# Whether the decode kernel writes the step's cache rows itself; False only to measure without
+# (scripts/profile_decode.py --separate-append).
+APPEND_IN_KERNEL = True
 
 
 @dataclass
@@ -311,11 +314,6 @@ class ForgettingAttention(nn.Module):
         o = append_and_attend(q, k, v, log_f, cache.k, cache.v, cache.cum, length, key_start=start, copy_rows=shift,
                               backend=backend, in_kernel=APPEND_IN_KERNEL)  # fmt: skip
         return self._output(o, x, lin)
-
-
-# Whether the decode kernel writes the step's cache rows itself; False only to measure without
-# (scripts/profile_decode.py --separate-append).
-APPEND_IN_KERNEL = True
 
 
 class Block(nn.Module):
