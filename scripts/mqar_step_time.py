@@ -70,6 +70,9 @@ def train_cell(name, amp, backend, graph, barrier, times, seed, setup):
         tcfg.amp = "none" if amp == "tf32" else amp
         tcfg.max_steps, tcfg.warmup_steps, tcfg.log_every = args.warmup + args.steps, 0, 10**9
         marks, begin = [], time.perf_counter()
+        batches = shuffled_batches(x, y, batch, np.random.default_rng(seed))
+        activity = torch.profiler.ProfilerActivity.CUDA if device.type == "cuda" else torch.profiler.ProfilerActivity.CPU
+        profiler = torch.profiler.profile(activities=[activity]) if args.profile else None
 
         def on_step(step: int) -> None:
             if step == 1:
@@ -79,17 +82,18 @@ def train_cell(name, amp, backend, graph, barrier, times, seed, setup):
                     stream.synchronize()
                 if step == args.warmup:
                     barrier.wait()
+                    if profiler is not None:
+                        profiler.start()  # the timed steps only: compilation and capture stay out of the table
                 marks.append(time.perf_counter())
 
-        batches = shuffled_batches(x, y, batch, np.random.default_rng(seed))
-        profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) if args.profile else None
-        with profiler or contextlib.nullcontext():
-            train(model, batches, tcfg, loss_fn=loss_fn, on_step=on_step, cuda_graph=graph != "eager",
-                  compile=graph == "compile")  # fmt: skip
+        train(model, batches, tcfg, loss_fn=loss_fn, on_step=on_step, cuda_graph=graph != "eager",
+              compile=graph == "compile")  # fmt: skip
         times.append(tuple(marks))
-        if profiler is not None:  # GPU time per step by kernel, over all warmup + timed steps
-            table = profiler.key_averages().table(sort_by="self_device_time_total", row_limit=args.profile)
-            print(f"{name} amp={amp} {graph}: {args.warmup + args.steps} steps\n{table}", flush=True)
+        if profiler is not None:  # GPU time by kernel over the timed steps, full kernel names
+            profiler.stop()
+            table = profiler.key_averages().table(sort_by=f"self_{'device' if device.type == 'cuda' else 'cpu'}_time_total", row_limit=args.profile,
+                                                  max_name_column_width=160)  # fmt: skip
+            print(f"{name} amp={amp} {graph}: {args.steps} timed steps\n{table}", flush=True)
 
 
 def measure(name, amp, backend, graph, cells) -> dict:

@@ -243,6 +243,44 @@ def test_strided_inputs_and_large_cum():
     assert grads[3].sum(1).abs().max() < 1e-3
 
 
+def _fused_exp2_error(s: float, mult: float) -> float:
+    """How far ``s * mult - m * mult`` with m = s lands from 0 when the GPU fuses it into one multiply-add (the
+    product unrounded, ``m * mult`` rounded to float32), emulated in float64; exp2 of it is the block's weight."""
+    s32, mult32 = torch.tensor(s, dtype=torch.float32), torch.tensor(mult, dtype=torch.float32)
+    exact = s32.double() * mult32.double()  # a product of two float32 is exact in float64
+    return float(exact - (s32 * mult32).double())
+
+
+def test_padding_bias_survives_the_fused_exp2():
+    """A real query whose first key blocks are all left padding (FoX model's PAD_BIAS added to their cum) has
+    m = s ~ -PAD_BIAS there. At 1e30 the fused multiply-add's error was 6e21: exp2 -> inf, the row NaN on GPU;
+    the interpreter computes without fusing, so the bound is checked here and the kernel below on real padding."""
+    from evalsuite.models.fox.model import PAD_BIAS
+
+    assert _fused_exp2_error(-1e30, common.LOG2E) > 1e20  # the bias that failed, so this check can fail
+    for c_query in (0.0, -0.37, -1234.5, -1.0e5):  # real queries' cumulative log-forget, long contexts included
+        assert abs(_fused_exp2_error(c_query - PAD_BIAS, common.LOG2E)) < 0.25
+    assert torch.exp(torch.tensor(-PAD_BIAS + 200.0)) == 0  # padding keys still weigh exactly nothing
+
+
+def test_left_padding_by_bias_over_whole_blocks():
+    """The model's left padding (PAD_BIAS on the padding keys' cum) through the forward kernel equals attention with
+    the padding masked (``key_start``), for real rows, with whole key blocks of padding before them."""
+    from evalsuite.models.fox.model import PAD_BIAS
+
+    B, T, H, D = 2, 96, 2, 32
+    q, k, v, logf = make_inputs(B, T, H, D, torch.bfloat16, "mild", seed=11)
+    start = torch.tensor([70, 5])  # row 0: four interpreted key blocks (16) of padding before its first token
+    pad = torch.arange(T)[None, :] < start[:, None]
+    cum = logf.masked_fill(pad[..., None], 0.0).cumsum(1) + PAD_BIAS * pad[..., None]
+    o = forward.forgetting_attention_triton(q, k, v, cum)
+    real_cum = logf.masked_fill(pad[..., None], 0.0).cumsum(1).double()
+    o_ref = reference.attention_dense(q.double(), k.double(), v.double(), real_cum, real_cum, key_start=start)
+    for b in range(B):
+        assert torch.isfinite(o[b]).all()
+        assert rel_err(o[b, start[b] :], o_ref[b, start[b] :]) < TOL[torch.bfloat16][0]
+
+
 def test_scale_argument():
     B, T, H, D = 1, 40, 2, 64
     q, k, v, logf = make_inputs(B, T, H, D, torch.float16, "mild", seed=5)
