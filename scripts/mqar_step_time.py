@@ -52,6 +52,7 @@ ap.add_argument("--profile", type=int, default=0, help="print the N kernels with
 args = ap.parse_args()
 
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+on_gpu = device.type == "cuda"
 sweep = load_preset(args.preset)
 seq_len, kv = sweep.settings()[0]
 batch = sweep.batch_for(seq_len)
@@ -71,7 +72,7 @@ def train_cell(name, amp, backend, graph, barrier, times, seed, setup):
         tcfg.max_steps, tcfg.warmup_steps, tcfg.log_every = args.warmup + args.steps, 0, 10**9
         marks, begin = [], time.perf_counter()
         batches = shuffled_batches(x, y, batch, np.random.default_rng(seed))
-        activity = torch.profiler.ProfilerActivity.CUDA if device.type == "cuda" else torch.profiler.ProfilerActivity.CPU
+        activity = torch.profiler.ProfilerActivity.CUDA if on_gpu else torch.profiler.ProfilerActivity.CPU
         profiler = torch.profiler.profile(activities=[activity]) if args.profile else None
 
         def on_step(step: int) -> None:
@@ -91,8 +92,8 @@ def train_cell(name, amp, backend, graph, barrier, times, seed, setup):
         times.append(tuple(marks))
         if profiler is not None:  # GPU time by kernel over the timed steps, full kernel names
             profiler.stop()
-            table = profiler.key_averages().table(sort_by=f"self_{'device' if device.type == 'cuda' else 'cpu'}_time_total", row_limit=args.profile,
-                                                  max_name_column_width=160)  # fmt: skip
+            sort = "self_device_time_total" if on_gpu else "self_cpu_time_total"
+            table = profiler.key_averages().table(sort_by=sort, row_limit=args.profile, max_name_column_width=160)
             print(f"{name} amp={amp} {graph}: {args.steps} timed steps\n{table}", flush=True)
 
 
