@@ -155,8 +155,10 @@ class GPT2Tokenizer(Tokenizer):
         return self._prefix(add_bos) + _gpt2_ids(text)
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Text of ``ids``; special ids are kept as ``<|endoftext|>``, broken UTF-8 becomes U+FFFD."""
-        return gpt2_encoding().decode(list(ids))
+        """Text of ``ids``; special ids are kept as ``<|endoftext|>``, broken UTF-8 becomes U+FFFD. Ids past the
+        vocabulary -- a model's embedding rows padded beyond 50257 (TNL's 64000), which random or barely trained
+        rows may still pick -- decode to nothing, as Hugging Face tokenizers and the byte tokenizer treat them."""
+        return gpt2_encoding().decode([i for i in ids if 0 <= i < GPT2_VOCAB_SIZE])
 
 
 # ---------------------------------------------------------------------------------------------
