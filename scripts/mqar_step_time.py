@@ -61,7 +61,7 @@ x, y = (torch.from_numpy(a).to(device) for a in data["train"])
 loss_fn = functools.partial(gathered_cross_entropy, labels_per_row=int((y != IGNORE_INDEX).sum(1).max()))
 
 
-def train_cell(name, amp, backend, graph, barrier, times, seed, setup):
+def train_cell(name, amp, backend, graph, barrier, times, seed, setup, kernels):
     """Train one model for warmup + steps steps on its own stream; append (start, end) of the timed steps."""
     stream = torch.cuda.Stream() if device.type == "cuda" else None
     with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
@@ -95,15 +95,29 @@ def train_cell(name, amp, backend, graph, barrier, times, seed, setup):
             sort = "self_device_time_total" if on_gpu else "self_cpu_time_total"
             table = profiler.key_averages().table(sort_by=sort, row_limit=args.profile, max_name_column_width=160)
             print(f"{name} amp={amp} {graph}: {args.steps} timed steps\n{table}", flush=True)
+            kernels.append(top_kernels(profiler, on_gpu))
+
+
+def top_kernels(profiler, on_gpu: bool) -> dict:
+    """The profiled timed steps as a record: self time per step (ms) in all and for the ``--profile`` costliest
+    kernels, with their launches per step (``calls``)."""
+    events = profiler.key_averages()
+    own = (lambda e: e.self_device_time_total) if on_gpu else (lambda e: e.self_cpu_time_total)  # microseconds
+    ranked = sorted(events, key=own, reverse=True)[: args.profile]
+    per_step = lambda us: round(us / 1e3 / args.steps, 4)  # noqa: E731
+    return {
+        "kernel_ms_per_step": per_step(sum(own(e) for e in events)),
+        "top": [{"name": e.key, "ms_per_step": per_step(own(e)), "calls": e.count / args.steps} for e in ranked],
+    }
 
 
 def measure(name, amp, backend, graph, cells) -> dict:
     torch.backends.cuda.matmul.allow_tf32 = amp == "tf32"
-    barrier, times, errors, setup = threading.Barrier(cells), [], [], []
+    barrier, times, errors, setup, kernels = threading.Barrier(cells), [], [], [], []
 
     def run(i):
         try:
-            train_cell(name, amp, backend, graph, barrier, times, seed=i, setup=setup)
+            train_cell(name, amp, backend, graph, barrier, times, seed=i, setup=setup, kernels=kernels)
         except Exception as e:  # noqa: BLE001 -- recorded
             errors.append(f"{type(e).__name__}: {e}"[:300])
             barrier.abort()
@@ -120,6 +134,7 @@ def measure(name, amp, backend, graph, cells) -> dict:
         "ms_per_step": round(window * 1e3 / args.steps, 3),
         "cell_steps_per_s": round(cells * args.steps / window),
         "setup_s": round(max(setup), 2),
+        **({"profile": kernels[0]} if kernels else {}),  # the first cell's, with --profile
     }
 
 
