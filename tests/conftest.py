@@ -3,10 +3,17 @@ for the Triton interpreter; relative error; ``evalsuite serve`` in a subprocess 
 
 import importlib
 import math
+import os
 import sys
 import threading
 
 import pytest
+
+# The kernel tests run the Triton kernels under the interpreter. Set here, before any test module imports triton:
+# triton's own jit'd library functions (tl.sum's combine, ...) follow the setting at triton's import, and importing
+# a model family's package imports its one-token Triton step (the kernel modules rebuild themselves for the
+# interpreter, conftest.interpreted_kernel_modules; triton's library cannot).
+os.environ["TRITON_INTERPRET"] = "1"
 
 
 @pytest.fixture

@@ -266,9 +266,35 @@ def test_compiled_fox_step_equals_the_static_step():
                 tok = model.logits(want).argmax(-1)[:, None]
         assert compiled.state.length == plain.state.length == T + 4
         assert int(compiled.length) == T + 4
-    gsa = load_card("gsa-tiny").build_module()
-    gsa.init_weights(0)
-    assert not gsa.static_decoder(1, 2).compile_step()  # the recurrent families do not offer it
+
+
+@pytest.mark.parametrize("card", ["gsa-tiny", "tnl-tiny"])
+def test_compiled_recurrent_step_equals_the_static_step(card):
+    """The recurrent families' ``compiled`` step (torch.compile of RecurrentStaticDecoder's device part) gives the
+    static step's hidden states on the CPU, with left padding, and counts positions on the host and the device
+    once a step, without recompiling at every position."""
+    import torch._dynamo
+
+    torch.manual_seed(0)
+    model = load_card(card).build_module()
+    model.init_weights(0)
+    model.eval()
+    ids = torch.randint(0, 100, (2, 7))
+    start = torch.tensor([0, 3])
+    plain, compiled = model.static_decoder(2, 0, start), model.static_decoder(2, 0, start)
+    assert compiled.compile_step()
+    graphs = []  # compiled graphs so far, after each step (the CPU reference breaks the step into several)
+    with torch.inference_mode():
+        torch.testing.assert_close(compiled.prefill(ids), plain.prefill(ids))
+        tok = ids[:, -1:].clone()  # an inference tensor, as the later tokens (else one recompile for the dispatch key)
+        for _ in range(5):
+            want = plain.step(tok)
+            torch.testing.assert_close(compiled.step(tok), want, atol=1e-5, rtol=1e-5)
+            graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+            tok = model.logits(want).argmax(-1)[:, None]
+    assert compiled.state.length == plain.state.length == 7 + 5
+    assert int(compiled.state.position) == int(plain.state.position) == 7 + 5
+    assert graphs[0] > 0 and len(set(graphs)) == 1  # compiled once, not again at each position
 
 
 _APPEND_STEP_SCRIPT = """

@@ -90,6 +90,9 @@ class RecurrentState(DecodeState):
         # The consumed-position count on the device ([1] long), set by RecurrentStaticDecoder: positions are then
         # computed from it, so a captured CUDA graph replays correctly at every position.
         self.position: torch.Tensor | None = None
+        # False while a static decoder steps: it counts ``length`` itself, outside what torch.compile traces (a
+        # Python int changing inside would recompile the step at every position).
+        self.count_on_host = True
 
     def absolute_positions(self, T: int, device) -> torch.Tensor:
         """Absolute positions ``[T]`` (padding included) of the next ``T`` tokens."""
@@ -97,8 +100,10 @@ class RecurrentState(DecodeState):
         return torch.arange(T, device=device) + offset
 
     def advance(self, T: int) -> None:
-        """Count ``T`` consumed positions (on the host, and on the device when :attr:`position` is set)."""
-        self.length += T
+        """Count ``T`` consumed positions (on the host unless :attr:`count_on_host` is off, and on the device when
+        :attr:`position` is set)."""
+        if self.count_on_host:
+            self.length += T
         if self.position is not None:
             self.position += T
 
@@ -158,6 +163,7 @@ class RecurrentStaticDecoder(StaticDecoder):
         self.model, self.graph_safe = model, graph_safe
         self.state = model.new_state(batch, 0, start)
         self.state.position = torch.zeros(1, dtype=torch.long, device=model.input_embedding.weight.device)
+        self.compiled = False
 
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
         hidden = self.model.prefill(input_ids, self.state)
@@ -167,12 +173,37 @@ class RecurrentStaticDecoder(StaticDecoder):
         return hidden
 
     def step(self, input_ids: torch.Tensor) -> torch.Tensor:
+        self.state.count_on_host = False
+        try:
+            hidden = (_compiled_recurrent_step if self.compiled else RecurrentStaticDecoder._step_on_device)(
+                self, input_ids
+            )
+        finally:
+            self.state.count_on_host = True
+        self.state.length += 1  # the host-side count, outside what compile_step compiles
+        return hidden
+
+    def compile_step(self) -> bool:
+        global _compiled_recurrent_step
+        if _compiled_recurrent_step is None:
+            _compiled_recurrent_step = torch.compile(RecurrentStaticDecoder._step_on_device)
+        self.compiled = True
+        return True
+
+    def _step_on_device(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The step without host-side counts: the forward with the state, its new layer states copied into the
+        buffers allocated at prefill (what a CUDA graph replays, and ``torch.compile`` may fuse)."""
         hidden = self.model(input_ids, state=self.state)[:, -1]
         for buffer, new in zip(_tensors(self._buffers), _tensors(self.state.layers), strict=True):
             if new is not buffer:
                 buffer.copy_(new)
         self.state.layers = list(self._buffers)
         return hidden
+
+
+# One torch.compile of the unbound step, shared by every recurrent decoder (as FoX's, evalsuite/models/fox/decoder.py:
+# a compiled bound method kept on the decoder would tie its state to the cyclic garbage collector).
+_compiled_recurrent_step = None
 
 
 class CausalLM(nn.Module, ABC):

@@ -10,7 +10,9 @@ With ``"auto"``/``"triton"`` a single-token call with a state (decoding) runs th
 
 Modules: ``reference.py`` (no triton needed); ``chunk.py`` (the chunked autograd function and its launchers);
 ``chunk_kernels.py`` (its Triton kernels: state scans and per-chunk passes); ``common.py`` (block configs, shared
-jit helpers, checks); ``decode.py`` (the one-token recurrent step). The Triton modules are imported on first use.
+jit helpers, checks); ``decode.py`` (the one-token recurrent step). The one-token step comes with the package where
+triton is installed (decoding steps run inside torch.compile, where an import statement breaks the graph); the
+other Triton modules are imported on first use.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ import torch
 
 from evalsuite.kernels.gated_slot.reference import gsa_chunked, gsa_parallel, gsa_recurrent
 from evalsuite.kernels.triton_utils import triton_installed
+
+if triton_installed():
+    from evalsuite.kernels.gated_slot.decode import gsa_decode_triton
 
 BACKENDS = ("auto", "triton", "chunked", "recurrent")
 __all__ = ["BACKENDS", "gated_slot_attention", "gsa_chunked", "gsa_parallel", "gsa_recurrent", "triton_available"]
@@ -50,8 +55,6 @@ def gated_slot_attention(
     if backend == "chunked":
         return gsa_chunked(q, k, v, log_alpha, scale, initial_state, output_final_state)
     if q.shape[1] == 1 and initial_state is not None and not torch.is_grad_enabled():
-        from evalsuite.kernels.gated_slot.decode import gsa_decode_triton
-
         return gsa_decode_triton(q, k, v, log_alpha, scale, initial_state)
     from evalsuite.kernels.gated_slot.chunk import gsa_chunk_triton
 

@@ -11,7 +11,9 @@ with a state (decoding) runs the recurrent Triton step.
 Modules: ``reference.py`` (no triton needed); ``chunk.py`` (the forward and backward passes, Algorithms 5-6, and
 the autograd function), ``walk.py`` (the one kernel every pass runs: a walk over a segment's chunks with the state
 in registers), ``scan.py`` (the scan over segment totals), ``common.py`` (chunking, configs, jit helpers, the design
-notes); ``decode.py`` (the one-token step). The Triton modules are imported on first use.
+notes); ``decode.py`` (the one-token step). The one-token step comes with the package where triton is
+installed (decoding steps run inside torch.compile, where an import statement breaks the graph); the other Triton
+modules are imported on first use.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ import torch
 
 from evalsuite.kernels.lightning.reference import lightning_chunked, lightning_parallel, lightning_recurrent
 from evalsuite.kernels.triton_utils import triton_installed
+
+if triton_installed():
+    from evalsuite.kernels.lightning.decode import lightning_decode_triton
 
 BACKENDS = ("auto", "triton", "chunked", "recurrent")
 __all__ = [
@@ -48,8 +53,6 @@ def lightning_attention(q, k, v, slope, *, initial_state=None, output_final_stat
     if backend == "chunked":
         return lightning_chunked(q, k, v, slope, initial_state, output_final_state)
     if q.shape[1] == 1 and initial_state is not None and not torch.is_grad_enabled():
-        from evalsuite.kernels.lightning.decode import lightning_decode_triton
-
         return lightning_decode_triton(q, k, v, slope, initial_state)
     from evalsuite.kernels.lightning.chunk import lightning_chunk_triton
 
