@@ -157,7 +157,8 @@ class RecurrentStaticDecoder(StaticDecoder):
     """The static decoder of a family with a :class:`RecurrentState` (GSA, TNL): the state is fixed-size already;
     the step copies each layer's new state into buffers allocated once (the layers return new tensors), and the
     family's ``forward`` takes positions from the state's device counter (:meth:`RecurrentState.absolute_positions`).
-    ``graph_safe``: the family's one-token kernel runs without a host sync (its Triton step on CUDA)."""
+    ``graph_safe``: the family's one-token kernel runs without a host sync (its Triton step on CUDA).
+    :meth:`compile_step` puts that device part through ``torch.compile``; the host-side position count stays out."""
 
     def __init__(self, model: CausalLM, batch: int, start: torch.Tensor | None, graph_safe: bool):
         self.model, self.graph_safe = model, graph_safe
