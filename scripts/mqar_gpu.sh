@@ -7,8 +7,9 @@
 # `evalsuite plot mqar $OUT/$PRESET --out results/mqar/...`) and $OUT/log.txt. Resumable: rerun with the same
 # $OUT, or with RESUME=dir holding an earlier records.jsonl, and only the missing cells train (cells cut short
 # resume from their snapshots in $OUT/$PRESET/partial/: keep that folder with the records). Back home, fold a
-# session's sweeps into the committed directory: python scripts/merge_mqar_records.py results/mqar/DIR $OUT/$PRESET ... Training steps run
-# as CUDA graphs of torch.compile'd forwards (the defaults on CUDA; results/mqar/step_time/h100-graphs-compile).
+# session's sweeps into the committed directory: python scripts/merge_mqar_records.py results/mqar/DIR $OUT/$PRESET
+# ... Training steps run as CUDA graphs of torch.compile'd forwards (the defaults on CUDA;
+# results/mqar/step_time/h100-graphs-compile).
 # Knobs: WORKERS (processes training cells at once on the GPU, default 4), TIME_LIMIT (seconds after which no new
 # cell starts, default 300, so that a 10-minute call ends with every finished cell written), NPROC (GPUs: one
 # torchrun rank per visible GPU, each training its share of the cells with WORKERS processes, default 1).
