@@ -281,6 +281,47 @@ def test_left_padding_by_bias_over_whole_blocks():
         assert rel_err(o[b, start[b] :], o_ref[b, start[b] :]) < TOL[torch.bfloat16][0]
 
 
+def test_torch_compile_keeps_the_kernel_in_one_graph():
+    """The kernel is an operator to torch.compile: a loss around it compiles as one graph (``fullgraph``: no break
+    at the kernel, as there was with ``torch.compiler.disable``), with eager's value and gradients."""
+    q, k, v, logf = make_inputs(1, 40, 2, 32, torch.bfloat16, "mild", seed=7)
+
+    def loss(q, k, v, logf):
+        o = forward.forgetting_attention_triton(q * 2.0, k, v, logf.cumsum(1))
+        return (o.float() ** 2).sum()
+
+    results = []
+    for fn in (loss, torch.compile(loss, fullgraph=True)):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v, logf)]
+        value = fn(*leaves)
+        results.append((value, *torch.autograd.grad(value, leaves)))
+    for eager, compiled in zip(*results, strict=True):
+        torch.testing.assert_close(compiled, eager, rtol=1e-2, atol=1e-3)
+
+
+def test_a_fox_model_on_the_kernels_compiles_as_one_graph():
+    """FoX (Pro), tiny, on the Triton backend: its loss compiles whole (``fullgraph``) -- the MQAR and LM training
+    steps compile this way -- and the compiled gradients match eager's."""
+    from evalsuite.cards import load_card
+
+    model = load_card("fox-pro-tiny").build_module()
+    model.init_weights(0)
+    model.set_attention_backend("triton")
+    ids = torch.randint(0, 100, (2, 32), generator=torch.Generator().manual_seed(0))
+
+    def loss(ids):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return model.logits(model(ids)).float().logsumexp(-1).mean()
+
+    grads = []
+    for fn in (loss, torch.compile(loss, fullgraph=True)):
+        model.zero_grad(set_to_none=True)
+        fn(ids).backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for eager, compiled in zip(*grads, strict=True):
+        torch.testing.assert_close(compiled, eager, rtol=2e-2, atol=2e-3)
+
+
 def test_scale_argument():
     B, T, H, D = 1, 40, 2, 64
     q, k, v, logf = make_inputs(B, T, H, D, torch.float16, "mild", seed=5)

@@ -15,6 +15,8 @@ Design notes:
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -234,27 +236,54 @@ def _fwd(q, k, v, cum, scale, config=None, tma=None):
     return o, lse
 
 
-class ForgettingAttentionFunction(torch.autograd.Function):
-    """Autograd wrapper: the forward kernel above and :func:`~evalsuite.kernels.forgetting.backward._bwd`;
-    saves q, k, v, cum, o and the fp32 LSE ``[B, H, T]``."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, cum, scale):
-        o, lse = _fwd(q, k, v, cum, scale)
-        ctx.save_for_backward(q, k, v, cum, o, lse)
-        ctx.scale = scale
-        return o
-
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v, cum, o, lse = ctx.saved_tensors
-        dq, dk, dv, dcum = _bwd(do, q, k, v, cum, o, lse, ctx.scale)
-        return dq, dk, dv, dcum, None
+# The kernels as two operators (torch.library), so that torch.compile (evalsuite.train, compile=True) keeps a model's
+# forward and backward whole around them instead of breaking its graph there; Inductor runs them as they are (its own
+# rewrite of the Triton kernel failed to compile, torch 2.11 / triton 3.6). The forward returns the fp32 LSE
+# ``[B, H, T]`` the backward reuses; the backward returns an empty dcum without a gate.
+@torch.library.custom_op("evalsuite::forgetting_attention_fwd", mutates_args=())
+def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cum: torch.Tensor | None, scale: float) -> tuple[
+    torch.Tensor, torch.Tensor
+]:  # fmt: skip
+    return _fwd(q, k, v, cum, scale)
 
 
-# torch.compile (evalsuite.train, compile=True) leaves the kernel alone and compiles the code around it: Inductor's
-# rewrite of this kernel fails to compile (torch 2.11, triton 3.6).
-@torch.compiler.disable
+@_fwd_op.register_fake
+def _(q, k, v, cum, scale):
+    B, T, H, _ = q.shape
+    return q.new_empty(q.shape), q.new_empty((B, H, T), dtype=torch.float32)
+
+
+@torch.library.custom_op("evalsuite::forgetting_attention_bwd", mutates_args=())
+def _bwd_op(
+    do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cum: torch.Tensor | None, o: torch.Tensor,
+    lse: torch.Tensor, scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    dq, dk, dv, dcum = _bwd(do, q, k, v, cum, o, lse, scale)
+    return dq, dk, dv, lse.new_empty(0) if dcum is None else dcum
+
+
+@_bwd_op.register_fake
+def _(do, q, k, v, cum, o, lse, scale):
+    dcum = lse.new_empty(0) if cum is None else lse.new_empty(cum.shape)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dcum
+
+
+def _save_for_backward(ctx, inputs, output):
+    q, k, v, cum, scale = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, cum, o, lse)
+    ctx.scale = scale
+
+
+def _backward(ctx, do, _dlse):
+    q, k, v, cum, o, lse = ctx.saved_tensors
+    dq, dk, dv, dcum = _bwd_op(do, q, k, v, cum, o, lse, ctx.scale)
+    return dq, dk, dv, None if cum is None else dcum, None
+
+
+_fwd_op.register_autograd(_backward, setup_context=_save_for_backward)
+
+
 def forgetting_attention_triton(q, k, v, cum=None, *, scale=None):
     """Causal Forgetting Attention (full sequence), differentiable.
 
@@ -276,4 +305,4 @@ def forgetting_attention_triton(q, k, v, cum=None, *, scale=None):
         if cum.shape != (B, T, H):
             raise ValueError(f"cum must be [B, T, H] = {(B, T, H)}; got {tuple(cum.shape)}")
         cum = cum.float()
-    return ForgettingAttentionFunction.apply(q, k, v, cum, scale)
+    return _fwd_op(q, k, v, cum, 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale))[0]
