@@ -88,11 +88,10 @@ class RecurrentState(DecodeState):
         self.length = 0
         self.start = start
         # The consumed-position count on the device ([1] long), set by RecurrentStaticDecoder: positions are then
-        # computed from it, so a captured CUDA graph replays correctly at every position.
+        # computed from it, so a captured CUDA graph replays correctly at every position. The decoder then keeps
+        # ``length`` itself, outside what torch.compile traces (a Python int changing inside the forward would
+        # recompile the step at every position).
         self.position: torch.Tensor | None = None
-        # False while a static decoder steps: it counts ``length`` itself, outside what torch.compile traces (a
-        # Python int changing inside would recompile the step at every position).
-        self.count_on_host = True
 
     def absolute_positions(self, T: int, device) -> torch.Tensor:
         """Absolute positions ``[T]`` (padding included) of the next ``T`` tokens."""
@@ -100,11 +99,11 @@ class RecurrentState(DecodeState):
         return torch.arange(T, device=device) + offset
 
     def advance(self, T: int) -> None:
-        """Count ``T`` consumed positions (on the host unless :attr:`count_on_host` is off, and on the device when
-        :attr:`position` is set)."""
-        if self.count_on_host:
+        """Count ``T`` consumed positions: on the device when :attr:`position` is set (its decoder counts ``length``),
+        else on the host."""
+        if self.position is None:
             self.length += T
-        if self.position is not None:
+        else:
             self.position += T
 
     def nbytes(self) -> int:
@@ -168,19 +167,15 @@ class RecurrentStaticDecoder(StaticDecoder):
 
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
         hidden = self.model.prefill(input_ids, self.state)
+        self.state.length += input_ids.shape[1]  # the host-side count (the forward advanced the device one)
         own = [tuple(t.clone() for t in x) if isinstance(x, tuple) else x.clone() for x in self.state.layers]
         self.state.layers = own
         self._buffers = list(self.state.layers)
         return hidden
 
     def step(self, input_ids: torch.Tensor) -> torch.Tensor:
-        self.state.count_on_host = False
-        try:
-            hidden = (_compiled_recurrent_step if self.compiled else RecurrentStaticDecoder._step_on_device)(
-                self, input_ids
-            )
-        finally:
-            self.state.count_on_host = True
+        step = _compiled_recurrent_step if self.compiled else RecurrentStaticDecoder._step_on_device
+        hidden = step(self, input_ids)
         self.state.length += 1  # the host-side count, outside what compile_step compiles
         return hidden
 
