@@ -63,7 +63,7 @@ def poisoned_kernel_outputs(monkeypatch):
     monkeypatch.setattr(triton_utils, "empty", nan_empty)
 
 
-# The GCA kernels, one per module in dependency order (test_gca_kernel.py, test_bench_gca.py).
+# The GCA kernels, one per module (test_gca_kernel.py, test_bench_gca.py).
 GCA_KERNELS = {
     "evalsuite.kernels.jit_helpers": "mm",
     "common": "_load_tile",
@@ -73,14 +73,14 @@ GCA_KERNELS = {
 
 
 def interpreted_kernel_modules(package: str, kernels: dict) -> dict:
-    """``{name: package.<name>}`` (a dotted name: that module) for every name of ``kernels`` (in dependency order,
-    helpers first), built for the Triton interpreter. ``kernels[name]`` is a kernel of that module, or None for a
-    module that only binds other modules' kernels. A module imported earlier without ``TRITON_INTERPRET=1`` holds
-    compiled kernels (triton.jit reads the setting when decorating), so if any listed kernel is not interpreted,
-    every module is reloaded."""
+    """``{name: package.<name>}`` (a dotted name: that module) for every name of ``kernels``, checked to be built for
+    the Triton interpreter (``TRITON_INTERPRET=1``, set above before any import of triton). ``kernels[name]`` is a
+    kernel of that module, or None for a module that only binds other modules' kernels."""
     modules = {name: importlib.import_module(name if "." in name else f"{package}.{name}") for name in kernels}
-    if any(k and type(getattr(modules[n], k)).__name__ != "InterpretedFunction" for n, k in kernels.items()):
-        modules = {name: importlib.reload(m) for name, m in modules.items()}
+    compiled = [
+        f"{n}.{k}" for n, k in kernels.items() if k and type(getattr(modules[n], k)).__name__ != "InterpretedFunction"
+    ]
+    assert not compiled, f"kernels built before TRITON_INTERPRET=1 was set: {compiled}"
     return modules
 
 

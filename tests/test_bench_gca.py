@@ -1,16 +1,12 @@
 """The GCA benchmark on CPU: the peers compute our function, the record/table/plot plumbing, the parity check under
 the Triton interpreter at a tiny shape, and the one-line error of ``bench gca`` without a GPU."""
 
-import os
+import pytest
+import torch
+from conftest import GCA_KERNELS, assert_one_line_error, interpreted_kernel_modules
 
-os.environ["TRITON_INTERPRET"] = "1"  # the parity check runs our kernel; must precede the kernels' import
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from conftest import GCA_KERNELS, assert_one_line_error, interpreted_kernel_modules  # noqa: E402
-
-from evalsuite.bench import gca  # noqa: E402
-from evalsuite.kernels.grouped_cross.reference import gca_reference  # noqa: E402
+from evalsuite.bench import gca
+from evalsuite.kernels.grouped_cross.reference import gca_reference
 
 TINY = dict(chunk=16, n_retrieved=3, n_heads=2, head_dim=16)
 

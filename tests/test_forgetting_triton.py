@@ -5,28 +5,23 @@ float64 on the same (rounded) inputs, by relative error ``|out - ref| / |ref|``.
 before each launch, so an element the kernel never writes fails the check.
 """
 
-import os
+import importlib
+import importlib.util
+import math
+import sys
+from pathlib import Path
 
-os.environ["TRITON_INTERPRET"] = "1"  # must precede the kernels' decoration (import) below
-
-import importlib  # noqa: E402
-import importlib.util  # noqa: E402
-import math  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 pytest.importorskip("triton")
 
-from conftest import interpreted_kernel_modules, rel_err  # noqa: E402
+from conftest import interpreted_kernel_modules, rel_err
 
-from evalsuite.kernels import triton_utils  # noqa: E402
-from evalsuite.kernels.forgetting import cumsum_over_time, reference  # noqa: E402
+from evalsuite.kernels import triton_utils
+from evalsuite.kernels.forgetting import cumsum_over_time, reference
 
-# One kernel per module, in dependency order (conftest.interpreted_kernel_modules). Triton's own jit'd library
-# functions, tl.zeros and such, follow the setting at triton's import, which no reload here fixes.
+# One kernel per module, checked to be interpreted (conftest.interpreted_kernel_modules).
 _KERNELS = {
     "common": "_mm",
     "backward_dkdv": "_bwd_dkdv_kernel",

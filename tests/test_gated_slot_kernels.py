@@ -8,21 +8,16 @@ of 16, head-dim tiles of 16, so T = 40..70 spans two or three chunks with off-di
 Interpreted kernels are slow, so shapes stay small (B * H <= 2 programs per chunk).
 """
 
-import os
-
-os.environ["TRITON_INTERPRET"] = "1"  # must precede the kernels' decoration (import) below
-
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 pytest.importorskip("triton")
 
-from conftest import interpreted_kernel_modules, rel_err  # noqa: E402
+from conftest import interpreted_kernel_modules, rel_err
 
-from evalsuite.kernels.gated_slot import gated_slot_attention, reference  # noqa: E402
+from evalsuite.kernels.gated_slot import gated_slot_attention, reference
 
-# One kernel per module (None: binds the others'), in dependency order (conftest.interpreted_kernel_modules).
+# One kernel per module (None: binds the others'), checked to be interpreted (conftest.interpreted_kernel_modules).
 _KERNELS = {"common": "_load_u", "chunk_kernels": "_read_kernel", "chunk": None, "decode": "_decode_kernel"}
 _modules = interpreted_kernel_modules("evalsuite.kernels.gated_slot", _KERNELS)
 common, chunk, decode = _modules["common"], _modules["chunk"], _modules["decode"]

@@ -8,20 +8,16 @@ chunk x 16 keys, so Sq, Skv in {5, 7, 33, 64, 65} cover one and several blocks a
 ``test_gpu_block_shapes`` runs the GPU's one-key-block path (64-key blocks, whole-chunk query tiles).
 """
 
-import os
-
-os.environ["TRITON_INTERPRET"] = "1"  # must precede the kernels' decoration (import) below
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 pytest.importorskip("triton")
 
-from conftest import GCA_KERNELS, interpreted_kernel_modules, rel_err  # noqa: E402
+from conftest import GCA_KERNELS, interpreted_kernel_modules, rel_err
 
-from evalsuite.kernels import triton_utils  # noqa: E402
-from evalsuite.kernels.grouped_cross import MAX_TRITON_SQ, grouped_cross_attention  # noqa: E402
-from evalsuite.kernels.grouped_cross.reference import gca_reference  # noqa: E402
+from evalsuite.kernels import triton_utils
+from evalsuite.kernels.grouped_cross import MAX_TRITON_SQ, grouped_cross_attention
+from evalsuite.kernels.grouped_cross.reference import gca_reference
 
 _modules = interpreted_kernel_modules("evalsuite.kernels.grouped_cross", GCA_KERNELS)
 common, forward, backward = _modules["common"], _modules["forward"], _modules["backward"]

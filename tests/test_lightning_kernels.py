@@ -17,28 +17,24 @@ segments per step, walks over state slices of at most 16 columns; the lengths be
 span several segments and scan steps (see ``test_shapes_cover_several_chunks_segments_and_scan_steps``).
 """
 
-import os
+import importlib
+import importlib.util
+import math
+import sys
+from pathlib import Path
 
-os.environ["TRITON_INTERPRET"] = "1"  # must precede the kernels' decoration (import) below
-
-import importlib  # noqa: E402
-import importlib.util  # noqa: E402
-import math  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 pytest.importorskip("triton")
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-from conftest import interpreted_kernel_modules, rel_err  # noqa: E402
+import triton
+import triton.language as tl
+from conftest import interpreted_kernel_modules, rel_err
 
-from evalsuite.kernels import triton_utils  # noqa: E402
-from evalsuite.kernels.lightning import lightning_attention, reference  # noqa: E402
+from evalsuite.kernels import triton_utils
+from evalsuite.kernels.lightning import lightning_attention, reference
 
-# One kernel per module (None: binds the others'), in dependency order (conftest.interpreted_kernel_modules).
+# One kernel per module (None: binds the others'), checked to be interpreted (conftest.interpreted_kernel_modules).
 _KERNELS = {"evalsuite.kernels.jit_helpers": "mm", "common": None, "walk": "_walk_kernel",
             "scan": "_segment_scan_kernel", "decode": "_decode_kernel", "chunk": None}  # fmt: skip
 _modules = interpreted_kernel_modules("evalsuite.kernels.lightning", _KERNELS)
