@@ -239,7 +239,10 @@ class ForgettingAttention(nn.Module):
         if self.cfg.fgate_type == "none":
             return None
         if self.cfg.fgate_type == "full":
-            return F.logsigmoid((lin or self._maps(x, False))("fgate", self.fgate_proj).float())
+            # `is None`, not `lin or ...`: torch 2.11's dynamo reads a function's truth value as a data-dependent
+            # branch and cut the compiled MQAR step at every layer (results/mqar/step_time/h100-library-op-2026-11-27/)
+            lin = self._maps(x, False) if lin is None else lin
+            return F.logsigmoid(lin("fgate", self.fgate_proj).float())
         B, T, _ = x.shape
         return F.logsigmoid(self.fgate_bias.float()).expand(B, T, -1)
 
