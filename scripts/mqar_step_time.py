@@ -7,8 +7,8 @@ loss, schedule, optimizer and clipping) on batches of the preset's size drawn fr
 such models at once in threads of this process, each on its own CUDA stream (as ``evalsuite mqar --threads N``):
 after ``--warmup`` steps they meet at a barrier, then each times ``--steps`` steps. Reported per combination:
 ``ms_per_step`` (the window from the barrier to the last cell's end, over the steps one cell made: the step time a
-cell sees with N cells sharing the GPU) and ``cell_steps_per_s`` (all cells' steps per second). One JSON line per
-combination, all written to ``--out``.
+cell sees with N cells sharing the GPU) and ``cell_steps_per_s`` (all cells' steps per second); compiled steps also
+``graph_breaks`` (dynamo's, in the forward and loss). One JSON line per combination, all written to ``--out``.
 
 Usage (GPU machine): PYTHONPATH=. python3 scripts/mqar_step_time.py --out step_time.json \
     [--models fox-pro,gsa] [--amp none,tf32,auto] [--graph eager,graph] [--cells 1,8] [--attention auto,dense]
@@ -111,6 +111,21 @@ def top_kernels(profiler, on_gpu: bool) -> dict:
     }
 
 
+def graph_breaks(name, amp, backend) -> int:
+    """Graph breaks dynamo finds in the cell's forward and loss (``torch._dynamo.explain``; 0: one compiled graph).
+    Dynamo's rules move between torch versions: a break the CPU's torch does not make can appear on the GPU's."""
+    model = build_model(resolve_model(name), sweep.overrides(name, args.d_model)).to(device)
+    model.set_attention_backend(backend)
+    bf16 = on_gpu and amp == "auto"
+
+    def forward_loss(inputs, labels):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            return loss_fn(model, inputs, labels)
+
+    torch._dynamo.reset()
+    return torch._dynamo.explain(forward_loss)(x[:8], y[:8]).graph_break_count
+
+
 def measure(name, amp, backend, graph, cells) -> dict:
     torch.backends.cuda.matmul.allow_tf32 = amp == "tf32"
     barrier, times, errors, setup, kernels = threading.Barrier(cells), [], [], [], []
@@ -150,6 +165,8 @@ for name, amp, backend, graph, cells in itertools.product(
         continue
     rec = {"model": name, "d_model": args.d_model, "seq_len": seq_len, "batch": batch, "amp": amp,
            "attention": backend, "graph": graph, "cells": cells}  # fmt: skip
+    if graph == "compile":
+        rec["graph_breaks"] = graph_breaks(name, amp, backend)
     rec.update(measure(name, amp, backend, graph, cells))
     records.append(rec)
     print(json.dumps(rec), flush=True)
