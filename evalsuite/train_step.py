@@ -37,7 +37,8 @@ class EagerStep:
     """``step(inputs, labels, lr)``: one optimizer step on a ``[B, T]`` batch at learning rate ``lr``.
 
     ``loss_sum`` accumulates the training loss over steps on the device (the loop reads and zeroes it at log
-    steps, the one host sync); ``grad_norm`` holds the last pre-clipping gradient norm (0 without clipping).
+    steps, the one host sync); ``grad_norm`` holds the last gradient norm (before clipping, where the recipe clips;
+    measured without clipping too, so that a spike before a collapse shows in the history).
     """
 
     def __init__(
@@ -70,6 +71,8 @@ class EagerStep:
         loss.backward()
         if self.grad_clip is not None:
             self.grad_norm.copy_(torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip))
+        else:
+            self.grad_norm.copy_(torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None]))
         self.optimizer.step()
         self.loss_sum.add_(loss.detach())
 

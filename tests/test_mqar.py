@@ -242,6 +242,15 @@ def test_forget_gate_stats():
                for g, t in zip(zero["forget_gate_mean"], zero["forget_time_scale"], strict=True))  # fmt: skip
     assert all(t > 30 for t in opened["forget_time_scale"]) and all(g > 0.95 for g in opened["forget_gate_mean"])
     assert forget_gate_stats(build_model(resolve_model("transformer-llama"), over), ids) == {}
+    # GSA's slot gates, log alpha = logsigmoid(W x) / tau: near W x = 0 the time scale is tau / ln 2 (fork: tau = 16)
+    gsa = build_model(resolve_model("gsa"), {**over, "num_slots": 8, "gate_logit_normalizer": 16.0})
+    with torch.no_grad():
+        for layer in gsa.modules():
+            if hasattr(layer, "forget_gate"):
+                layer.forget_gate()[0].weight.mul_(1e-3)
+    slots = forget_gate_stats(gsa, ids)
+    assert len(slots["forget_time_scale"]) == 3
+    assert all(abs(t - 16 / math.log(2)) < 0.5 for t in slots["forget_time_scale"]), slots
 
 
 def test_recipe_fields_keep_old_cell_hashes():

@@ -194,6 +194,12 @@ def test_train_learns_and_stops_early():
     assert result.best_eval["accuracy"] == result.final_eval["accuracy"]
     losses = [h["loss"] for h in result.history]
     assert losses[-1] < losses[0] and all("lr" in h and "grad_norm" in h for h in result.history)
+    # measured with or without clipping (Zoology's recipe clips nothing; a spike before a collapse must show)
+    assert cfg.grad_clip is not None and all(h["grad_norm"] > 0 for h in result.history)
+    unclipped = TrainConfig(lr=3e-2, max_steps=10, warmup_steps=5, log_every=5, grad_clip=None)
+    history = train(build_model(tiny_card(), TINY, seed=0), shuffled_batches(x, y, 32, np.random.default_rng(0)),
+                    unclipped).history  # fmt: skip
+    assert len(history) == 2 and all(h["grad_norm"] > 0 for h in history)
 
 
 def test_train_is_deterministic_on_cpu():

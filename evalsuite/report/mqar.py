@@ -167,8 +167,8 @@ def plot_accuracy_vs_state(best: pd.DataFrame, out_stem: Path | str) -> list[Pat
 
 def plot_training_curves(records: Iterable[dict], best: pd.DataFrame, out_stem: Path | str) -> list[Path]:
     """One column per (setting, d_model): test accuracy, training loss and the forget gates' time scale (mean over
-    layers of ``-1 / mean log f``, log scale; FoX models only) against the optimizer step, for the best-lr cell of
-    every model (``best``: :func:`best_over_lr`). PNG + PDF."""
+    layers of ``-1 / mean log f``, log scale; models with data-dependent gates: FoX, GSA) against the optimizer
+    step, for the best-lr cell of every model (``best``: :func:`best_over_lr`). PNG + PDF."""
     chosen = {(r["model"], r["length"], r["num_kv_pairs"], r["d_model"], r["lr"]) for _, r in best.iterrows()}
     cells = [r for r in records if (r.get("model"), r.get("length"), r.get("num_kv_pairs"), r.get("d_model"),
                                     r.get("lr")) in chosen and r.get("history")]  # fmt: skip

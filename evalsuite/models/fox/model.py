@@ -234,6 +234,11 @@ class ForgettingAttention(nn.Module):
         B, T, _ = x.shape
         return lin(name, proj).view(B, T, self.cfg.num_heads, -1), None
 
+    def forget_gate(self) -> tuple[nn.Linear, float] | None:
+        """The data-dependent forget gate as ``(projection, tau)``, ``log f = logsigmoid(projection(x)) / tau``, for
+        statistics taken during training (:func:`evalsuite.tasks.mqar.cell.forget_gate_stats`); None without one."""
+        return (self.fgate_proj, 1.0) if self.cfg.fgate_type == "full" else None
+
     def log_forget(self, x: torch.Tensor, lin=None) -> torch.Tensor | None:
         """log f_t per head, ``[B, T, H]`` float32, or None without a forget gate (``lin``: see :meth:`_maps`)."""
         if self.cfg.fgate_type == "none":

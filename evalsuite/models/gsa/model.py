@@ -118,6 +118,11 @@ class GatedSlotAttention(nn.Module):
             self.g_norm = RMSNorm(D, cfg.norm_eps)  # sized by hidden_size, as in fla (``g_norm`` in fla's layer)
         self.o_proj = nn.Linear(cfg.value_dim, D, bias=False)
 
+    def forget_gate(self) -> tuple[nn.Linear, float]:
+        """The slot gates as ``(projection, tau)``: ``log alpha = logsigmoid(projection(x)) / tau`` (as FoX's
+        ``forget_gate``, for :func:`evalsuite.tasks.mqar.cell.forget_gate_stats`)."""
+        return self.f_proj, self.cfg.gate_logit_normalizer
+
     def forward(self, x, pad=None, state=None, backend="auto"):
         """x: ``[B, T, D]`` normed input; pad: ``[B, T]`` bool or None; state: this layer's ``(hk, hv)`` or None.
         Returns the output ``[B, T, D]`` and the new state (None without one)."""

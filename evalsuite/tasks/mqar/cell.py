@@ -39,13 +39,15 @@ GATE_STATS_EXAMPLES = 64  # test examples the forget-gate statistics are taken o
 
 @torch.no_grad()
 def forget_gate_stats(model: torch.nn.Module, inputs: torch.Tensor) -> dict:
-    """Per layer (in call order), the mean forget gate ``f = sigmoid(w_f.x + b_f)`` over positions and heads and the
-    memory time scale it implies, ``-1 / mean(log f)`` (the distance over which the average gate decays a key by
-    1/e, as the FoX paper's Appendix D counts it), on ``inputs [B, T]``. Data-dependent gates only (modules named
-    ``fgate_proj``, FoX's full gate); ``{}`` for models without one."""
+    """Per layer (in call order), the mean forget gate over positions, heads (and GSA's slots) and the memory time
+    scale it implies, ``-1 / mean(log f)`` (the distance over which the average gate decays a key by 1/e, as the
+    FoX paper's Appendix D counts it), on ``inputs [B, T]``. Data-dependent gates only: every module whose
+    ``forget_gate()`` names one (FoX's full gate, GSA's slot gates ``log alpha = logsigmoid(.) / tau``); ``{}`` for
+    models without one."""
     log_f: list[torch.Tensor] = []
-    hooks = [module.register_forward_hook(lambda _m, _i, out: log_f.append(F.logsigmoid(out.float())))
-             for name, module in model.named_modules() if name.endswith("fgate_proj")]  # fmt: skip
+    gates = [gate for module in model.modules() if hasattr(module, "forget_gate") and (gate := module.forget_gate())]
+    hooks = [proj.register_forward_hook(lambda _m, _i, out, tau=tau: log_f.append(F.logsigmoid(out.float()) / tau))
+             for proj, tau in gates]  # fmt: skip
     if not hooks:
         return {}
     was_training = model.training
@@ -106,7 +108,7 @@ def run_cell(
     batches = shuffled_batches(train_x, train_y, sweep.batch_for(cell.seq_len), order_rng)
     test_batches = fixed_batches(test_x, test_y, sweep.eval_batch_size)
 
-    def evaluate(m):  # accuracy, and how open FoX's forget gates are (issue #13: the gates' role in learning)
+    def evaluate(m):  # accuracy, and how open FoX's and GSA's gates are (issue #13: the gates' role in learning)
         with autocast(amp_dtype, device):  # as the accuracy is measured (FoX's Triton kernel takes bf16 only)
             gates = forget_gate_stats(m, test_x[:GATE_STATS_EXAMPLES])
         return {**masked_accuracy(m, test_batches(), amp_dtype), **gates}
