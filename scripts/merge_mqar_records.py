@@ -15,12 +15,13 @@ import argparse
 import json
 from pathlib import Path
 
+from evalsuite.rundir import shard_files
 from evalsuite.store import append_jsonl, read_jsonl
 
 
 def source_records(directory: Path) -> list[dict]:
     """Every record of a sweep directory: ``records.jsonl``, then the rank files of an unmerged torchrun run."""
-    files = [directory / "records.jsonl", *sorted(directory.glob("records.rank-*.jsonl"))]
+    files = [directory / "records.jsonl", *shard_files(directory)]
     return [r for f in files if f.is_file() for r in read_jsonl(f)]
 
 

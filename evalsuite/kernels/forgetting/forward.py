@@ -15,8 +15,6 @@ Design notes:
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
@@ -241,7 +239,7 @@ def _fwd(q, k, v, cum, scale, config=None, tma=None):
 # rewrite of the Triton kernel failed to compile, torch 2.11 / triton 3.6). The forward returns the fp32 LSE
 # ``[B, H, T]`` the backward reuses; the backward returns an empty dcum without a gate.
 @torch.library.custom_op("evalsuite::forgetting_attention_fwd", mutates_args=())
-def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cum: torch.Tensor | None, scale: float) -> tuple[
+def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cum: torch.Tensor | None, scale: float | None) -> tuple[
     torch.Tensor, torch.Tensor
 ]:  # fmt: skip
     return _fwd(q, k, v, cum, scale)
@@ -256,7 +254,7 @@ def _(q, k, v, cum, scale):
 @torch.library.custom_op("evalsuite::forgetting_attention_bwd", mutates_args=())
 def _bwd_op(
     do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cum: torch.Tensor | None, o: torch.Tensor,
-    lse: torch.Tensor, scale: float,
+    lse: torch.Tensor, scale: float | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     dq, dk, dv, dcum = _bwd(do, q, k, v, cum, o, lse, scale)
     return dq, dk, dv, lse.new_empty(0) if dcum is None else dcum
@@ -305,4 +303,4 @@ def forgetting_attention_triton(q, k, v, cum=None, *, scale=None):
         if cum.shape != (B, T, H):
             raise ValueError(f"cum must be [B, T, H] = {(B, T, H)}; got {tuple(cum.shape)}")
         cum = cum.float()
-    return _fwd_op(q, k, v, cum, 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale))[0]
+    return _fwd_op(q, k, v, cum, None if scale is None else float(scale))[0]
