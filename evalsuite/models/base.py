@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import ClassVar
 
 import torch
@@ -152,18 +152,52 @@ class StaticDecoder(ABC):
         return None
 
 
-class RecurrentStaticDecoder(StaticDecoder):
+class DeviceStepDecoder(StaticDecoder):
+    """A static decoder whose step is a device part, :meth:`_step_on_device` (what a CUDA graph replays and
+    :meth:`compile_step` puts through ``torch.compile``), plus the host-side count ``state.length``, kept out of the
+    compiled code (a Python int changing inside it would recompile the step at every position). FoX's decoder and
+    :class:`RecurrentStaticDecoder`."""
+
+    compiled = False
+
+    @abstractmethod
+    def _step_on_device(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The step without host-side counts: ids ``[B, 1]`` -> hidden state ``[B, D]``; advances the state."""
+
+    def step(self, input_ids: torch.Tensor) -> torch.Tensor:
+        hidden = (_compiled_step(type(self)) if self.compiled else type(self)._step_on_device)(self, input_ids)
+        self.state.length += 1
+        return hidden
+
+    def compile_step(self) -> bool:
+        _compiled_step(type(self))
+        self.compiled = True
+        return True
+
+
+# One torch.compile per decoder class, of its unbound step, shared by every decoder of the class. Not a compiled bound
+# method kept on the decoder: that reference cycle left each decoder's KV cache (GBs at long context) to the cyclic
+# garbage collector, and NIAH grids ran out of device memory on the H100 (2026-11-26). Each recompiles once, dynamic
+# in the shapes that changed (FoX's cache size), when a decoder of another size comes.
+_COMPILED_STEPS: dict[type, Callable] = {}
+
+
+def _compiled_step(cls: type) -> Callable:
+    if cls not in _COMPILED_STEPS:
+        _COMPILED_STEPS[cls] = torch.compile(cls._step_on_device)
+    return _COMPILED_STEPS[cls]
+
+
+class RecurrentStaticDecoder(DeviceStepDecoder):
     """The static decoder of a family with a :class:`RecurrentState` (GSA, TNL): the state is fixed-size already;
     the step copies each layer's new state into buffers allocated once (the layers return new tensors), and the
     family's ``forward`` takes positions from the state's device counter (:meth:`RecurrentState.absolute_positions`).
-    ``graph_safe``: the family's one-token kernel runs without a host sync (its Triton step on CUDA).
-    :meth:`compile_step` puts that device part through ``torch.compile``; the host-side position count stays out."""
+    ``graph_safe``: the family's one-token kernel runs without a host sync (its Triton step on CUDA)."""
 
     def __init__(self, model: CausalLM, batch: int, start: torch.Tensor | None, graph_safe: bool):
         self.model, self.graph_safe = model, graph_safe
         self.state = model.new_state(batch, 0, start)
         self.state.position = torch.zeros(1, dtype=torch.long, device=model.input_embedding.weight.device)
-        self.compiled = False
 
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
         hidden = self.model.prefill(input_ids, self.state)
@@ -173,33 +207,14 @@ class RecurrentStaticDecoder(StaticDecoder):
         self._buffers = list(self.state.layers)
         return hidden
 
-    def step(self, input_ids: torch.Tensor) -> torch.Tensor:
-        step = _compiled_recurrent_step if self.compiled else RecurrentStaticDecoder._step_on_device
-        hidden = step(self, input_ids)
-        self.state.length += 1  # the host-side count, outside what compile_step compiles
-        return hidden
-
-    def compile_step(self) -> bool:
-        global _compiled_recurrent_step
-        if _compiled_recurrent_step is None:
-            _compiled_recurrent_step = torch.compile(RecurrentStaticDecoder._step_on_device)
-        self.compiled = True
-        return True
-
     def _step_on_device(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """The step without host-side counts: the forward with the state, its new layer states copied into the
-        buffers allocated at prefill (what a CUDA graph replays, and ``torch.compile`` may fuse)."""
+        """The forward with the state, its new layer states copied into the buffers allocated at prefill."""
         hidden = self.model(input_ids, state=self.state)[:, -1]
         for buffer, new in zip(_tensors(self._buffers), _tensors(self.state.layers), strict=True):
             if new is not buffer:
                 buffer.copy_(new)
         self.state.layers = list(self._buffers)
         return hidden
-
-
-# One torch.compile of the unbound step, shared by every recurrent decoder (as FoX's, evalsuite/models/fox/decoder.py:
-# a compiled bound method kept on the decoder would tie its state to the cyclic garbage collector).
-_compiled_recurrent_step = None
 
 
 class CausalLM(nn.Module, ABC):

@@ -14,13 +14,13 @@ from __future__ import annotations
 import torch
 
 from evalsuite.kernels.forgetting import cached_attention_graph_safe
-from evalsuite.models.base import StaticDecoder
+from evalsuite.models.base import DeviceStepDecoder
 
 # Whether static decoders stack the step's weights; False only to measure without (scripts/profile_decode.py).
 PACK_STEP = True
 
 
-class FoxStaticDecoder(StaticDecoder):
+class FoxStaticDecoder(DeviceStepDecoder):
     """Static decoding for a :class:`~evalsuite.models.fox.model.ForgettingTransformer` (any of its four
     architectures). ``length`` (``[1]`` long, on the model's device) counts the cached positions."""
 
@@ -32,7 +32,6 @@ class FoxStaticDecoder(StaticDecoder):
         device = model.embed.weight.device
         self.length = torch.zeros(1, dtype=torch.long, device=device)
         self.graph_safe = cached_attention_graph_safe(self.state.layers[0].k, model.attention_backend)
-        self.compiled = False
 
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
         hidden = self.model.prefill(input_ids, self.state)
@@ -41,18 +40,6 @@ class FoxStaticDecoder(StaticDecoder):
             layer.k_prev = None if layer.k_prev is None else layer.k_prev.clone()
             layer.v_prev = None if layer.v_prev is None else layer.v_prev.clone()
         return hidden
-
-    def step(self, input_ids: torch.Tensor) -> torch.Tensor:
-        hidden = (_compiled_step if self.compiled else FoxStaticDecoder._step_on_device)(self, input_ids)
-        self.state.length += 1  # the host-side count, outside what compile_step compiles
-        return hidden
-
-    def compile_step(self) -> bool:
-        global _compiled_step
-        if _compiled_step is None:  # dynamic in the cache size after the first new size
-            _compiled_step = torch.compile(FoxStaticDecoder._step_on_device)
-        self.compiled = True
-        return True
 
     def _step_on_device(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The step without host-side state: what a CUDA graph replays (and ``torch.compile`` may fuse)."""
@@ -66,9 +53,3 @@ class FoxStaticDecoder(StaticDecoder):
             h = block.step(h, positions, cache, self.length, state.start, model.attention_backend)
         self.length += 1
         return model.norm(h)[:, -1]
-
-
-# One torch.compile of the unbound step, shared by every decoder. Not a compiled bound method kept on the decoder:
-# that reference cycle left each decoder's KV cache (GBs at long context) to the cyclic garbage collector, and NIAH
-# grids ran out of device memory on the H100 (2026-11-26).
-_compiled_step = None
