@@ -10,9 +10,8 @@ import threading
 import pytest
 
 # The kernel tests run the Triton kernels under the interpreter. Set here, before any test module imports triton:
-# triton's own jit'd library functions (tl.sum's combine, ...) follow the setting at triton's import, and importing
-# a model family's package imports its one-token Triton step (the kernel modules rebuild themselves for the
-# interpreter, conftest.interpreted_kernel_modules; triton's library cannot).
+# triton's own jit'd library functions (tl.sum's combine, ...) and our kernels follow the setting when they are
+# built, and importing a model family's package builds its one-token Triton step (interpreted_kernel_modules checks).
 os.environ["TRITON_INTERPRET"] = "1"
 
 
