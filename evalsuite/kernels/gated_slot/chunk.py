@@ -48,6 +48,12 @@ from evalsuite.kernels.gated_slot.common import check_dtypes, check_sizes, confi
 from evalsuite.kernels.gated_slot.reference import _check
 
 F32 = torch.float32
+# log alpha is clamped here: alpha = e^-20 = 2e-9 keeps less than 1/50 of a float32 ulp of the old state, so the
+# result is the exact one to float32 precision, and the in-chunk cumsum b stays within 64 * 20 (its rounding, ulp(b),
+# is the error of every decay factor exp(b_r - b_s) taken as a difference; unclamped, one saturated gate of -1e4
+# would leave the rest of its chunk with decay errors of order 1). The gradient of a clamped entry is 0 (it is
+# proportional to alpha).
+LOG_ALPHA_FLOOR = -20.0
 
 
 def _dims(k, v, g, cfg):
@@ -196,6 +202,6 @@ def gsa_chunk_triton(q, k, v, log_alpha, scale: float = 1.0, initial_state=None,
     if initial_state is not None:
         h0k, h0v = _slot_major(initial_state[0]), initial_state[1].to(F32).contiguous()
     q, k, v = (x.contiguous() for x in (q, k, v))
-    g = log_alpha.to(F32).contiguous()
+    g = log_alpha.to(F32).clamp(min=LOG_ALPHA_FLOOR).contiguous()
     o, hk, hv = _GSAChunk.apply(q, k, v, g, float(scale), h0k, h0v, output_final_state)
     return o, ((hk, hv) if output_final_state else None)

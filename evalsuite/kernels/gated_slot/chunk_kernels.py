@@ -148,26 +148,19 @@ def _state_bwd_kernel(Q, DO, Z, DP, G, DHTK, DHTV, DHSK, DHSV, DH0K, DH0V, T, H,
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Per-chunk kernels. ``rows`` = chunk-local row index, ``blk`` = its sub-chunk; ``bc [C, M]`` the in-chunk cumsum
-# of g, ``mid_row [C, M]`` the reference point of each row's sub-chunk (module docstring).
+# Per-chunk kernels. ``rows`` = chunk-local row index, ``blk = rows // BC`` its sub-chunk; ``bc [C, M]`` the in-chunk
+# cumsum of g. Pairs in different sub-chunks go through tl.dot with the decay factored at a sub-chunk boundary (both
+# factors <= 1); pairs in one sub-chunk are summed lag by lag with their exact decay (module docstring).
 # ----------------------------------------------------------------------------------------------------------------
 
 
 @triton.jit
-def _chunk_gates(G, row, ok, M: tl.constexpr, C: tl.constexpr, BC: tl.constexpr):
-    """``(g, b, s, mid_row)`` of one chunk, float32 ``[C, M]``: log gates (0 past T), their in-chunk inclusive
-    cumsum, the write strength ``s = -expm1(g)`` and, per row, b at the middle row of the row's sub-chunk."""
-    NC: tl.constexpr = C // BC
-    rows = tl.arange(0, C)
-    offs_m = tl.arange(0, M)
-    g = tl.load(G + row[:, None] * M + offs_m[None, :], mask=ok[:, None], other=0.0)
-    bc = tl.cumsum(g, 0)
+def _chunk_gates(G, row, ok, M: tl.constexpr):
+    """``(g, b, s)`` of one chunk, float32 ``[C, M]``: log gates (0 past T), their in-chunk inclusive cumsum and the
+    write strength ``s = -expm1(g)``."""
+    g = tl.load(G + row[:, None] * M + tl.arange(0, M)[None, :], mask=ok[:, None], other=0.0)
     w = tl.where(g > -0.1, -g * (1 + g * (0.5 + g * (E3 + g * (E4 + g * E5)))), 1 - tl.exp(g))
-    mid_row = tl.zeros([C, M], dtype=tl.float32)
-    for R in tl.static_range(NC):
-        mid = tl.sum(tl.where(rows[:, None] == R * BC + BC // 2 - 1, bc, 0.0), 0)  # exact: one term, rest 0
-        mid_row = tl.where((rows // BC)[:, None] == R, mid[None, :], mid_row)
-    return g, bc, w, mid_row
+    return g, tl.cumsum(g, 0), w
 
 
 @triton.jit
@@ -182,6 +175,7 @@ def _read_kernel(X, Y, G, HS, OUT, T, H, NT, scale, M: tl.constexpr, D: tl.const
     h = bh % H
     NC: tl.constexpr = C // BC
     rows = tl.arange(0, C)
+    blk = rows // BC
     offs_m = tl.arange(0, M)
     offs_d = tl.arange(0, BD)
     t = n * C + rows
@@ -192,20 +186,27 @@ def _read_kernel(X, Y, G, HS, OUT, T, H, NT, scale, M: tl.constexpr, D: tl.const
         x = tl.load(X + row[:, None] * D + d0 + offs_d[None, :], mask=ok[:, None], other=0.0).to(DT).to(MT)
         y = tl.load(Y + row[:, None] * D + d0 + offs_d[None, :], mask=ok[:, None], other=0.0).to(DT).to(MT)
         a = tl.dot(x, tl.trans(y), a, input_precision=PREC)
-    a = tl.where(rows[:, None] >= rows[None, :], a, 0.0).to(GT).to(GMT)
-    g = tl.load(G + row[:, None] * M + offs_m[None, :], mask=ok[:, None], other=0.0)
-    bc = tl.cumsum(g, 0)
-    w = tl.where(g > -0.1, -g * (1 + g * (0.5 + g * (E3 + g * (E4 + g * E5)))), 1 - tl.exp(g))
+    g, bc, w = _chunk_gates(G, row, ok, M)
     acc = tl.zeros([C, M], dtype=tl.float32)
-    mid_row = tl.zeros([C, M], dtype=tl.float32)
-    for R in tl.static_range(NC):  # rows of sub-chunk R against columns s < R*BC + BC, through mid_R
-        mid = tl.sum(tl.where(rows[:, None] == R * BC + BC // 2 - 1, bc, 0.0), 0)  # exact: one term, rest 0
-        mid_row = tl.where((rows // BC)[:, None] == R, mid[None, :], mid_row)
-        live = rows[:, None] < R * BC + BC
-        wt = tl.where(live, w * tl.exp(tl.where(live, mid[None, :] - bc, 0.0)), 0.0)
-        a_r = tl.where((rows // BC)[:, None] == R, a, 0.0)
-        acc = tl.dot(a_r, wt.to(GT).to(GMT), acc, input_precision=GPREC)
-    acc = acc * tl.exp(bc - mid_row)
+    ref = bc  # per row: b at the row before its sub-chunk (rows of sub-chunk 0 have no earlier columns)
+    for R in tl.static_range(1, NC):  # rows of sub-chunk R against the columns s < R*BC, through p = b_{R*BC-1}
+        p = tl.sum(tl.where(rows[:, None] == R * BC - 1, bc, 0.0), 0)  # exact: one term, rest 0
+        ref = tl.where((blk == R)[:, None], p[None, :], ref)
+        early = rows[:, None] < R * BC
+        wt = tl.where(early, w * tl.exp(tl.where(early, p[None, :] - bc, 0.0)), 0.0)  # p - b_s <= 0
+        a_r = tl.where((blk == R)[:, None], a, 0.0)
+        acc = tl.dot(a_r.to(GT).to(GMT), wt.to(GT).to(GMT), acc, input_precision=GPREC)
+    acc = acc * tl.exp(bc - ref)  # b_r - p <= 0
+    span = tl.zeros([C, M], dtype=tl.float32)  # sum of g over rows (r - l, r]: b_r - b_{r-l}, exactly
+    g_l = g
+    for lag in tl.static_range(BC):  # the pairs (r, s = r - lag) inside one sub-chunk
+        same = rows % BC >= lag
+        if lag > 0:
+            span += g_l  # g at row r - lag + 1
+            g_l = tl.load(G + (row - lag * H)[:, None] * M + offs_m[None, :], mask=(same & ok)[:, None], other=0.0)
+        w_l = tl.where(g_l > -0.1, -g_l * (1 + g_l * (0.5 + g_l * (E3 + g_l * (E4 + g_l * E5)))), 1 - tl.exp(g_l))
+        a_l = tl.sum(tl.where(rows[None, :] == rows[:, None] - lag, a, 0.0), 1)  # a[r, r - lag]
+        acc += tl.where(same[:, None], a_l[:, None] * w_l * tl.exp(span), 0.0)
     hs = HS + (bh.to(tl.int64) * (NT + 1) + n) * M * D
     inter = tl.zeros([C, M], dtype=tl.float32)  # x_r . H0 (the chunk-start state)
     for d0 in tl.static_range(0, D, BD):
@@ -229,22 +230,32 @@ def _write_kernel(Y, U, Z, DP, G, HS, OUT, T, H, NT, scale, MODE: tl.constexpr, 
     h = bh % H
     NC: tl.constexpr = C // BC
     rows = tl.arange(0, C)
+    blk = rows // BC
     offs_m = tl.arange(0, M)
     offs_d = i_d * BD + tl.arange(0, BD)
     t = n * C + rows
     ok = t < T
     row = (b * T + t).to(tl.int64) * H + h
-    g, bc, w, mid_row = _chunk_gates(G, row, ok, M, C, BC)
+    g, bc, w = _chunk_gates(G, row, ok, M)
     u = _load_u(U, Z, DP, row, ok, scale, M, MODE)
-    uq = u * tl.exp(bc - mid_row)
     a = tl.zeros([C, C], dtype=tl.float32)  # <u_r, s_s exp(b_r - b_s)>
-    for R in tl.static_range(NC):
-        mid = tl.sum(tl.where(rows[:, None] == R * BC + BC // 2 - 1, bc, 0.0), 0)
-        live = rows[:, None] < R * BC + BC
-        wt = tl.where(live, w * tl.exp(tl.where(live, mid[None, :] - bc, 0.0)), 0.0)
-        u_r = tl.where((rows // BC)[:, None] == R, uq, 0.0)
+    for R in tl.static_range(1, NC):  # rows of sub-chunk R against s < R*BC, through p = b_{R*BC-1}
+        p = tl.sum(tl.where(rows[:, None] == R * BC - 1, bc, 0.0), 0)
+        in_r = (blk == R)[:, None]
+        u_r = tl.where(in_r, u * tl.exp(tl.where(in_r, bc - p[None, :], 0.0)), 0.0)
+        early = rows[:, None] < R * BC
+        wt = tl.where(early, w * tl.exp(tl.where(early, p[None, :] - bc, 0.0)), 0.0)
         a = tl.dot(u_r.to(GT).to(GMT), tl.trans(wt).to(GT).to(GMT), a, input_precision=GPREC)
-    a = tl.where(rows[:, None] >= rows[None, :], a, 0.0)
+    span = tl.zeros([C, M], dtype=tl.float32)
+    g_l = g
+    for lag in tl.static_range(BC):  # a[r, r - lag] inside one sub-chunk
+        same = rows % BC >= lag
+        if lag > 0:
+            span += g_l
+            g_l = tl.load(G + (row - lag * H)[:, None] * M + offs_m[None, :], mask=(same & ok)[:, None], other=0.0)
+        w_l = tl.where(g_l > -0.1, -g_l * (1 + g_l * (0.5 + g_l * (E3 + g_l * (E4 + g_l * E5)))), 1 - tl.exp(g_l))
+        a_l = tl.sum(tl.where(same[:, None], u * w_l * tl.exp(span), 0.0), 1)
+        a += tl.where(rows[None, :] == rows[:, None] - lag, a_l[:, None], 0.0)
     y = tl.load(Y + row[:, None] * D + offs_d[None, :], mask=ok[:, None], other=0.0)
     acc = tl.zeros([C, BD], dtype=tl.float32)
     acc = tl.dot(a.to(DT).to(MT), y.to(DT).to(MT), acc, input_precision=PREC)
@@ -267,22 +278,32 @@ def _write_rev_kernel(X, U, Z, DP, G, DHS, OUT, T, H, NT, scale, MODE: tl.conste
     h = bh % H
     NC: tl.constexpr = C // BC
     rows = tl.arange(0, C)
+    blk = rows // BC
     offs_m = tl.arange(0, M)
     offs_d = i_d * BD + tl.arange(0, BD)
     t = n * C + rows
     ok = t < T
     row = (b * T + t).to(tl.int64) * H + h
-    g, bc, w, mid_row = _chunk_gates(G, row, ok, M, C, BC)
+    g, bc, w = _chunk_gates(G, row, ok, M)
     u = _load_u(U, Z, DP, row, ok, scale, M, MODE)
-    wq = w * tl.exp(mid_row - bc)
     a = tl.zeros([C, C], dtype=tl.float32)  # [r, t]: <u_t, s_r exp(b_t - b_r)>
-    for R in tl.static_range(NC):  # rows r of sub-chunk R against t >= R*BC
-        mid = tl.sum(tl.where(rows[:, None] == R * BC + BC // 2 - 1, bc, 0.0), 0)
-        live = rows[:, None] >= R * BC
-        ut = tl.where(live, u * tl.exp(tl.where(live, bc - mid[None, :], 0.0)), 0.0)
-        w_r = tl.where((rows // BC)[:, None] == R, wq, 0.0)
+    for R in tl.static_range(NC - 1):  # rows of sub-chunk R against t >= (R+1)*BC, through q = b at R's last row
+        q = tl.sum(tl.where(rows[:, None] == R * BC + BC - 1, bc, 0.0), 0)
+        in_r = (blk == R)[:, None]
+        w_r = tl.where(in_r, w * tl.exp(tl.where(in_r, q[None, :] - bc, 0.0)), 0.0)  # q - b_r <= 0
+        late = rows[:, None] >= R * BC + BC
+        ut = tl.where(late, u * tl.exp(tl.where(late, bc - q[None, :], 0.0)), 0.0)  # b_t - q <= 0
         a = tl.dot(w_r.to(GT).to(GMT), tl.trans(ut).to(GT).to(GMT), a, input_precision=GPREC)
-    a = tl.where(rows[None, :] >= rows[:, None], a, 0.0)
+    span = tl.zeros([C, M], dtype=tl.float32)  # sum of g over rows (r, r + l]: b_{r+l} - b_r, exactly
+    for lag in tl.static_range(BC):  # a[r, r + lag] inside one sub-chunk
+        same = rows % BC + lag < BC
+        u_l = u
+        if lag > 0:
+            ok_l = same & (t + lag < T)
+            span += tl.load(G + (row + lag * H)[:, None] * M + offs_m[None, :], mask=ok_l[:, None], other=0.0)
+            u_l = _load_u(U, Z, DP, row + lag * H, ok_l, scale, M, MODE)
+        a_l = tl.sum(tl.where(same[:, None], w * u_l * tl.exp(span), 0.0), 1)
+        a += tl.where(rows[None, :] == rows[:, None] + lag, a_l[:, None], 0.0)
     x = tl.load(X + row[:, None] * D + offs_d[None, :], mask=ok[:, None], other=0.0)
     acc = tl.zeros([C, BD], dtype=tl.float32)
     acc = tl.dot(a.to(DT).to(MT), x.to(DT).to(MT), acc, input_precision=PREC)
@@ -293,29 +314,44 @@ def _write_rev_kernel(X, U, Z, DP, G, DHS, OUT, T, H, NT, scale, MODE: tl.conste
 
 
 @triton.jit
-def _ds_pass(X, Y, dh, u, bc, bt, mid_row, row, ok, M: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-             C: tl.constexpr, BC: tl.constexpr, DT: tl.constexpr, MT: tl.constexpr, PREC: tl.constexpr,
-             GT: tl.constexpr, GMT: tl.constexpr, GPREC: tl.constexpr):  # fmt: skip
+def _ds_pass(X, Y, dh, G, Z, DP, bc, bt, t, row, ok, T, H, scale, MODE: tl.constexpr, M: tl.constexpr,
+             D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, BC: tl.constexpr, DT: tl.constexpr,
+             MT: tl.constexpr, PREC: tl.constexpr, GT: tl.constexpr, GMT: tl.constexpr,
+             GPREC: tl.constexpr):  # fmt: skip
     """dL/ds of one pass for the rows of a chunk, ``[C, M]``:
-    ``exp(bt - b_r) (dH y_r) + sum_{t>=r} (x_t . y_r) u_t exp(b_t - b_r)``; dh points at ``DHS[bh, n] [M, D]``."""
+    ``exp(bt - b_r) (dH y_r) + sum_{t>=r} (x_t . y_r) u_t exp(b_t - b_r)``, u from ``_load_u`` in MODE; dh points at
+    ``DHS[bh, n] [M, D]``."""
     NC: tl.constexpr = C // BC
     rows = tl.arange(0, C)
+    blk = rows // BC
     offs_m = tl.arange(0, M)
     offs_d = tl.arange(0, BD)
+    u = _load_u(G, Z, DP, row, ok, scale, M, MODE)
     a = tl.zeros([C, C], dtype=tl.float32)  # [r, t]: y_r . x_t
     for d0 in tl.static_range(0, D, BD):
         y = tl.load(Y + row[:, None] * D + d0 + offs_d[None, :], mask=ok[:, None], other=0.0).to(DT).to(MT)
         x = tl.load(X + row[:, None] * D + d0 + offs_d[None, :], mask=ok[:, None], other=0.0).to(DT).to(MT)
         a = tl.dot(y, tl.trans(x), a, input_precision=PREC)
-    a = tl.where(rows[None, :] >= rows[:, None], a, 0.0).to(GT).to(GMT)
     acc = tl.zeros([C, M], dtype=tl.float32)
-    for R in tl.static_range(NC):
-        mid = tl.sum(tl.where(rows[:, None] == R * BC + BC // 2 - 1, bc, 0.0), 0)
-        live = rows[:, None] >= R * BC
-        ut = tl.where(live, u * tl.exp(tl.where(live, bc - mid[None, :], 0.0)), 0.0)
-        a_r = tl.where((rows // BC)[:, None] == R, a, 0.0)
-        acc = tl.dot(a_r, ut.to(GT).to(GMT), acc, input_precision=GPREC)
-    acc = acc * tl.exp(mid_row - bc)
+    ref = bc  # per row: b at the last row of its sub-chunk (the last sub-chunk has no later columns)
+    for R in tl.static_range(NC - 1):  # rows of sub-chunk R against t >= (R+1)*BC, through q = b at R's last row
+        q = tl.sum(tl.where(rows[:, None] == R * BC + BC - 1, bc, 0.0), 0)
+        ref = tl.where((blk == R)[:, None], q[None, :], ref)
+        late = rows[:, None] >= R * BC + BC
+        ut = tl.where(late, u * tl.exp(tl.where(late, bc - q[None, :], 0.0)), 0.0)
+        a_r = tl.where((blk == R)[:, None], a, 0.0)
+        acc = tl.dot(a_r.to(GT).to(GMT), ut.to(GT).to(GMT), acc, input_precision=GPREC)
+    acc = acc * tl.exp(ref - bc)
+    span = tl.zeros([C, M], dtype=tl.float32)
+    for lag in tl.static_range(BC):  # the pairs (r, t = r + lag) inside one sub-chunk
+        same = rows % BC + lag < BC
+        u_l = u
+        if lag > 0:
+            ok_l = same & (t + lag < T)
+            span += tl.load(G + (row + lag * H)[:, None] * M + offs_m[None, :], mask=ok_l[:, None], other=0.0)
+            u_l = _load_u(G, Z, DP, row + lag * H, ok_l, scale, M, MODE)
+        a_l = tl.sum(tl.where(rows[None, :] == rows[:, None] + lag, a, 0.0), 1)  # a[r, r + lag]
+        acc += tl.where(same[:, None], a_l[:, None] * u_l * tl.exp(span), 0.0)
     inter = tl.zeros([C, M], dtype=tl.float32)  # y_r . dH
     for d0 in tl.static_range(0, D, BD):
         y = tl.load(Y + row[:, None] * D + d0 + offs_d[None, :], mask=ok[:, None], other=0.0).to(DT).to(MT)
@@ -358,15 +394,15 @@ def _dgate_kernel(Q, K, V, DO, Z, DP, G, HSK, HSV, DHSK, DHSV, DG, T, H, NT, sca
     for d0 in tl.static_range(0, DV, BD):
         tile = offs_m[:, None] * DV + d0 + offs_d[None, :]
         later += tl.sum(tl.load(dhv + tile) * tl.load(hv_end + tile), 1)
-    g, bc, w, mid_row = _chunk_gates(G, row, ok, M, C, BC)
+    g, bc, w = _chunk_gates(G, row, ok, M)
     bt = tl.sum(tl.where(rows[:, None] == C - 1, bc, 0.0), 0)
     offs = row[:, None] * M + offs_m[None, :]
-    # u of pass 1 is e = scale * dz, of pass 2 p (MODE 2 and 1 of _load_u); recomputed below for the combination,
-    # which is cheaper than keeping z, dp, p and dz live across both passes
-    u = _load_u(G, Z, DP, row, ok, scale, M, 2)
-    ds = _ds_pass(Q, K, dhk, u, bc, bt, mid_row, row, ok, M, DK, BD, C, BC, DT, MT, PREC, GT, GMT, GPREC)
-    u = _load_u(G, Z, DP, row, ok, scale, M, 1)
-    ds += _ds_pass(DO, V, dhv, u, bc, bt, mid_row, row, ok, M, DV, BD, C, BC, DT, MT, PREC, GT, GMT, GPREC)
+    # u of pass 1 is e = scale * dz (MODE 2 of _load_u), of pass 2 p (MODE 1); each pass loads its own, which is
+    # cheaper than keeping z, dp, p and dz live across both passes
+    ds = _ds_pass(Q, K, dhk, G, Z, DP, bc, bt, t, row, ok, T, H, scale, 2, M, DK, BD, C, BC, DT, MT, PREC, GT, GMT,
+                  GPREC)  # fmt: skip
+    ds += _ds_pass(DO, V, dhv, G, Z, DP, bc, bt, t, row, ok, T, H, scale, 1, M, DV, BD, C, BC, DT, MT, PREC, GT,
+                   GMT, GPREC)  # fmt: skip
     z = tl.load(Z + offs, mask=ok[:, None], other=0.0)
     dp = tl.load(DP + offs, mask=ok[:, None], other=0.0)
     ez = tl.exp(z - tl.max(z, 1)[:, None])
