@@ -24,17 +24,24 @@ The per-chunk kernels, one program per (chunk, [d tile,] batch*head), all built 
   passes (x,y,u = q,k,e and dO,v,p), then the log-gate gradient (see the kernel).
 
 In-chunk decays (the slot dimension m carries the gate, so ``exp(b_r - b_s)`` cannot be folded into one operand
-of a single product): the row r of sub-chunk R (rows ``[R*BC, R*BC + BC)``) uses the reference point
-``mid_R = b`` at the sub-chunk's middle row ``R*BC + BC/2 - 1`` and ``exp(b_r - b_s) = exp(b_r - mid_R) *
-exp(mid_R - b_s)``. For every pair that counts (``s <= r``, s at most the end of sub-chunk R) each factor spans at
-most ``BC/2 = 8`` tokens on one side of the middle, so ``|exponent| <= 8 * max|log alpha|``: finite in float32 /
-bfloat16 for per-token log alpha down to -10 (exp(80) < 3.4e38), the stability test's -5 included. Rows beyond the
-end of R are masked to 0 before their exponent is taken. fp16 operands could not hold exp(+40), so for fp16 inputs
-the gate-scaled products take float32 operands (tf32 on a GPU): ``common.dot_flags(gated=True)``.
-Each sub-chunk is one ``[C, C] x [C, .]`` product whose rows outside R are masked to 0 (the rows of the other
-sub-chunks add exact zeros), so every tile stays chunk-sized (``64 x 64`` on a GPU) and the row side and column
-side read the same register values of ``b`` (the factors of the s = r term cancel exactly). That costs NC = C/BC
-products instead of one per gated contraction: cheap next to the memory traffic.
+of a single product). Sub-chunks of BC rows (R: rows ``[R*BC, R*BC + BC)``); b never increases, so:
+
+* Pairs in different sub-chunks go through tl.dot with the decay factored at the boundary between them, both factors
+  ``<= 1``: forward kernels (read, write: s < r) take, for the rows of sub-chunk R against every s < R*BC,
+  ``p_R = b_{R*BC-1}`` and ``exp(b_r - b_s) = exp(b_r - p_R) exp(p_R - b_s)``; reverse kernels (write_rev, ds: t > r)
+  take, for the rows of R against every t >= (R+1)*BC, ``q_R`` = b at R's last row. A factor may underflow to 0 only
+  where the decay it belongs to is below float32's range anyway. One ``[C, C] x [C, .]`` product per sub-chunk (its
+  rows outside R masked to 0), so tiles stay chunk-sized (``64 x 64`` on a GPU).
+* Pairs in one sub-chunk are summed lag by lag (``tl.range(1, BC)``, a runtime loop: unrolled, the kernels took
+  minutes to compile for sm_90) in float32 registers, the decay ``exp(span)`` with ``span`` the sum of the log
+  gates between the two rows, accumulated exactly (never a difference of cumsums). The row-shifted gates come from
+  global memory (L1-resident); read, write and write_rev shift only g (write_rev indexes its lag terms by the later
+  row, a transposed placement), ds reloads the shifted rows' u.
+
+Every exponent is ``<= 0`` for any log alpha, so the kernels are exact for saturated gates (the mid-row factoring
+before 2026-11-27 overflowed to NaN beyond log alpha ~ -11 per token; ``test_extreme_gates_exact``). fp16 operands
+still take float32 (tf32) in the gate-scaled products (``common.dot_flags(gated=True)``): fp16 would flush the small
+factors early.
 """
 
 from __future__ import annotations
@@ -197,16 +204,15 @@ def _read_kernel(X, Y, G, HS, OUT, T, H, NT, scale, M: tl.constexpr, D: tl.const
         a_r = tl.where((blk == R)[:, None], a, 0.0)
         acc = tl.dot(a_r.to(GT).to(GMT), wt.to(GT).to(GMT), acc, input_precision=GPREC)
     acc = acc * tl.exp(bc - ref)  # b_r - p <= 0
-    span = tl.zeros([C, M], dtype=tl.float32)  # sum of g over rows (r - l, r]: b_r - b_{r-l}, exactly
-    g_l = g
-    for lag in tl.static_range(BC):  # the pairs (r, s = r - lag) inside one sub-chunk
+    acc += tl.sum(tl.where(rows[None, :] == rows[:, None], a, 0.0), 1)[:, None] * w  # s = r
+    span = g  # sum of g over rows (r - lag, r]: b_r - b_{r-lag}, exactly
+    for lag in tl.range(1, BC):  # the pairs (r, s = r - lag) inside one sub-chunk
         same = rows % BC >= lag
-        if lag > 0:
-            span += g_l  # g at row r - lag + 1
-            g_l = tl.load(G + (row - lag * H)[:, None] * M + offs_m[None, :], mask=(same & ok)[:, None], other=0.0)
+        g_l = tl.load(G + (row - lag * H)[:, None] * M + offs_m[None, :], mask=(same & ok)[:, None], other=0.0)
         w_l = tl.where(g_l > -0.1, -g_l * (1 + g_l * (0.5 + g_l * (E3 + g_l * (E4 + g_l * E5)))), 1 - tl.exp(g_l))
         a_l = tl.sum(tl.where(rows[None, :] == rows[:, None] - lag, a, 0.0), 1)  # a[r, r - lag]
         acc += tl.where(same[:, None], a_l[:, None] * w_l * tl.exp(span), 0.0)
+        span += g_l
     hs = HS + (bh.to(tl.int64) * (NT + 1) + n) * M * D
     inter = tl.zeros([C, M], dtype=tl.float32)  # x_r . H0 (the chunk-start state)
     for d0 in tl.static_range(0, D, BD):
@@ -246,16 +252,15 @@ def _write_kernel(Y, U, Z, DP, G, HS, OUT, T, H, NT, scale, MODE: tl.constexpr, 
         early = rows[:, None] < R * BC
         wt = tl.where(early, w * tl.exp(tl.where(early, p[None, :] - bc, 0.0)), 0.0)
         a = tl.dot(u_r.to(GT).to(GMT), tl.trans(wt).to(GT).to(GMT), a, input_precision=GPREC)
-    span = tl.zeros([C, M], dtype=tl.float32)
-    g_l = g
-    for lag in tl.static_range(BC):  # a[r, r - lag] inside one sub-chunk
+    a += tl.where(rows[None, :] == rows[:, None], tl.sum(u * w, 1)[:, None], 0.0)  # s = r
+    span = g  # b_r - b_{r-lag}
+    for lag in tl.range(1, BC):  # a[r, r - lag] inside one sub-chunk
         same = rows % BC >= lag
-        if lag > 0:
-            span += g_l
-            g_l = tl.load(G + (row - lag * H)[:, None] * M + offs_m[None, :], mask=(same & ok)[:, None], other=0.0)
+        g_l = tl.load(G + (row - lag * H)[:, None] * M + offs_m[None, :], mask=(same & ok)[:, None], other=0.0)
         w_l = tl.where(g_l > -0.1, -g_l * (1 + g_l * (0.5 + g_l * (E3 + g_l * (E4 + g_l * E5)))), 1 - tl.exp(g_l))
         a_l = tl.sum(tl.where(same[:, None], u * w_l * tl.exp(span), 0.0), 1)
         a += tl.where(rows[None, :] == rows[:, None] - lag, a_l[:, None], 0.0)
+        span += g_l
     y = tl.load(Y + row[:, None] * D + offs_d[None, :], mask=ok[:, None], other=0.0)
     acc = tl.zeros([C, BD], dtype=tl.float32)
     acc = tl.dot(a.to(DT).to(MT), y.to(DT).to(MT), acc, input_precision=PREC)
@@ -294,16 +299,16 @@ def _write_rev_kernel(X, U, Z, DP, G, DHS, OUT, T, H, NT, scale, MODE: tl.conste
         late = rows[:, None] >= R * BC + BC
         ut = tl.where(late, u * tl.exp(tl.where(late, bc - q[None, :], 0.0)), 0.0)  # b_t - q <= 0
         a = tl.dot(w_r.to(GT).to(GMT), tl.trans(ut).to(GT).to(GMT), a, input_precision=GPREC)
-    span = tl.zeros([C, M], dtype=tl.float32)  # sum of g over rows (r, r + l]: b_{r+l} - b_r, exactly
-    for lag in tl.static_range(BC):  # a[r, r + lag] inside one sub-chunk
-        same = rows % BC + lag < BC
-        u_l = u
-        if lag > 0:
-            ok_l = same & (t + lag < T)
-            span += tl.load(G + (row + lag * H)[:, None] * M + offs_m[None, :], mask=ok_l[:, None], other=0.0)
-            u_l = _load_u(U, Z, DP, row + lag * H, ok_l, scale, M, MODE)
-        a_l = tl.sum(tl.where(same[:, None], w * u_l * tl.exp(span), 0.0), 1)
-        a += tl.where(rows[None, :] == rows[:, None] + lag, a_l[:, None], 0.0)
+    a += tl.where(rows[None, :] == rows[:, None], tl.sum(u * w, 1)[:, None], 0.0)  # t = r
+    # a[t - lag, t] inside one sub-chunk, taken from the row t (u_t unshifted, the writer row's gate loaded)
+    span = g  # sum of g over rows (t - lag, t]: b_t - b_{t-lag}, exactly
+    for lag in tl.range(1, BC):
+        same = rows % BC >= lag
+        g_l = tl.load(G + (row - lag * H)[:, None] * M + offs_m[None, :], mask=(same & ok)[:, None], other=0.0)
+        w_l = tl.where(g_l > -0.1, -g_l * (1 + g_l * (0.5 + g_l * (E3 + g_l * (E4 + g_l * E5)))), 1 - tl.exp(g_l))
+        a_l = tl.sum(tl.where(same[:, None], u * w_l * tl.exp(span), 0.0), 1)  # indexed by t
+        a += tl.where(rows[:, None] == rows[None, :] - lag, a_l[None, :], 0.0)
+        span += g_l
     x = tl.load(X + row[:, None] * D + offs_d[None, :], mask=ok[:, None], other=0.0)
     acc = tl.zeros([C, BD], dtype=tl.float32)
     acc = tl.dot(a.to(DT).to(MT), x.to(DT).to(MT), acc, input_precision=PREC)
@@ -342,16 +347,15 @@ def _ds_pass(X, Y, dh, G, Z, DP, bc, bt, t, row, ok, T, H, scale, MODE: tl.const
         a_r = tl.where((blk == R)[:, None], a, 0.0)
         acc = tl.dot(a_r.to(GT).to(GMT), ut.to(GT).to(GMT), acc, input_precision=GPREC)
     acc = acc * tl.exp(ref - bc)
-    span = tl.zeros([C, M], dtype=tl.float32)
-    for lag in tl.static_range(BC):  # the pairs (r, t = r + lag) inside one sub-chunk
-        same = rows % BC + lag < BC
-        u_l = u
-        if lag > 0:
-            ok_l = same & (t + lag < T)
-            span += tl.load(G + (row + lag * H)[:, None] * M + offs_m[None, :], mask=ok_l[:, None], other=0.0)
-            u_l = _load_u(G, Z, DP, row + lag * H, ok_l, scale, M, MODE)
+    acc += tl.sum(tl.where(rows[None, :] == rows[:, None], a, 0.0), 1)[:, None] * u  # t = r
+    # the pairs (r, t = r + lag) inside one sub-chunk: the result is indexed by r, so u_t is loaded shifted
+    span = tl.zeros([C, M], dtype=tl.float32)  # sum of g over rows (r, r + lag]: b_{r+lag} - b_r, exactly
+    for lag in tl.range(1, BC):
+        ok_l = (rows % BC + lag < BC) & (t + lag < T)
+        span += tl.load(G + (row + lag * H)[:, None] * M + offs_m[None, :], mask=ok_l[:, None], other=0.0)
+        u_l = _load_u(G, Z, DP, row + lag * H, ok_l, scale, M, MODE)  # 0 where not ok_l
         a_l = tl.sum(tl.where(rows[None, :] == rows[:, None] + lag, a, 0.0), 1)  # a[r, r + lag]
-        acc += tl.where(same[:, None], a_l[:, None] * u_l * tl.exp(span), 0.0)
+        acc += a_l[:, None] * u_l * tl.exp(span)
     inter = tl.zeros([C, M], dtype=tl.float32)  # y_r . dH
     for d0 in tl.static_range(0, D, BD):
         y = tl.load(Y + row[:, None] * D + d0 + offs_d[None, :], mask=ok[:, None], other=0.0).to(DT).to(MT)

@@ -9,16 +9,15 @@ two sequential state scans (:mod:`.chunk_kernels`); this module holds the pieces
 
 Numerics:
 * Gates are log-space float32. Within a chunk ``b`` is the inclusive cumsum of ``log alpha`` (from the chunk start),
-  computed in registers (``tl.cumsum``). The state scans only take exponents ``<= 0``; the per-chunk kernels factor
-  in-chunk decays through the middle row of each 16-row sub-chunk, so exponents stay within
-  ``8 * max|log alpha|`` (finite down to log alpha = -10 per token; :mod:`.chunk_kernels`).
+  computed in registers (``tl.cumsum``). Every exponent taken is ``<= 0`` (:mod:`.chunk_kernels`), so any gate is
+  safe; log alpha is clamped at -20 on entry (:mod:`.chunk`).
 * The write strength ``s = 1 - exp(g) = -expm1(g)`` is computed with a Taylor series near 0 (Triton has no
   ``expm1``), so weak gates keep full relative precision.
 * ``tl.dot`` takes operands in the input dtype (bf16/fp16: tensor cores, fp32 accumulation; fp32 inputs: 3xTF32,
   about fp32 accuracy on tensor cores; IEEE FMA dots made an fp32 MQAR training step 10x slower than bf16 on an H100,
-  results/mqar/step_time/), see :func:`dot_flags`. The gate-scaled products of the per-chunk kernels carry factors
-  up to ``exp(8 * |log alpha|)`` (sub-chunk reference points, :mod:`.chunk_kernels`); bf16 holds them, fp16 does
-  not, so for fp16 inputs those take float32 operands as tf32 (``dot_flags(dtype, gated=True)``). Under
+  results/mqar/step_time/), see :func:`dot_flags`. The gate-scaled products of the per-chunk kernels carry decay
+  factors in (0, 1]; fp16 would flush the small ones (its smallest normal is 6e-5), so for fp16 inputs those take
+  float32 operands as tf32 (``dot_flags(dtype, gated=True)``). Under
   ``TRITON_INTERPRET=1`` the interpreter's ``tl.dot`` mishandles bf16 storage, so operands are rounded to the
   input dtype and multiplied in float32; the interpreter's fp32 -> bf16 conversion truncates (round toward zero),
   so the tests see a slightly worse rounding than a GPU.
@@ -37,13 +36,13 @@ HEAD_DIMS = (16, 32, 64, 128, 256, 512)
 SLOTS = (16, 32, 64, 128)
 
 # GPU configuration. CHUNK: rows per chunk (one program per chunk in the per-chunk kernels, one step of the
-# sequential state scans); SUB: rows per sub-chunk (the decay reference points; 16 keeps every exponent within
-# 8 * |log alpha|); STATE_BD: d tile per program of the state scans, grid (dk/BD + dv/BD, B*H); READ_BD and
-# DGATE_BD: inner d step of the read and dgate kernels (they contract over d); WRITE_BD: d tile per program of the
-# kernels whose output is over d (write, write_rev); *_WARPS per kernel family. The per-chunk kernels work on
-# ``CHUNK x CHUNK`` / ``CHUNK x m`` tiles with tl.dot (wgmma on H100); with 64 x 64 fp32 tiles 4 warps is at the
-# register limit (dgate, which holds the most, gets 8). scripts/tune_gsa.py sweeps the alternatives on hardware
-# and prints a dict to paste here.
+# sequential state scans); SUB: rows per sub-chunk (pairs in one sub-chunk are summed lag by lag, SUB - 1 steps;
+# pairs across sub-chunks take one tl.dot per sub-chunk); STATE_BD: d tile per program of the state scans, grid
+# (dk/BD + dv/BD, B*H); READ_BD and DGATE_BD: inner d step of the read and dgate kernels (they contract over d);
+# WRITE_BD: d tile per program of the kernels whose output is over d (write, write_rev); *_WARPS per kernel family.
+# The per-chunk kernels work on ``CHUNK x CHUNK`` / ``CHUNK x m`` tiles with tl.dot (wgmma on H100); with 64 x 64
+# fp32 tiles 4 warps is at the register limit (dgate, which holds the most, gets 8). scripts/tune_gsa.py sweeps the
+# alternatives on hardware and prints a dict to paste here.
 GPU_CONFIG = {
     "CHUNK": 64,
     "SUB": 16,
@@ -92,8 +91,8 @@ def dot_flags(dtype: torch.dtype, gated: bool = False) -> dict:
     ``tl.dot(a.to(DT).to(MT), b.to(DT).to(MT), acc, input_precision=PREC)``: operands rounded to the input dtype
     DT, multiplied as MT (= DT on a GPU; float32 under the interpreter), 3xTF32 products for fp32 inputs.
     With ``gated`` (the per-chunk kernels) also GT, GMT, GPREC for the gate-scaled products, whose operands may
-    reach ``exp(+80)``: bf16 as DT; fp16 -> float32 operands as tf32 (fp16 overflows at 65504); fp32 -> 3xTF32
-    (TF32 keeps fp32's exponent range)."""
+    be as small as float32 allows: bf16 as DT (float32's exponent range); fp16 -> float32 operands as tf32 (fp16
+    would flush them); fp32 -> 3xTF32 (TF32 keeps fp32's exponent range)."""
     emulate = interpreting()
     flags = {
         "DT": _TL_DTYPES[dtype],
