@@ -17,7 +17,9 @@ the best GPU config, which is also printed as a Python dict literal to paste int
 (c) Sweep at the shape of (b), one kernel family at a time (the others at the winners so far): the state scans
     (STATE_BD, STATE_WARPS, STATE_STAGES; objective 2 forward scans + 1 backward scan, as in one step), the read
     kernel (READ_BD, READ_WARPS; 2 calls), the write kernels (WRITE_BD, WRITE_WARPS; o, dq, dk, dv), the dgate
-    kernel (DGATE_BD, DGATE_WARPS), then CHUNK 64 vs 32 end to end (fwd+bwd) with the family winners.
+    kernel (DGATE_BD, DGATE_WARPS), then (CHUNK, SUB) in (64, 16/8/32), (32, 16/8) end to end (fwd+bwd) with the
+    family winners. ``--shape B,T,H,D`` sets the shape of (b) and (c) (default 4,16384,16,64; the MQAR d = 512 cell
+    is 128,512,4,128).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ ap.add_argument("--out", type=Path, required=True)
 ap.add_argument("--no-sweep", action="store_true")
 ap.add_argument("--steps", type=int, default=3)
 ap.add_argument("--budget", type=float, default=210.0, help="seconds after which the remaining sweeps are skipped")
+ap.add_argument("--shape", default="4,16384,16,64", help="B,T,H,D of the timings and sweeps (dk = dv = m = D)")
 args = ap.parse_args()
 args.out.mkdir(parents=True, exist_ok=True)
 DEV = "cuda"
@@ -88,7 +91,9 @@ save()
 # ---------------------------------------------------------------------------------------------------------------
 # (b) timings
 # ---------------------------------------------------------------------------------------------------------------
-B, T, H, D, M = 4, 16384, 16, 64, 64
+B, T, H, D = (int(x) for x in args.shape.split(","))
+M = D
+report["shape"] = {"B": B, "T": T, "H": H, "dk": D, "dv": D, "m": M}
 q, k, v, g, do = inputs(B, T, H, D, M, torch.bfloat16)
 leaves = [x.clone().requires_grad_(True) for x in (q, k, v, g)]
 
@@ -261,16 +266,18 @@ for fam, timer, space in FAMILIES:
     report["sweep"][fam] = rows
     save()
 
-e2e = {}
-for chunk_rows in (64, 32) if time.time() - T0 < args.budget + 20 else (64,):
+e2e = {}  # (CHUNK, SUB): pairs in one sub-chunk run SUB - 1 lag steps, pairs across sub-chunks CHUNK/SUB - 1 dots
+blocks = [(64, 16), (64, 8), (64, 32), (32, 16), (32, 8)]
+for chunk_rows, sub_rows in blocks if time.time() - T0 < args.budget + 20 else blocks[:1]:
     try:
-        e2e[chunk_rows] = end_to_end(dict(best_cfg, CHUNK=chunk_rows))
-        print(f"\nfwd+bwd with CHUNK={chunk_rows} and the family winners: {e2e[chunk_rows]:.3f} ms")
+        e2e[chunk_rows, sub_rows] = end_to_end(dict(best_cfg, CHUNK=chunk_rows, SUB=sub_rows))
+        print(f"\nfwd+bwd with CHUNK={chunk_rows}, SUB={sub_rows} and the family winners: "
+              f"{e2e[chunk_rows, sub_rows]:.3f} ms")  # fmt: skip
     except Exception as exc:  # noqa: BLE001
-        print(f"\nCHUNK={chunk_rows} failed: {type(exc).__name__}: {str(exc)[:200]}")
+        print(f"\nCHUNK={chunk_rows}, SUB={sub_rows} failed: {type(exc).__name__}: {str(exc)[:200]}")
 if e2e:
-    best_cfg["CHUNK"] = min(e2e, key=e2e.get)
-report["sweep"]["chunk_fwd_bwd_ms"] = e2e
+    best_cfg["CHUNK"], best_cfg["SUB"] = min(e2e, key=e2e.get)
+report["sweep"]["block_fwd_bwd_ms"] = {f"CHUNK={c},SUB={b}": ms for (c, b), ms in e2e.items()}
 report["sweep"]["base_fwd_bwd_ms"] = report["ours_ms"]["fwd_bwd"]
 report["best_config"] = best_cfg
 save()
