@@ -101,11 +101,13 @@ def test_chunk_forward_backward(dtype, T, dk, dv, m, gate, init):
     check(1, T, 2, dk, dv, m, dtype, gate, init)
 
 
-def test_chunk_gpu_paths(monkeypatch):
-    """The GPU's block shapes under the interpreter: chunks of 64 in four sub-chunks of 16, d tiles of 64/32."""
-    cfg = dict(common.INTERPRET_CONFIG, CHUNK=64, STATE_BD=32, READ_BD=64, WRITE_BD=64, DGATE_BD=64)
+@pytest.mark.parametrize("sub", [16, 8])
+def test_chunk_gpu_paths(monkeypatch, sub):
+    """The GPU's block shapes under the interpreter: chunks of 64 in sub-chunks of 16 (the default) or 8 (a choice
+    of tune_gsa's sweep), d tiles of 64/32; three chunks, a ragged tail, saturated gates."""
+    cfg = dict(common.INTERPRET_CONFIG, CHUNK=64, SUB=sub, STATE_BD=32, READ_BD=64, WRITE_BD=64, DGATE_BD=64)
     monkeypatch.setattr(common, "INTERPRET_CONFIG", cfg)
-    check(1, 50, 1, 64, 32, 16, torch.float32, "strong", True, scale=0.125)
+    check(1, 140, 1, 64, 32, 32, torch.float32, "extreme", True, scale=0.125)
 
 
 def test_chunk_forward_only_shapes():
