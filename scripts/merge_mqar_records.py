@@ -5,8 +5,11 @@ as several sweeps side by side (a model subset per GPU, torchrun ranks writing `
 source holds the committed records it started from plus its new cells; this appends to the target's
 ``records.jsonl`` every source record whose cell (``config_hash``) the target does not have yet, in the sources'
 order, and prints what it took. Draw the tables and plots afterwards with ``evalsuite plot mqar DIR --out DIR``.
+With ``--replace`` a source record also takes the place of the target's record of the same cell (the file rewritten
+atomically): for cells rerun after a fix outside their config (GSA's cells after its kernels' overflow fix,
+results/mqar/gsa-d512-probe/); every record's provenance names the commit it ran on.
 
-Usage: python scripts/merge_mqar_records.py results/mqar/zoology-fig2 /tmp/res/mqar/zooA/zoology-fig2 [...]
+Usage: python scripts/merge_mqar_records.py [--replace] results/mqar/zoology-fig2 /tmp/res/mqar/zooA/zoology-fig2 [...]
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import json
 from pathlib import Path
 
 from evalsuite.rundir import shard_files
-from evalsuite.store import append_jsonl, read_jsonl
+from evalsuite.store import append_jsonl, atomic_write_bytes, read_jsonl
 
 
 def source_records(directory: Path) -> list[dict]:
@@ -25,34 +28,43 @@ def source_records(directory: Path) -> list[dict]:
     return [r for f in files if f.is_file() for r in read_jsonl(f)]
 
 
-def merge(target: Path, sources: list[Path]) -> list[dict]:
-    """Append to ``target/records.jsonl`` the source records of cells it lacks; returns them."""
+def merge(target: Path, sources: list[Path], replace: bool = False) -> list[dict]:
+    """Append to ``target/records.jsonl`` the source records of cells it lacks (with ``replace``, also put each in
+    place of the target's record of its cell); returns the records taken, the first of each cell in source order."""
     path = target / "records.jsonl"
     if not path.is_file():
         raise SystemExit(f"error: {path} does not exist (the target is a committed sweep directory)")
-    seen = {r["config_hash"] for r in read_jsonl(path)}
-    new = []
+    existing = read_jsonl(path)
+    seen = {r["config_hash"] for r in existing}
+    taken: dict[str, dict] = {}
     for source in sources:
         if not source.is_dir():
             raise SystemExit(f"error: {source} is not a directory")
         for record in source_records(source):
-            if record["config_hash"] not in seen:
-                seen.add(record["config_hash"])
-                new.append(record)
-    for record in new:
-        append_jsonl(path, record)
-    return new
+            cell = record["config_hash"]
+            if cell not in taken and (replace or cell not in seen):
+                taken[cell] = record
+    if replace:
+        kept = [taken.get(r["config_hash"], r) for r in existing]
+        added = [r for cell, r in taken.items() if cell not in seen]
+        atomic_write_bytes(path, "".join(json.dumps(r, default=str) + "\n" for r in kept + added))
+    else:
+        for record in taken.values():
+            append_jsonl(path, record)
+    return list(taken.values())
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("target", type=Path, help="the committed sweep directory (holds records.jsonl)")
     ap.add_argument("sources", type=Path, nargs="+", help="sweep directories of the session's runs")
+    ap.add_argument("--replace", action="store_true", help="source records replace the target's of the same cell")
     args = ap.parse_args(argv)
-    new = merge(args.target, args.sources)
+    new = merge(args.target, args.sources, args.replace)
     for r in new:
         print(json.dumps({k: r.get(k) for k in ("model", "length", "d_model", "lr", "value", "steps")}))
-    print(f"{len(new)} new record(s) appended to {args.target / 'records.jsonl'}")
+    done = "taken into (replacing their cells' records)" if args.replace else "appended to"
+    print(f"{len(new)} new record(s) {done} {args.target / 'records.jsonl'}")
     return 0
 
 

@@ -36,3 +36,20 @@ def test_merge_takes_each_new_cell_once_from_records_and_rank_files(tmp_path, ca
 def test_merge_refuses_a_target_without_records(tmp_path):
     with pytest.raises(SystemExit, match="does not exist"):
         merge_script.merge(tmp_path / "nowhere", [tmp_path])
+
+
+def test_merge_replace_puts_rerun_cells_in_place(tmp_path, capsys):
+    """--replace: a rerun cell takes its old record's place (same cell, new value), new cells are appended, cells
+    the sources lack stay as they were."""
+    target, rerun = tmp_path / "committed", tmp_path / "rerun"
+    _write(target / "records.jsonl", ["c1", "c2", "c3"])
+    rerun.mkdir()
+    (rerun / "records.jsonl").write_text(
+        "".join(json.dumps({"config_hash": h, "model": "m", "value": 0.9}) + "\n" for h in ("c2", "c4"))
+    )
+    assert merge_script.main(["--replace", str(target), str(rerun)]) == 0
+    records = [json.loads(line) for line in (target / "records.jsonl").read_text().splitlines()]
+    assert [(r["config_hash"], r["value"]) for r in records] == [("c1", 0.5), ("c2", 0.9), ("c3", 0.5), ("c4", 0.9)]
+    assert "2 new record(s) taken into" in capsys.readouterr().out
+    assert merge_script.main([str(target), str(rerun)]) == 0  # without --replace: nothing new
+    assert len((target / "records.jsonl").read_text().splitlines()) == 4
