@@ -45,15 +45,14 @@ from evalsuite.kernels.gated_slot.chunk_kernels import (
     _write_rev_kernel,
 )
 from evalsuite.kernels.gated_slot.common import check_dtypes, check_sizes, config, dot_flags
-from evalsuite.kernels.gated_slot.reference import _check
+from evalsuite.kernels.gated_slot.reference import LOG_ALPHA_FLOOR, _check
 
 F32 = torch.float32
-# log alpha is clamped here: alpha = e^-20 = 2e-9 keeps less than 1/50 of a float32 ulp of the old state, so the
-# result is the exact one to float32 precision, and the in-chunk cumsum b stays within 64 * 20 (its rounding, ulp(b),
-# is the error of every decay factor exp(b_r - b_s) taken as a difference; unclamped, one saturated gate of -1e4
-# would leave the rest of its chunk with decay errors of order 1). The gradient of a clamped entry is 0 (it is
-# proportional to alpha).
-LOG_ALPHA_FLOOR = -20.0
+# log alpha is clamped at LOG_ALPHA_FLOOR = -20 (reference.py, which clamps the same way): alpha = 2e-9 keeps less
+# than 1/50 of a float32 ulp of the old state, so the result is the exact one to float32 precision, and the in-chunk
+# cumsum b stays within 64 * 20 (its rounding, ulp(b), is the error of every decay factor exp(b_r - b_s) taken as a
+# difference; unclamped, one saturated gate of -1e4 would leave the rest of its chunk with decay errors of order 1).
+# The gradient of a clamped entry is 0 (it is proportional to alpha).
 
 
 def _dims(k, v, g, cfg):

@@ -26,6 +26,10 @@ from __future__ import annotations
 import torch
 
 CHUNK = 16  # small chunks keep the in-chunk decay range (and the pairwise fallback) small
+# gsa_chunked clamps log alpha here, as the Triton kernels do (chunk.py): alpha = e^-20 = 2e-9 is below float32's
+# resolution of a state update, and a saturated gate of -1000 would otherwise leave the rest of its chunk's decays,
+# differences of cumsums near -16000, with relative errors of 1e-3.
+LOG_ALPHA_FLOOR = -20.0
 
 
 def _check(q, k, v, log_alpha, initial_state):
@@ -79,7 +83,8 @@ def gsa_recurrent(q, k, v, log_alpha, scale: float = 1.0, initial_state=None, ou
 def gsa_chunked(
     q, k, v, log_alpha, scale: float = 1.0, initial_state=None, output_final_state: bool = False, chunk: int = CHUNK
 ):
-    """GSA a chunk at a time, differentiable by autograd; same results as :func:`gsa_recurrent`.
+    """GSA a chunk at a time, differentiable by autograd; same results as :func:`gsa_recurrent` (log alpha clamped
+    at ``LOG_ALPHA_FLOOR``, as the Triton kernels clamp it: a difference of at most alpha = 2e-9 per saturated step).
 
     Per chunk with in-chunk cumulative log-gates ``b [C, m]`` counted from the chunk's first token (Algorithm 1,
     written out per chunk): pass 1 ``o1[r] = exp(b_r) * (q_r hk0) + sum_{s<=r} (q_r . k_s) s_s exp(b_r - b_s)``,
@@ -92,6 +97,7 @@ def gsa_chunked(
     dtype = _compute_dtype(q)
     hk, hv = _zero_state(q, v, log_alpha, dtype) if initial_state is None else (x.to(dtype) for x in initial_state)
     qf, kf, vf, g = (x.to(dtype).transpose(1, 2) for x in (q, k, v, log_alpha))  # [B, H, T, .]
+    g = g.clamp(min=LOG_ALPHA_FLOOR)  # as the Triton kernels: bounds the cumsum b, whose rounding every decay takes
     write = -torch.expm1(g)
     out = []
     for c0 in range(0, q.shape[1], chunk):
