@@ -49,7 +49,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from evalsuite.kernels.gated_slot.common import E3, E4, E5, _load_u
+from evalsuite.kernels.gated_slot.common import _load_u, _write_strength
 
 # Every kernel takes the constexprs of common.dot_flags (DT, MT, PREC; GT, GMT, GPREC for the gate-scaled
 # products of the per-chunk kernels); see there for the tl.dot idiom.
@@ -83,7 +83,7 @@ def _state_fwd_scan(X, H0, HS, G, bh, i_d, T, H, NT, M: tl.constexpr, D: tl.cons
         ok = t < T
         row = (b * T + t).to(tl.int64) * H + h
         g = tl.load(G + row[:, None] * M + offs_m[None, :], mask=ok[:, None], other=0.0)
-        s = tl.where(g > -0.1, -g * (1 + g * (0.5 + g * (E3 + g * (E4 + g * E5)))), 1 - tl.exp(g))
+        s = _write_strength(g)
         total = tl.sum(g, 0)
         w = s * tl.exp(total[None, :] - tl.cumsum(g, 0))  # decay from row r to the chunk end
         x = tl.load(X + row[:, None] * D + offs_d[None, :], mask=ok[:, None], other=0.0)
@@ -166,7 +166,7 @@ def _chunk_gates(G, row, ok, M: tl.constexpr):
     """``(g, b, s)`` of one chunk, float32 ``[C, M]``: log gates (0 past T), their in-chunk inclusive cumsum and the
     write strength ``s = -expm1(g)``."""
     g = tl.load(G + row[:, None] * M + tl.arange(0, M)[None, :], mask=ok[:, None], other=0.0)
-    w = tl.where(g > -0.1, -g * (1 + g * (0.5 + g * (E3 + g * (E4 + g * E5)))), 1 - tl.exp(g))
+    w = _write_strength(g)
     return g, tl.cumsum(g, 0), w
 
 
@@ -209,7 +209,7 @@ def _read_kernel(X, Y, G, HS, OUT, T, H, NT, scale, M: tl.constexpr, D: tl.const
     for lag in tl.range(1, BC):  # the pairs (r, s = r - lag) inside one sub-chunk
         same = rows % BC >= lag
         g_l = tl.load(G + (row - lag * H)[:, None] * M + offs_m[None, :], mask=(same & ok)[:, None], other=0.0)
-        w_l = tl.where(g_l > -0.1, -g_l * (1 + g_l * (0.5 + g_l * (E3 + g_l * (E4 + g_l * E5)))), 1 - tl.exp(g_l))
+        w_l = _write_strength(g_l)
         a_l = tl.sum(tl.where(rows[None, :] == rows[:, None] - lag, a, 0.0), 1)  # a[r, r - lag]
         acc += tl.where(same[:, None], a_l[:, None] * w_l * tl.exp(span), 0.0)
         span += g_l
@@ -257,7 +257,7 @@ def _write_kernel(Y, U, Z, DP, G, HS, OUT, T, H, NT, scale, MODE: tl.constexpr, 
     for lag in tl.range(1, BC):  # a[r, r - lag] inside one sub-chunk
         same = rows % BC >= lag
         g_l = tl.load(G + (row - lag * H)[:, None] * M + offs_m[None, :], mask=(same & ok)[:, None], other=0.0)
-        w_l = tl.where(g_l > -0.1, -g_l * (1 + g_l * (0.5 + g_l * (E3 + g_l * (E4 + g_l * E5)))), 1 - tl.exp(g_l))
+        w_l = _write_strength(g_l)
         a_l = tl.sum(tl.where(same[:, None], u * w_l * tl.exp(span), 0.0), 1)
         a += tl.where(rows[None, :] == rows[:, None] - lag, a_l[:, None], 0.0)
         span += g_l
@@ -305,7 +305,7 @@ def _write_rev_kernel(X, U, Z, DP, G, DHS, OUT, T, H, NT, scale, MODE: tl.conste
     for lag in tl.range(1, BC):
         same = rows % BC >= lag
         g_l = tl.load(G + (row - lag * H)[:, None] * M + offs_m[None, :], mask=(same & ok)[:, None], other=0.0)
-        w_l = tl.where(g_l > -0.1, -g_l * (1 + g_l * (0.5 + g_l * (E3 + g_l * (E4 + g_l * E5)))), 1 - tl.exp(g_l))
+        w_l = _write_strength(g_l)
         a_l = tl.sum(tl.where(same[:, None], u * w_l * tl.exp(span), 0.0), 1)  # indexed by t
         a += tl.where(rows[:, None] == rows[None, :] - lag, a_l[None, :], 0.0)
         span += g_l

@@ -123,11 +123,16 @@ def check_dtypes(q, k, v) -> None:
 # ----------------------------------------------------------------------------------------------------------------
 
 # Taylor coefficients of -expm1(g) = -g (1 + g/2 + g^2/6 + g^3/24 + g^4/120 + ...), used for g > -0.1 (relative
-# error < 1e-8), where 1 - exp(g) would lose bits; written inline in the kernels as
-# ``tl.where(g > -0.1, -g * (1 + g * (0.5 + g * (E3 + g * (E4 + g * E5)))), 1 - tl.exp(g))``.
+# error < 1e-8), where 1 - exp(g) would lose bits (_write_strength).
 E3 = tl.constexpr(1.0 / 6.0)
 E4 = tl.constexpr(1.0 / 24.0)
 E5 = tl.constexpr(1.0 / 120.0)
+
+
+@triton.jit
+def _write_strength(g):
+    """``s = 1 - exp(g) = -expm1(g)`` of log gates g (any shape, float32), to full relative precision near g = 0."""
+    return tl.where(g > -0.1, -g * (1 + g * (0.5 + g * (E3 + g * (E4 + g * E5)))), 1 - tl.exp(g))
 
 
 @triton.jit

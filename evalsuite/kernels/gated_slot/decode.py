@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from evalsuite.kernels import triton_utils
-from evalsuite.kernels.gated_slot.common import E3, E4, E5, check_sizes, config
+from evalsuite.kernels.gated_slot.common import _write_strength, check_sizes, config
 from evalsuite.kernels.gated_slot.reference import _check
 
 
@@ -34,7 +34,7 @@ def _decode_kernel(Q, K, V, G, HK, HV, OUT, H, scale, sqb, sqh, skb, skh, svb, s
     offs_d = tl.arange(0, BD)
     g = tl.load(G + b * sgb + h * sgh + offs_m)
     alpha = tl.exp(g)
-    s = tl.where(g > -0.1, -g * (1 + g * (0.5 + g * (E3 + g * (E4 + g * E5)))), 1 - tl.exp(g))
+    s = _write_strength(g)
     hk_base = HK + b * shk_b + h * shk_h
     logits = tl.zeros([M], dtype=tl.float32)
     for d0 in tl.static_range(0, DK, BD):
