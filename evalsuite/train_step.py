@@ -69,10 +69,10 @@ class EagerStep:
         with autocast(self.amp_dtype, self.device, self.autocast_cache):
             loss = self.loss_fn(self.model, inputs, labels)
         loss.backward()
-        if self.grad_clip is not None:
-            self.grad_norm.copy_(torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip))
-        else:
-            self.grad_norm.copy_(torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None]))
+        norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
+        if self.grad_clip is not None:  # what clip_grad_norm_ does, given the norm taken either way
+            torch.nn.utils.clip_grads_with_norm_(self.params, self.grad_clip, norm)
+        self.grad_norm.copy_(norm)
         self.optimizer.step()
         self.loss_sum.add_(loss.detach())
 
