@@ -6,10 +6,10 @@ q, k, v, log_alpha and the initial state, and through the returned final state.
 
 Design (kernels in :mod:`.chunk_kernels`, helpers and block configs in :mod:`.common`):
 
-* Chunks of ``CHUNK`` rows (64 on GPU, 32 under the interpreter), sub-chunks of ``SUB`` = 16. The log-gate cumsum
-  within a chunk is taken in registers (float32) by every kernel that needs it; nothing is precomputed. The
-  per-chunk kernels multiply ``[C, C] x [C, .]`` tiles with tl.dot (bf16/fp16 operands on the tensor cores, fp32
-  accumulation) for pairs of rows in different sub-chunks, and sum the pairs within a sub-chunk lag by lag.
+* Chunks of ``CHUNK`` rows (64 on GPU, 32 under the interpreter), sub-chunks of ``SUB`` = 16, micro-blocks of 4.
+  The log-gate cumsums within a chunk are taken in registers (float32) by every kernel that needs them; nothing
+  is precomputed. The per-chunk kernels multiply ``[C, C] x [C, .]`` tiles with tl.dot (bf16/fp16 operands on the
+  tensor cores, fp32 accumulation), one product per block of each level (chunk_kernels).
 * Forward, 3 launches: (1) ``_state_fwd_kernel``, grid ``(dk/BD + dv/BD, B*H)``: both passes' chunk-start states
   (the two passes' states depend only on k, v, alpha), each program a sequential walk over the chunks;
   (2) ``_read_kernel``, grid ``(NT, B*H)``: the pass-1 logits ``z = scale * hk^T q`` (float32, saved for backward);
@@ -23,9 +23,9 @@ Design (kernels in :mod:`.chunk_kernels`, helpers and block configs in :mod:`.co
   (arXiv:2409.07146 App. B), whose part from later chunks is read off the chunk-end states and adjoints instead
   of a scan over T.
 * No PyTorch math runs between launches except the allocations and the transposes of the small states.
-* Numerical safety: every exponent any kernel takes is ``<= 0`` (the state scans; the per-chunk kernels factor decays
-  at sub-chunk boundaries and sum in-sub-chunk pairs with their exact decay, see chunk_kernels), so saturated gates
-  are exact; log alpha is clamped at ``LOG_ALPHA_FLOOR`` (below).
+* Numerical safety: every factor any kernel takes stays within float32's range (the state scans' exponents are
+  ``<= 0``; the per-chunk kernels factor decays at block boundaries, see chunk_kernels), so saturated gates are
+  exact; log alpha is clamped at ``LOG_ALPHA_FLOOR`` (below), which also bounds the in-micro-block factors.
 
 Head dims dk, dv in {16, ..., 512} and slots m in {16, 32, 64, 128} (powers of two; others raise ValueError).
 """

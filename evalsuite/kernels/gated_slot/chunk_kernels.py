@@ -24,22 +24,23 @@ The per-chunk kernels, one program per (chunk, [d tile,] batch*head), all built 
   passes (x,y,u = q,k,e and dO,v,p), then the log-gate gradient (see the kernel).
 
 In-chunk decays (the slot dimension m carries the gate, so ``exp(b_r - b_s)`` cannot be folded into one operand
-of a single product). Sub-chunks of BC rows (R: rows ``[R*BC, R*BC + BC)``); b never increases, so:
+of a single product) nest over three levels: the chunk's sub-chunks of BC rows, each sub-chunk's micro-blocks of
+``MICRO`` = 4 rows, and the rows of a micro-block. A pair of rows first separated at a level goes through tl.dot
+with its decay factored at the start of the later row's block at that level:
+``exp(b_r - b_s) = exp(l_r) * exp(ref - b_s)`` for s < r, with ``l_r`` the log-gate cumsum restarted at the start of
+r's block (``l_sub``, ``l_mic``) and ``ref`` the cumsum at the row before that block (``common._earlier_factor``);
+both factors are ``<= 1``. Forward kernels (read, write: s < r) apply ``exp(l_r)`` to the output rows or the row
+operand; reverse kernels (write_rev, ds: t > r) the same identity with the roles swapped (``exp(l_t)`` on the later
+row t, the reference factor on r). Pairs inside one micro-block take ``exp(l_mic_r) * exp(-l_mic_s)``: ``-l_mic_s``
+sums at most 3 gates clamped at -20, so the larger factor is ``<= e^60``, inside float32's range. Per chunk of 64
+with BC = 16: 3 + 3 + 1 products of ``[C, C] x [C, .]`` tiles with the non-pairs masked to 0 (the rows outside
+the block, or the result), each factor a few exps over a ``[C, M]`` tile; no loops over rows.
 
-* Pairs in different sub-chunks go through tl.dot with the decay factored at the boundary between them, both factors
-  ``<= 1``: forward kernels (read, write: s < r) take, for the rows of sub-chunk R against every s < R*BC,
-  ``p_R = b_{R*BC-1}`` and ``exp(b_r - b_s) = exp(b_r - p_R) exp(p_R - b_s)``; reverse kernels (write_rev, ds: t > r)
-  take, for the rows of R against every t >= (R+1)*BC, ``q_R`` = b at R's last row. A factor may underflow to 0 only
-  where the decay it belongs to is below float32's range anyway. One ``[C, C] x [C, .]`` product per sub-chunk (its
-  rows outside R masked to 0), so tiles stay chunk-sized (``64 x 64`` on a GPU).
-* Pairs in one sub-chunk are summed lag by lag (``tl.range(1, BC)``, a runtime loop: unrolled, the kernels took
-  minutes to compile for sm_90) in float32 registers, the decay ``exp(span)`` with ``span`` the sum of the log
-  gates between the two rows, accumulated exactly (never a difference of cumsums). The row-shifted gates come from
-  global memory (L1-resident); read, write and write_rev shift only g (write_rev indexes its lag terms by the later
-  row, a transposed placement), ds reloads the shifted rows' u.
-
-Every exponent is ``<= 0`` for any log alpha, so the kernels are exact for saturated gates (the mid-row factoring
-before 2026-11-27 overflowed to NaN beyond log alpha ~ -11 per token; ``test_extreme_gates_exact``). fp16 operands
+Every exponent is ``<= 0`` but the in-micro-block one (``<= 60``) for any log alpha, so the kernels are exact for
+saturated gates (``test_extreme_gates_exact``): the mid-row factoring of 16-row sub-chunks before 2026-11-27
+overflowed to NaN beyond log alpha ~ -11 per token, and its first fix (e816024 .. c4ad80a) summed the pairs of a
+sub-chunk lag by lag in float32, exact but 2.9x slower per training step of the layer on an H100
+(results/bench/h100/gsa-kernel-fix/). fp16 operands
 still take float32 (tf32) in the gate-scaled products (``common.dot_flags(gated=True)``): fp16 would flush the small
 factors early.
 """
@@ -49,7 +50,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from evalsuite.kernels.gated_slot.common import _load_u, _write_strength
+from evalsuite.kernels.gated_slot.common import MICRO, _earlier_factor, _load_u, _local_cumsum, _write_strength
 
 # Every kernel takes the constexprs of common.dot_flags (DT, MT, PREC; GT, GMT, GPREC for the gate-scaled
 # products of the per-chunk kernels); see there for the tl.dot idiom.
@@ -155,19 +156,19 @@ def _state_bwd_kernel(Q, DO, Z, DP, G, DHTK, DHTV, DHSK, DHSV, DH0K, DH0V, T, H,
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Per-chunk kernels. ``rows`` = chunk-local row index, ``blk = rows // BC`` its sub-chunk; ``bc [C, M]`` the in-chunk
-# cumsum of g. Pairs in different sub-chunks go through tl.dot with the decay factored at a sub-chunk boundary (both
-# factors <= 1); pairs in one sub-chunk are summed lag by lag with their exact decay (module docstring).
+# Per-chunk kernels. ``rows`` = chunk-local row index; ``bc [C, M]`` the in-chunk cumsum of g. Decays nest over
+# three levels (module docstring): sub-chunks of BC rows in the chunk, micro-blocks of MICRO rows in a sub-chunk,
+# rows in a micro-block; ``l_sub`` / ``l_mic`` are the cumsums of g restarted at every sub-chunk / micro-block.
 # ----------------------------------------------------------------------------------------------------------------
 
 
 @triton.jit
-def _chunk_gates(G, row, ok, M: tl.constexpr):
-    """``(g, b, s)`` of one chunk, float32 ``[C, M]``: log gates (0 past T), their in-chunk inclusive cumsum and the
-    write strength ``s = -expm1(g)``."""
+def _chunk_gates(G, row, ok, C: tl.constexpr, BC: tl.constexpr, M: tl.constexpr):
+    """``(g, bc, l_sub, l_mic, s)`` of one chunk, float32 ``[C, M]``: log gates (0 past T), their inclusive cumsums
+    from the chunk's, each sub-chunk's and each micro-block's start, and the write strength ``s = -expm1(g)``."""
     g = tl.load(G + row[:, None] * M + tl.arange(0, M)[None, :], mask=ok[:, None], other=0.0)
     w = _write_strength(g)
-    return g, tl.cumsum(g, 0), w
+    return g, tl.cumsum(g, 0), _local_cumsum(g, C, BC, M), _local_cumsum(g, C, MICRO, M), w
 
 
 @triton.jit
@@ -180,9 +181,7 @@ def _read_kernel(X, Y, G, HS, OUT, T, H, NT, scale, M: tl.constexpr, D: tl.const
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
-    NC: tl.constexpr = C // BC
     rows = tl.arange(0, C)
-    blk = rows // BC
     offs_m = tl.arange(0, M)
     offs_d = tl.arange(0, BD)
     t = n * C + rows
@@ -193,26 +192,25 @@ def _read_kernel(X, Y, G, HS, OUT, T, H, NT, scale, M: tl.constexpr, D: tl.const
         x = tl.load(X + row[:, None] * D + d0 + offs_d[None, :], mask=ok[:, None], other=0.0).to(DT).to(MT)
         y = tl.load(Y + row[:, None] * D + d0 + offs_d[None, :], mask=ok[:, None], other=0.0).to(DT).to(MT)
         a = tl.dot(x, tl.trans(y), a, input_precision=PREC)
-    g, bc, w = _chunk_gates(G, row, ok, M)
-    acc = tl.zeros([C, M], dtype=tl.float32)
-    ref = bc  # per row: b at the row before its sub-chunk (rows of sub-chunk 0 have no earlier columns)
-    for R in tl.static_range(1, NC):  # rows of sub-chunk R against the columns s < R*BC, through p = b_{R*BC-1}
-        p = tl.sum(tl.where(rows[:, None] == R * BC - 1, bc, 0.0), 0)  # exact: one term, rest 0
-        ref = tl.where((blk == R)[:, None], p[None, :], ref)
-        early = rows[:, None] < R * BC
-        wt = tl.where(early, w * tl.exp(tl.where(early, p[None, :] - bc, 0.0)), 0.0)  # p - b_s <= 0
-        a_r = tl.where((blk == R)[:, None], a, 0.0)
-        acc = tl.dot(a_r.to(GT).to(GMT), wt.to(GT).to(GMT), acc, input_precision=GPREC)
-    acc = acc * tl.exp(bc - ref)  # b_r - p <= 0
+    g, bc, l_sub, l_mic, w = _chunk_gates(G, row, ok, C, BC, M)
+    sub = rows // BC
+    # s in an earlier sub-chunk than r: exp(b_r - b_s) = exp(l_sub_r) * exp(b at the row before r's sub-chunk - b_s)
+    acc_sub = tl.zeros([C, M], dtype=tl.float32)
+    for j in tl.static_range(1, C // BC):
+        col = w * _earlier_factor(bc, rows, j, C, C, BC, M)
+        a_j = tl.where((sub == j)[:, None], a, 0.0)
+        acc_sub = tl.dot(a_j.to(GT).to(GMT), col.to(GT).to(GMT), acc_sub, input_precision=GPREC)
+    # s in r's sub-chunk, an earlier micro-block; then s < r in r's micro-block: both take exp(l_mic_r) out
+    acc_mic = tl.zeros([C, M], dtype=tl.float32)
+    for j in tl.static_range(1, BC // MICRO):
+        col = w * _earlier_factor(l_sub, rows, j, C, BC, MICRO, M)
+        a_j = tl.where(((rows % BC) // MICRO == j)[:, None] & (sub[:, None] == sub[None, :]), a, 0.0)
+        acc_mic = tl.dot(a_j.to(GT).to(GMT), col.to(GT).to(GMT), acc_mic, input_precision=GPREC)
+    col = tl.where((rows % MICRO < MICRO - 1)[:, None], w * tl.exp(-l_mic), 0.0)  # exp(-l_mic_s) <= e^60 for s < r
+    a_j = tl.where((rows[:, None] // MICRO == rows[None, :] // MICRO) & (rows[None, :] < rows[:, None]), a, 0.0)
+    acc_mic = tl.dot(a_j.to(GT).to(GMT), col.to(GT).to(GMT), acc_mic, input_precision=GPREC)
+    acc = acc_sub * tl.exp(l_sub) + acc_mic * tl.exp(l_mic)
     acc += tl.sum(tl.where(rows[None, :] == rows[:, None], a, 0.0), 1)[:, None] * w  # s = r
-    span = g  # sum of g over rows (r - lag, r]: b_r - b_{r-lag}, exactly
-    for lag in tl.range(1, BC):  # the pairs (r, s = r - lag) inside one sub-chunk
-        same = rows % BC >= lag
-        g_l = tl.load(G + (row - lag * H)[:, None] * M + offs_m[None, :], mask=(same & ok)[:, None], other=0.0)
-        w_l = _write_strength(g_l)
-        a_l = tl.sum(tl.where(rows[None, :] == rows[:, None] - lag, a, 0.0), 1)  # a[r, r - lag]
-        acc += tl.where(same[:, None], a_l[:, None] * w_l * tl.exp(span), 0.0)
-        span += g_l
     hs = HS + (bh.to(tl.int64) * (NT + 1) + n) * M * D
     inter = tl.zeros([C, M], dtype=tl.float32)  # x_r . H0 (the chunk-start state)
     for d0 in tl.static_range(0, D, BD):
@@ -234,33 +232,31 @@ def _write_kernel(Y, U, Z, DP, G, HS, OUT, T, H, NT, scale, MODE: tl.constexpr, 
     bh = tl.program_id(2)
     b = bh // H
     h = bh % H
-    NC: tl.constexpr = C // BC
     rows = tl.arange(0, C)
-    blk = rows // BC
     offs_m = tl.arange(0, M)
     offs_d = i_d * BD + tl.arange(0, BD)
     t = n * C + rows
     ok = t < T
     row = (b * T + t).to(tl.int64) * H + h
-    g, bc, w = _chunk_gates(G, row, ok, M)
+    g, bc, l_sub, l_mic, w = _chunk_gates(G, row, ok, C, BC, M)
     u = _load_u(U, Z, DP, row, ok, scale, M, MODE)
-    a = tl.zeros([C, C], dtype=tl.float32)  # <u_r, s_s exp(b_r - b_s)>
-    for R in tl.static_range(1, NC):  # rows of sub-chunk R against s < R*BC, through p = b_{R*BC-1}
-        p = tl.sum(tl.where(rows[:, None] == R * BC - 1, bc, 0.0), 0)
-        in_r = (blk == R)[:, None]
-        u_r = tl.where(in_r, u * tl.exp(tl.where(in_r, bc - p[None, :], 0.0)), 0.0)
-        early = rows[:, None] < R * BC
-        wt = tl.where(early, w * tl.exp(tl.where(early, p[None, :] - bc, 0.0)), 0.0)
-        a = tl.dot(u_r.to(GT).to(GMT), tl.trans(wt).to(GT).to(GMT), a, input_precision=GPREC)
+    sub = rows // BC
+    a = tl.zeros([C, C], dtype=tl.float32)  # <u_r, s_s exp(b_r - b_s)>, the three levels as in _read_kernel
+    u_sub = u * tl.exp(l_sub)
+    for j in tl.static_range(1, C // BC):
+        col = w * _earlier_factor(bc, rows, j, C, C, BC, M)
+        u_j = tl.where((sub == j)[:, None], u_sub, 0.0)
+        a = tl.dot(u_j.to(GT).to(GMT), tl.trans(col).to(GT).to(GMT), a, input_precision=GPREC)
+    u_mic = u * tl.exp(l_mic)
+    for j in tl.static_range(1, BC // MICRO):
+        col = w * _earlier_factor(l_sub, rows, j, C, BC, MICRO, M)
+        u_j = tl.where(((rows % BC) // MICRO == j)[:, None], u_mic, 0.0)
+        a_j = tl.dot(u_j.to(GT).to(GMT), tl.trans(col).to(GT).to(GMT), input_precision=GPREC)
+        a += tl.where(sub[:, None] == sub[None, :], a_j, 0.0)
+    col = tl.where((rows % MICRO < MICRO - 1)[:, None], w * tl.exp(-l_mic), 0.0)
+    a_j = tl.dot(u_mic.to(GT).to(GMT), tl.trans(col).to(GT).to(GMT), input_precision=GPREC)
+    a += tl.where((rows[:, None] // MICRO == rows[None, :] // MICRO) & (rows[None, :] < rows[:, None]), a_j, 0.0)
     a += tl.where(rows[None, :] == rows[:, None], tl.sum(u * w, 1)[:, None], 0.0)  # s = r
-    span = g  # b_r - b_{r-lag}
-    for lag in tl.range(1, BC):  # a[r, r - lag] inside one sub-chunk
-        same = rows % BC >= lag
-        g_l = tl.load(G + (row - lag * H)[:, None] * M + offs_m[None, :], mask=(same & ok)[:, None], other=0.0)
-        w_l = _write_strength(g_l)
-        a_l = tl.sum(tl.where(same[:, None], u * w_l * tl.exp(span), 0.0), 1)
-        a += tl.where(rows[None, :] == rows[:, None] - lag, a_l[:, None], 0.0)
-        span += g_l
     y = tl.load(Y + row[:, None] * D + offs_d[None, :], mask=ok[:, None], other=0.0)
     acc = tl.zeros([C, BD], dtype=tl.float32)
     acc = tl.dot(a.to(DT).to(MT), y.to(DT).to(MT), acc, input_precision=PREC)
@@ -281,34 +277,32 @@ def _write_rev_kernel(X, U, Z, DP, G, DHS, OUT, T, H, NT, scale, MODE: tl.conste
     bh = tl.program_id(2)
     b = bh // H
     h = bh % H
-    NC: tl.constexpr = C // BC
     rows = tl.arange(0, C)
-    blk = rows // BC
     offs_m = tl.arange(0, M)
     offs_d = i_d * BD + tl.arange(0, BD)
     t = n * C + rows
     ok = t < T
     row = (b * T + t).to(tl.int64) * H + h
-    g, bc, w = _chunk_gates(G, row, ok, M)
+    g, bc, l_sub, l_mic, w = _chunk_gates(G, row, ok, C, BC, M)
     u = _load_u(U, Z, DP, row, ok, scale, M, MODE)
-    a = tl.zeros([C, C], dtype=tl.float32)  # [r, t]: <u_t, s_r exp(b_t - b_r)>
-    for R in tl.static_range(NC - 1):  # rows of sub-chunk R against t >= (R+1)*BC, through q = b at R's last row
-        q = tl.sum(tl.where(rows[:, None] == R * BC + BC - 1, bc, 0.0), 0)
-        in_r = (blk == R)[:, None]
-        w_r = tl.where(in_r, w * tl.exp(tl.where(in_r, q[None, :] - bc, 0.0)), 0.0)  # q - b_r <= 0
-        late = rows[:, None] >= R * BC + BC
-        ut = tl.where(late, u * tl.exp(tl.where(late, bc - q[None, :], 0.0)), 0.0)  # b_t - q <= 0
-        a = tl.dot(w_r.to(GT).to(GMT), tl.trans(ut).to(GT).to(GMT), a, input_precision=GPREC)
+    sub = rows // BC
+    # [r, t]: <u_t, s_r exp(b_t - b_r)>; t in child block j, r before it: exp(l_t) * exp(b before child j - b_r)
+    a = tl.zeros([C, C], dtype=tl.float32)
+    u_sub = u * tl.exp(l_sub)
+    for j in tl.static_range(1, C // BC):
+        w_j = w * _earlier_factor(bc, rows, j, C, C, BC, M)
+        u_j = tl.where((sub == j)[:, None], u_sub, 0.0)
+        a = tl.dot(w_j.to(GT).to(GMT), tl.trans(u_j).to(GT).to(GMT), a, input_precision=GPREC)
+    u_mic = u * tl.exp(l_mic)
+    for j in tl.static_range(1, BC // MICRO):
+        w_j = w * _earlier_factor(l_sub, rows, j, C, BC, MICRO, M)
+        u_j = tl.where(((rows % BC) // MICRO == j)[:, None], u_mic, 0.0)
+        a_j = tl.dot(w_j.to(GT).to(GMT), tl.trans(u_j).to(GT).to(GMT), input_precision=GPREC)
+        a += tl.where(sub[:, None] == sub[None, :], a_j, 0.0)
+    w_j = tl.where((rows % MICRO < MICRO - 1)[:, None], w * tl.exp(-l_mic), 0.0)  # r < t in one micro-block
+    a_j = tl.dot(w_j.to(GT).to(GMT), tl.trans(u_mic).to(GT).to(GMT), input_precision=GPREC)
+    a += tl.where((rows[:, None] // MICRO == rows[None, :] // MICRO) & (rows[:, None] < rows[None, :]), a_j, 0.0)
     a += tl.where(rows[None, :] == rows[:, None], tl.sum(u * w, 1)[:, None], 0.0)  # t = r
-    # a[t - lag, t] inside one sub-chunk, taken from the row t (u_t unshifted, the writer row's gate loaded)
-    span = g  # sum of g over rows (t - lag, t]: b_t - b_{t-lag}, exactly
-    for lag in tl.range(1, BC):
-        same = rows % BC >= lag
-        g_l = tl.load(G + (row - lag * H)[:, None] * M + offs_m[None, :], mask=(same & ok)[:, None], other=0.0)
-        w_l = _write_strength(g_l)
-        a_l = tl.sum(tl.where(same[:, None], u * w_l * tl.exp(span), 0.0), 1)  # indexed by t
-        a += tl.where(rows[:, None] == rows[None, :] - lag, a_l[None, :], 0.0)
-        span += g_l
     x = tl.load(X + row[:, None] * D + offs_d[None, :], mask=ok[:, None], other=0.0)
     acc = tl.zeros([C, BD], dtype=tl.float32)
     acc = tl.dot(a.to(DT).to(MT), x.to(DT).to(MT), acc, input_precision=PREC)
@@ -319,16 +313,15 @@ def _write_rev_kernel(X, U, Z, DP, G, DHS, OUT, T, H, NT, scale, MODE: tl.conste
 
 
 @triton.jit
-def _ds_pass(X, Y, dh, G, Z, DP, bc, bt, t, row, ok, T, H, scale, MODE: tl.constexpr, M: tl.constexpr,
+def _ds_pass(X, Y, dh, G, Z, DP, bc, l_sub, l_mic, bt, row, ok, scale, MODE: tl.constexpr, M: tl.constexpr,
              D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, BC: tl.constexpr, DT: tl.constexpr,
              MT: tl.constexpr, PREC: tl.constexpr, GT: tl.constexpr, GMT: tl.constexpr,
              GPREC: tl.constexpr):  # fmt: skip
     """dL/ds of one pass for the rows of a chunk, ``[C, M]``:
     ``exp(bt - b_r) (dH y_r) + sum_{t>=r} (x_t . y_r) u_t exp(b_t - b_r)``, u from ``_load_u`` in MODE; dh points at
     ``DHS[bh, n] [M, D]``."""
-    NC: tl.constexpr = C // BC
     rows = tl.arange(0, C)
-    blk = rows // BC
+    sub = rows // BC
     offs_m = tl.arange(0, M)
     offs_d = tl.arange(0, BD)
     u = _load_u(G, Z, DP, row, ok, scale, M, MODE)
@@ -337,25 +330,22 @@ def _ds_pass(X, Y, dh, G, Z, DP, bc, bt, t, row, ok, T, H, scale, MODE: tl.const
         y = tl.load(Y + row[:, None] * D + d0 + offs_d[None, :], mask=ok[:, None], other=0.0).to(DT).to(MT)
         x = tl.load(X + row[:, None] * D + d0 + offs_d[None, :], mask=ok[:, None], other=0.0).to(DT).to(MT)
         a = tl.dot(y, tl.trans(x), a, input_precision=PREC)
-    acc = tl.zeros([C, M], dtype=tl.float32)
-    ref = bc  # per row: b at the last row of its sub-chunk (the last sub-chunk has no later columns)
-    for R in tl.static_range(NC - 1):  # rows of sub-chunk R against t >= (R+1)*BC, through q = b at R's last row
-        q = tl.sum(tl.where(rows[:, None] == R * BC + BC - 1, bc, 0.0), 0)
-        ref = tl.where((blk == R)[:, None], q[None, :], ref)
-        late = rows[:, None] >= R * BC + BC
-        ut = tl.where(late, u * tl.exp(tl.where(late, bc - q[None, :], 0.0)), 0.0)
-        a_r = tl.where((blk == R)[:, None], a, 0.0)
-        acc = tl.dot(a_r.to(GT).to(GMT), ut.to(GT).to(GMT), acc, input_precision=GPREC)
-    acc = acc * tl.exp(ref - bc)
-    acc += tl.sum(tl.where(rows[None, :] == rows[:, None], a, 0.0), 1)[:, None] * u  # t = r
-    # the pairs (r, t = r + lag) inside one sub-chunk: the result is indexed by r, so u_t is loaded shifted
-    span = tl.zeros([C, M], dtype=tl.float32)  # sum of g over rows (r, r + lag]: b_{r+lag} - b_r, exactly
-    for lag in tl.range(1, BC):
-        ok_l = (rows % BC + lag < BC) & (t + lag < T)
-        span += tl.load(G + (row + lag * H)[:, None] * M + offs_m[None, :], mask=ok_l[:, None], other=0.0)
-        u_l = _load_u(G, Z, DP, row + lag * H, ok_l, scale, M, MODE)  # 0 where not ok_l
-        a_l = tl.sum(tl.where(rows[None, :] == rows[:, None] + lag, a, 0.0), 1)  # a[r, r + lag]
-        acc += a_l[:, None] * u_l * tl.exp(span)
+    # t in child block j, r before it: the row factor exp(b before child j - b_r) (0 for other rows) after the dot
+    acc = tl.sum(tl.where(rows[None, :] == rows[:, None], a, 0.0), 1)[:, None] * u  # t = r
+    u_sub = u * tl.exp(l_sub)
+    for j in tl.static_range(1, C // BC):
+        u_j = tl.where((sub == j)[:, None], u_sub, 0.0)
+        part = tl.dot(a.to(GT).to(GMT), u_j.to(GT).to(GMT), input_precision=GPREC)
+        acc += _earlier_factor(bc, rows, j, C, C, BC, M) * part
+    u_mic = u * tl.exp(l_mic)
+    a_sub = tl.where(sub[:, None] == sub[None, :], a, 0.0).to(GT).to(GMT)
+    for j in tl.static_range(1, BC // MICRO):
+        u_j = tl.where(((rows % BC) // MICRO == j)[:, None], u_mic, 0.0)
+        part = tl.dot(a_sub, u_j.to(GT).to(GMT), input_precision=GPREC)
+        acc += _earlier_factor(l_sub, rows, j, C, BC, MICRO, M) * part
+    a_j = tl.where((rows[:, None] // MICRO == rows[None, :] // MICRO) & (rows[:, None] < rows[None, :]), a, 0.0)
+    part = tl.dot(a_j.to(GT).to(GMT), u_mic.to(GT).to(GMT), input_precision=GPREC)
+    acc += tl.where((rows % MICRO < MICRO - 1)[:, None], tl.exp(-l_mic), 0.0) * part  # r < t: exp(-l_mic_r) <= e^60
     inter = tl.zeros([C, M], dtype=tl.float32)  # y_r . dH
     for d0 in tl.static_range(0, D, BD):
         y = tl.load(Y + row[:, None] * D + d0 + offs_d[None, :], mask=ok[:, None], other=0.0).to(DT).to(MT)
@@ -398,15 +388,15 @@ def _dgate_kernel(Q, K, V, DO, Z, DP, G, HSK, HSV, DHSK, DHSV, DG, T, H, NT, sca
     for d0 in tl.static_range(0, DV, BD):
         tile = offs_m[:, None] * DV + d0 + offs_d[None, :]
         later += tl.sum(tl.load(dhv + tile) * tl.load(hv_end + tile), 1)
-    g, bc, w = _chunk_gates(G, row, ok, M)
+    g, bc, l_sub, l_mic, w = _chunk_gates(G, row, ok, C, BC, M)
     bt = tl.sum(tl.where(rows[:, None] == C - 1, bc, 0.0), 0)
     offs = row[:, None] * M + offs_m[None, :]
     # u of pass 1 is e = scale * dz (MODE 2 of _load_u), of pass 2 p (MODE 1); each pass loads its own, which is
     # cheaper than keeping z, dp, p and dz live across both passes
-    ds = _ds_pass(Q, K, dhk, G, Z, DP, bc, bt, t, row, ok, T, H, scale, 2, M, DK, BD, C, BC, DT, MT, PREC, GT, GMT,
-                  GPREC)  # fmt: skip
-    ds += _ds_pass(DO, V, dhv, G, Z, DP, bc, bt, t, row, ok, T, H, scale, 1, M, DV, BD, C, BC, DT, MT, PREC, GT,
-                   GMT, GPREC)  # fmt: skip
+    ds = _ds_pass(Q, K, dhk, G, Z, DP, bc, l_sub, l_mic, bt, row, ok, scale, 2, M, DK, BD, C, BC, DT, MT, PREC,
+                  GT, GMT, GPREC)  # fmt: skip
+    ds += _ds_pass(DO, V, dhv, G, Z, DP, bc, l_sub, l_mic, bt, row, ok, scale, 1, M, DV, BD, C, BC, DT, MT, PREC,
+                   GT, GMT, GPREC)  # fmt: skip
     z = tl.load(Z + offs, mask=ok[:, None], other=0.0)
     dp = tl.load(DP + offs, mask=ok[:, None], other=0.0)
     ez = tl.exp(z - tl.max(z, 1)[:, None])

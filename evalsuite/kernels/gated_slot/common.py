@@ -9,8 +9,8 @@ two sequential state scans (:mod:`.chunk_kernels`); this module holds the pieces
 
 Numerics:
 * Gates are log-space float32. Within a chunk ``b`` is the inclusive cumsum of ``log alpha`` (from the chunk start),
-  computed in registers (``tl.cumsum``). Every exponent taken is ``<= 0`` (:mod:`.chunk_kernels`), so any gate is
-  safe; log alpha is clamped at -20 on entry (:mod:`.chunk`).
+  computed in registers (``tl.cumsum``). Every factor taken stays within float32's range (:mod:`.chunk_kernels`),
+  so any gate is safe; log alpha is clamped at -20 on entry (:mod:`.chunk`).
 * The write strength ``s = 1 - exp(g) = -expm1(g)`` is computed with a Taylor series near 0 (Triton has no
   ``expm1``), so weak gates keep full relative precision.
 * ``tl.dot`` takes operands in the input dtype (bf16/fp16: tensor cores, fp32 accumulation; fp32 inputs: 3xTF32,
@@ -35,11 +35,18 @@ from evalsuite.kernels.triton_utils import interpreting
 HEAD_DIMS = (16, 32, 64, 128, 256, 512)
 SLOTS = (16, 32, 64, 128)
 
+# Rows per micro-block: pairs of rows in one micro-block take their decay as exp(l_r) * exp(-l_s), l the log-gate
+# cumsum restarted at the micro-block's start; for s < r, -l_s sums at most MICRO - 1 gates clamped at -20
+# (LOG_ALPHA_FLOOR), so the larger factor is <= e^60, inside float32's (and bf16's, tf32's) range of e^88.
+MICRO = tl.constexpr(4)
+
+
 # GPU configuration. CHUNK: rows per chunk (one program per chunk in the per-chunk kernels, one step of the
-# sequential state scans); SUB: rows per sub-chunk (pairs in one sub-chunk are summed lag by lag, SUB - 1 steps;
-# pairs across sub-chunks take one tl.dot per sub-chunk); STATE_BD: d tile per program of the state scans, grid
-# (dk/BD + dv/BD, B*H); READ_BD and DGATE_BD: inner d step of the read and dgate kernels (they contract over d);
-# WRITE_BD: d tile per program of the kernels whose output is over d (write, write_rev); *_WARPS per kernel family.
+# sequential state scans); SUB: rows per sub-chunk, a multiple of MICRO (pairs across sub-chunks take CHUNK/SUB - 1
+# products, pairs across the micro-blocks of a sub-chunk SUB/MICRO - 1, pairs in a micro-block one); STATE_BD: d
+# tile per program of the state scans, grid (dk/BD + dv/BD, B*H); READ_BD and DGATE_BD: inner d step of the read
+# and dgate kernels (they contract over d); WRITE_BD: d tile per program of the kernels whose output is over d
+# (write, write_rev); *_WARPS per kernel family.
 # The per-chunk kernels work on ``CHUNK x CHUNK`` / ``CHUNK x m`` tiles with tl.dot (wgmma on H100); with 64 x 64
 # fp32 tiles 4 warps is at the register limit (dgate, which holds the most, gets 8). scripts/tune_gsa.py sweeps the
 # alternatives on hardware and prints a dict to paste here.
@@ -83,7 +90,10 @@ _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.floa
 
 def config() -> dict:
     """The block configuration for this launch (read at call time, so tests and tuning may edit the tables)."""
-    return INTERPRET_CONFIG if interpreting() else GPU_CONFIG
+    cfg = INTERPRET_CONFIG if interpreting() else GPU_CONFIG
+    if cfg["CHUNK"] % cfg["SUB"] or cfg["SUB"] % MICRO.value:
+        raise ValueError(f"GSA kernels: CHUNK must be a multiple of SUB and SUB of {MICRO.value}; got {cfg}")
+    return cfg
 
 
 def dot_flags(dtype: torch.dtype, gated: bool = False) -> dict:
@@ -134,6 +144,27 @@ E5 = tl.constexpr(1.0 / 120.0)
 def _write_strength(g):
     """``s = 1 - exp(g) = -expm1(g)`` of log gates g (any shape, float32), to full relative precision near g = 0."""
     return tl.where(g > -0.1, -g * (1 + g * (0.5 + g * (E3 + g * (E4 + g * E5)))), 1 - tl.exp(g))
+
+
+@triton.jit
+def _local_cumsum(g, C: tl.constexpr, S: tl.constexpr, M: tl.constexpr):
+    """Inclusive cumsum over rows of ``g [C, M]``, restarted at every block of S rows."""
+    return tl.reshape(tl.cumsum(tl.reshape(g, (C // S, S, M)), 1), (C, M))
+
+
+@triton.jit
+def _earlier_factor(outer, rows, j, C: tl.constexpr, P: tl.constexpr, S: tl.constexpr, M: tl.constexpr):
+    """``[C, M]`` decay from row r to the start of child block j of r's parent block (parents of P rows, children of
+    S rows): ``exp(outer_ref - outer_r)`` with ``outer_ref`` = outer at the row before child j (the last row of
+    child j - 1), for rows r before child j in their parent; 0 for the others. ``outer`` is the log-gate cumsum
+    restarted at every parent block (non-increasing within it), so every exponent taken is <= 0."""
+    if P == C:  # one parent: the reference row is one row of outer
+        ref = tl.sum(tl.where(rows[:, None] == j * S - 1, outer, 0.0), 0)[None, :]
+    else:  # every parent's own reference row, broadcast over the parent's rows
+        ref = tl.sum(tl.where(tl.arange(0, P)[None, :, None] == j * S - 1, tl.reshape(outer, (C // P, P, M)), 0.0), 1)
+        ref = tl.reshape(tl.broadcast_to(ref[:, None, :], (C // P, P, M)), (C, M))
+    early = (rows % P < j * S)[:, None]
+    return tl.where(early, tl.exp(tl.where(early, ref - outer, 0.0)), 0.0)
 
 
 @triton.jit
