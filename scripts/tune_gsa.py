@@ -1,8 +1,9 @@
 """Gated Slot Attention Triton kernels on a GPU: parity, per-kernel timings next to fla, and a config sweep.
 
 Usage (GPU machine, one run, a few minutes): PYTHONPATH=. python3 scripts/tune_gsa.py --out DIR
-Options: --no-sweep (parity and timings only), --steps N (profiled fwd+bwd steps, default 3), --budget S (skip the
-sweeps still to come once S seconds have passed, default 210).
+Options: --no-sweep (parity and timings only), --configs JSON (time these GPU_CONFIG overrides, no sweep), --steps N
+(profiled fwd+bwd steps, default 3), --budget S (skip the sweeps still to come once S seconds have passed, default
+210).
 Writes DIR/tune_gsa.json: parity errors, per-kernel CUDA ms per call (torch.profiler), do_bench medians of the
 forward and forward+backward (ours and fla's ``chunk_gsa`` when fla is installed), every swept config's time and
 the best GPU config, which is also printed as a Python dict literal to paste into
@@ -43,6 +44,7 @@ ap.add_argument("--out", type=Path, required=True)
 ap.add_argument("--no-sweep", action="store_true")
 ap.add_argument("--steps", type=int, default=3)
 ap.add_argument("--budget", type=float, default=210.0, help="seconds after which the remaining sweeps are skipped")
+ap.add_argument("--configs", help='JSON list of GPU_CONFIG overrides to time, no sweep; e.g. [{"CHUNK": 32}]')
 ap.add_argument("--shape", default="4,16384,16,64", help="B,T,H,D of the timings and sweeps (dk = dv = m = D)")
 args = ap.parse_args()
 args.out.mkdir(parents=True, exist_ok=True)
@@ -179,7 +181,20 @@ save()
 # ---------------------------------------------------------------------------------------------------------------
 # (c) sweep, one kernel family at a time, on the launchers of chunk.py (each takes the config dict)
 # ---------------------------------------------------------------------------------------------------------------
-if args.no_sweep:
+if args.configs:  # given configs instead of the sweep: forward and forward+backward of each
+    default, report["configs"] = dict(common.GPU_CONFIG), []
+    for overrides in json.loads(args.configs):
+        common.GPU_CONFIG.update(overrides)
+        try:
+            row = dict(overrides, fwd_ms=median_ms(ours_fwd), fwd_bwd_ms=median_ms(ours_step))
+        except Exception as exc:  # noqa: BLE001 (a config that does not compile is a result too)
+            row = dict(overrides, failed=f"{type(exc).__name__}: {str(exc)[:200]}")
+        common.GPU_CONFIG.clear()
+        common.GPU_CONFIG.update(default)
+        report["configs"].append(row)
+        print("config", json.dumps(row), flush=True)
+        save()
+if args.no_sweep or args.configs:
     print(f"\ndone in {time.time() - T0:.0f} s (no sweep)")
     raise SystemExit(0)
 
