@@ -80,16 +80,21 @@ def build(name: str, constexprs: dict, pointers: dict, warps: int) -> dict:
 
 base = dict(M=args.md, C=cfg["CHUNK"], BC=cfg["SUB"], **flags)
 bf16, f32 = "*bf16", "*fp32"
-written = {"Z": f32, "DP": f32, "G": f32, "U": f32}
-rows = [build("_read_kernel", dict(base, D=args.md, BD=cfg["READ_BD"]),
+written = {"Z": f32, "DP": f32, "G": f32}
+rows = [build("_read_kernel", dict(base, D=args.md, BD=cfg["READ_BD"], BM=min(cfg["READ_BM"], args.md)),
               {"X": bf16, "Y": bf16, "G": f32, "HS": f32, "OUT": f32}, cfg["READ_WARPS"])]  # fmt: skip
 for mode in (1, 2):
     for name, extra in (("_write_kernel", {"Y": bf16, "HS": f32}), ("_write_rev_kernel", {"X": bf16, "DHS": f32})):
-        rows.append(build(name, dict(base, D=args.md, BD=cfg["WRITE_BD"], MODE=mode),
+        rows.append(build(name, dict(base, D=args.md, BD=cfg["WRITE_BD"], BM=min(cfg["WRITE_BM"], args.md), MODE=mode),
                           {**written, **extra, "OUT": bf16}, cfg["WRITE_WARPS"]))  # fmt: skip
 pointers = {n: bf16 if n in ("Q", "K", "V", "DO") else f32 for n in "Q K V DO Z DP G HSK HSV DHSK DHSV DG".split()}
 rows.append(
-    build("_dgate_kernel", dict(base, DK=args.md, DV=args.md, BD=cfg["DGATE_BD"]), pointers, cfg["DGATE_WARPS"])
+    build(
+        "_dgate_kernel",
+        dict(base, DK=args.md, DV=args.md, BD=cfg["DGATE_BD"], BM=min(cfg["DGATE_BM"], args.md)),
+        pointers,
+        cfg["DGATE_WARPS"],
+    )
 )
 for row in rows:
     print(json.dumps(row))

@@ -17,8 +17,8 @@ the best GPU config, which is also printed as a Python dict literal to paste int
     with ``s = 1 - exp(g)`` at the same shape if ``fla`` imports.
 (c) Sweep at the shape of (b), one kernel family at a time (the others at the winners so far): the state scans
     (STATE_BD, STATE_WARPS, STATE_STAGES; objective 2 forward scans + 1 backward scan, as in one step), the read
-    kernel (READ_BD, READ_WARPS; 2 calls), the write kernels (WRITE_BD, WRITE_WARPS; o, dq, dk, dv), the dgate
-    kernel (DGATE_BD, DGATE_WARPS), then (CHUNK, SUB) in (64, 16/8/32), (32, 16/8) end to end (fwd+bwd) with the
+    kernel (READ_BM, READ_WARPS; 2 calls), the write kernels (WRITE_BM, WRITE_BD, WRITE_WARPS; o, dq, dk, dv), the
+    dgate kernel (DGATE_BM, DGATE_WARPS), then (CHUNK, SUB) in (64, 16/8/32), (32, 16/8) end to end (fwd+bwd) with the
     family winners. ``--shape B,T,H,D`` sets the shape of (b) and (c) (default 4,16384,16,64; the MQAR d = 512 cell
     is 128,512,4,128).
 """
@@ -254,9 +254,9 @@ def end_to_end(cfg) -> float:
 
 FAMILIES = [
     ("state scans", states_time, {"STATE_BD": (16, 32, 64), "STATE_WARPS": (4, 8), "STATE_STAGES": (1, 2)}),
-    ("read", read_time, {"READ_BD": (32, 64), "READ_WARPS": (4, 8)}),
-    ("write", write_time, {"WRITE_BD": (32, 64), "WRITE_WARPS": (4, 8)}),
-    ("dgate", dgate_time, {"DGATE_BD": (32, 64), "DGATE_WARPS": (4, 8)}),
+    ("read", read_time, {"READ_BM": (16, 32, 64), "READ_WARPS": (4, 8)}),
+    ("write", write_time, {"WRITE_BM": (16, 32), "WRITE_BD": (32, 64), "WRITE_WARPS": (4, 8)}),
+    ("dgate", dgate_time, {"DGATE_BM": (16, 32), "DGATE_WARPS": (4, 8)}),
 ]
 for fam, timer, space in FAMILIES:
     if time.time() - T0 > args.budget:

@@ -12,7 +12,7 @@ Design (kernels in :mod:`.chunk_kernels`, helpers and block configs in :mod:`.co
   tensor cores, fp32 accumulation), one product per block of each level (chunk_kernels).
 * Forward, 3 launches: (1) ``_state_fwd_kernel``, grid ``(dk/BD + dv/BD, B*H)``: both passes' chunk-start states
   (the two passes' states depend only on k, v, alpha), each program a sequential walk over the chunks;
-  (2) ``_read_kernel``, grid ``(NT, B*H)``: the pass-1 logits ``z = scale * hk^T q`` (float32, saved for backward);
+  (2) ``_read_kernel``, grid ``(NT, m/BM, B*H)``: the pass-1 logits ``z = scale * hk^T q`` (float32, kept for backward);
   (3) ``_write_kernel``, grid ``(NT, dv/BD, B*H)``: ``o = hv^T softmax(z)``, with the softmax over the m slots taken
   in the kernel. The state buffers are then freed (checkpoint level 2: backward saves q, k, v, log_alpha, z and
   the initial state only).
@@ -79,9 +79,10 @@ def _read(x, y, g, hs, scale, cfg):
     """``scale * [exp(b) (H0 x) + intra-chunk]`` over the slots, float32 ``[B, T, H, M]`` (see chunk_kernels)."""
     B, T, H, D, _, M, NT = _dims(x, y, g, cfg)
     out = triton_utils.empty((B, T, H, M), F32, x.device)
-    _read_kernel[(NT, B * H)](
-        x, y, g, hs, out, T, H, NT, scale, M=M, D=D, BD=min(cfg["READ_BD"], D), C=cfg["CHUNK"], BC=cfg["SUB"],
-        **dot_flags(x.dtype, gated=True), num_warps=cfg["READ_WARPS"], num_stages=cfg["STAGES"],
+    BM = min(cfg["READ_BM"], M)
+    _read_kernel[(NT, M // BM, B * H)](
+        x, y, g, hs, out, T, H, NT, scale, M=M, D=D, BD=min(cfg["READ_BD"], D), BM=BM, C=cfg["CHUNK"],
+        BC=cfg["SUB"], **dot_flags(x.dtype, gated=True), num_warps=cfg["READ_WARPS"], num_stages=cfg["STAGES"],
     )  # fmt: skip
     return out
 
@@ -92,9 +93,9 @@ def _write(kernel, x, z, dp, g, hs, scale, mode, dtype, cfg):
     out = triton_utils.empty((B, T, H, D), dtype, x.device)
     BD = min(cfg["WRITE_BD"], D)
     kernel[(NT, D // BD, B * H)](
-        x, z, z, dp if dp is not None else z, g, hs, out, T, H, NT, scale, MODE=mode, M=M, D=D, BD=BD,
-        C=cfg["CHUNK"], BC=cfg["SUB"], **dot_flags(x.dtype, gated=True), num_warps=cfg["WRITE_WARPS"],
-        num_stages=cfg["STAGES"],
+        x, z, dp if dp is not None else z, g, hs, out, T, H, NT, scale, MODE=mode, M=M, D=D, BD=BD,
+        BM=min(cfg["WRITE_BM"], M), C=cfg["CHUNK"], BC=cfg["SUB"], **dot_flags(x.dtype, gated=True),
+        num_warps=cfg["WRITE_WARPS"], num_stages=cfg["STAGES"],
     )  # fmt: skip
     return out
 
@@ -121,9 +122,10 @@ def _dgate(q, k, v, do, z, dp, g, hsk, hsv, dhsk, dhsv, scale, cfg):
     """The log-gate gradient, float32 ``[B, T, H, M]`` (``_dgate_kernel``)."""
     B, T, H, DK, DV, M, NT = _dims(k, v, g, cfg)
     dg = triton_utils.empty((B, T, H, M), F32, q.device)
-    _dgate_kernel[(NT, B * H)](
+    BM = min(cfg["DGATE_BM"], M)
+    _dgate_kernel[(NT, M // BM, B * H)](
         q, k, v, do, z, dp, g, hsk, hsv, dhsk, dhsv, dg, T, H, NT, scale, M=M, DK=DK, DV=DV,
-        BD=min(cfg["DGATE_BD"], DK, DV), C=cfg["CHUNK"], BC=cfg["SUB"], **dot_flags(q.dtype, gated=True),
+        BD=min(cfg["DGATE_BD"], DK, DV), BM=BM, C=cfg["CHUNK"], BC=cfg["SUB"], **dot_flags(q.dtype, gated=True),
         num_warps=cfg["DGATE_WARPS"], num_stages=cfg["STAGES"],
     )  # fmt: skip
     return dg

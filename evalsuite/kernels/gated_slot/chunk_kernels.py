@@ -9,8 +9,10 @@ or x = v (pass 2, D = dv). Buffers (all contiguous):
 * ``DHS [B*H, NT, M, D]``: the adjoint of the state at the end of chunk n (from later chunks and the final state).
 * ``Z, DP [B, T, H, M]`` float32: pass-1 logits ``scale * hk^T q`` and ``dL/dp``.
 
-The per-chunk kernels, one program per (chunk, [d tile,] batch*head), all built from ``[C, C]``, ``[C, M]`` and
-``[C, D]`` tiles multiplied with ``tl.dot`` (tensor cores for bf16/fp16):
+The per-chunk kernels, one program per (chunk, slot or d tile, batch*head), all built from ``[C, C]``, ``[C, BM]``
+and ``[C, BD]`` tiles multiplied with ``tl.dot`` (tensor cores for bf16/fp16). The gate acts on each slot alone,
+so the kernels whose output is over the slots (read, dgate) take BM of them per program, and those that sum over
+the slots (write, write_rev) loop over them BM at a time: tiles of the whole m spilled kilobytes of registers:
 
 * :func:`_read_kernel` (output over m, contraction over d):
   ``out_r = scale * [exp(b_r) (H0 x_r) + sum_{s<=r} (x_r . y_s) s_s exp(b_r - b_s)]``.
@@ -50,7 +52,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from evalsuite.kernels.gated_slot.common import MICRO, _earlier_factor, _load_u, _local_cumsum, _write_strength
+from evalsuite.kernels.gated_slot.common import (
+    MICRO,
+    _earlier_factor,
+    _load_u,
+    _local_cumsum,
+    _softmax_stats,
+    _u_tile,
+    _write_strength,
+)
 
 # Every kernel takes the constexprs of common.dot_flags (DT, MT, PREC; GT, GMT, GPREC for the gate-scaled
 # products of the per-chunk kernels); see there for the tl.dot idiom.
@@ -131,7 +141,7 @@ def _state_bwd_scan(X, Z, DP, G, DHT, DHS, DH0, bh, i_d, T, H, NT, scale, MODE: 
         ok = t < T
         row = (b * T + t).to(tl.int64) * H + h
         g = tl.load(G + row[:, None] * M + offs_m[None, :], mask=ok[:, None], other=0.0)
-        u = _load_u(G, Z, DP, row, ok, scale, M, MODE) * tl.exp(tl.cumsum(g, 0))  # decay chunk start -> row r
+        u = _load_u(Z, DP, row, ok, scale, M, MODE) * tl.exp(tl.cumsum(g, 0))  # decay chunk start -> row r
         x = tl.load(X + row[:, None] * D + offs_d[None, :], mask=ok[:, None], other=0.0)
         acc = state * tl.exp(tl.sum(g, 0))[:, None]
         state = tl.dot(tl.trans(u).to(DT).to(MT), x.to(DT).to(MT), acc, input_precision=PREC)
@@ -156,33 +166,42 @@ def _state_bwd_kernel(Q, DO, Z, DP, G, DHTK, DHTV, DHSK, DHSV, DH0K, DH0V, T, H,
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Per-chunk kernels. ``rows`` = chunk-local row index; ``bc [C, M]`` the in-chunk cumsum of g. Decays nest over
-# three levels (module docstring): sub-chunks of BC rows in the chunk, micro-blocks of MICRO rows in a sub-chunk,
-# rows in a micro-block; ``l_sub`` / ``l_mic`` are the cumsums of g restarted at every sub-chunk / micro-block.
+# Per-chunk kernels. ``rows`` = chunk-local row index; ``bc [C, BM]`` the in-chunk cumsum of g over a tile of BM
+# slots (the gate acts on each slot alone, so the slot dimension tiles freely). Decays nest over three levels (module
+# docstring): sub-chunks of BC rows in the chunk, micro-blocks of MICRO rows in a sub-chunk, rows in a micro-block;
+# ``l_sub`` / ``l_mic`` are the cumsums of g restarted at every sub-chunk / micro-block.
 # ----------------------------------------------------------------------------------------------------------------
 
 
 @triton.jit
-def _chunk_gates(G, row, ok, C: tl.constexpr, BC: tl.constexpr, M: tl.constexpr):
-    """``(g, bc, l_sub, l_mic, s)`` of one chunk, float32 ``[C, M]``: log gates (0 past T), their inclusive cumsums
-    from the chunk's, each sub-chunk's and each micro-block's start, and the write strength ``s = -expm1(g)``."""
-    g = tl.load(G + row[:, None] * M + tl.arange(0, M)[None, :], mask=ok[:, None], other=0.0)
-    w = _write_strength(g)
-    return g, tl.cumsum(g, 0), _local_cumsum(g, C, BC, M), _local_cumsum(g, C, MICRO, M), w
+def _chunk_gates(G, row, ok, offs_m, C: tl.constexpr, BC: tl.constexpr, M: tl.constexpr, BM: tl.constexpr):
+    """``(bc, l_sub, l_mic, s)`` of one chunk and the slots offs_m, float32 ``[C, BM]``: the inclusive cumsums of
+    the log gates (0 past T) from the chunk's, each sub-chunk's and each micro-block's start, and the write strength
+    ``s = -expm1(g)``."""
+    g = tl.load(G + row[:, None] * M + offs_m[None, :], mask=ok[:, None], other=0.0)
+    return tl.cumsum(g, 0), _local_cumsum(g, C, BC, BM), _local_cumsum(g, C, MICRO, BM), _write_strength(g)
+
+
+@triton.jit
+def _same_block(rows, S: tl.constexpr):
+    """``[C, C]``: rows r and s lie in one block of S rows."""
+    return rows[:, None] // S == rows[None, :] // S
 
 
 @triton.jit
 def _read_kernel(X, Y, G, HS, OUT, T, H, NT, scale, M: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-                 C: tl.constexpr, BC: tl.constexpr, DT: tl.constexpr, MT: tl.constexpr, PREC: tl.constexpr,
-                 GT: tl.constexpr, GMT: tl.constexpr, GPREC: tl.constexpr):  # fmt: skip
+                 BM: tl.constexpr, C: tl.constexpr, BC: tl.constexpr, DT: tl.constexpr, MT: tl.constexpr,
+                 PREC: tl.constexpr, GT: tl.constexpr, GMT: tl.constexpr, GPREC: tl.constexpr):  # fmt: skip
     """``OUT [B, T, H, M]`` float32: ``scale * [exp(b_r) (H0 x_r) + sum_{s<=r} (x_r . y_s) s_s exp(b_r - b_s)]``.
-    Grid (NT, B*H). Pass-1 logits (x=q, y=k, H0 = hk) and dp (x=dO, y=v, H0 = hv, scale 1)."""
+    Grid (NT, M/BM, B*H), a tile of BM slots each. Pass-1 logits (x=q, y=k, H0 = hk) and dp (x=dO, y=v, H0 = hv,
+    scale 1)."""
     n = tl.program_id(0)
-    bh = tl.program_id(1)
+    i_m = tl.program_id(1)
+    bh = tl.program_id(2)
     b = bh // H
     h = bh % H
     rows = tl.arange(0, C)
-    offs_m = tl.arange(0, M)
+    offs_m = i_m * BM + tl.arange(0, BM)
     offs_d = tl.arange(0, BD)
     t = n * C + rows
     ok = t < T
@@ -192,27 +211,27 @@ def _read_kernel(X, Y, G, HS, OUT, T, H, NT, scale, M: tl.constexpr, D: tl.const
         x = tl.load(X + row[:, None] * D + d0 + offs_d[None, :], mask=ok[:, None], other=0.0).to(DT).to(MT)
         y = tl.load(Y + row[:, None] * D + d0 + offs_d[None, :], mask=ok[:, None], other=0.0).to(DT).to(MT)
         a = tl.dot(x, tl.trans(y), a, input_precision=PREC)
-    g, bc, l_sub, l_mic, w = _chunk_gates(G, row, ok, C, BC, M)
+    bc, l_sub, l_mic, w = _chunk_gates(G, row, ok, offs_m, C, BC, M, BM)
     sub = rows // BC
     # s in an earlier sub-chunk than r: exp(b_r - b_s) = exp(l_sub_r) * exp(b at the row before r's sub-chunk - b_s)
-    acc_sub = tl.zeros([C, M], dtype=tl.float32)
+    acc_sub = tl.zeros([C, BM], dtype=tl.float32)
     for j in tl.static_range(1, C // BC):
-        col = w * _earlier_factor(bc, rows, j, C, C, BC, M)
+        col = w * _earlier_factor(bc, rows, j, C, C, BC, BM)
         a_j = tl.where((sub == j)[:, None], a, 0.0)
         acc_sub = tl.dot(a_j.to(GT).to(GMT), col.to(GT).to(GMT), acc_sub, input_precision=GPREC)
     # s in r's sub-chunk, an earlier micro-block; then s < r in r's micro-block: both take exp(l_mic_r) out
-    acc_mic = tl.zeros([C, M], dtype=tl.float32)
+    acc_mic = tl.zeros([C, BM], dtype=tl.float32)
     for j in tl.static_range(1, BC // MICRO):
-        col = w * _earlier_factor(l_sub, rows, j, C, BC, MICRO, M)
-        a_j = tl.where(((rows % BC) // MICRO == j)[:, None] & (sub[:, None] == sub[None, :]), a, 0.0)
+        col = w * _earlier_factor(l_sub, rows, j, C, BC, MICRO, BM)
+        a_j = tl.where(((rows % BC) // MICRO == j)[:, None] & _same_block(rows, BC), a, 0.0)
         acc_mic = tl.dot(a_j.to(GT).to(GMT), col.to(GT).to(GMT), acc_mic, input_precision=GPREC)
     col = tl.where((rows % MICRO < MICRO - 1)[:, None], w * tl.exp(-l_mic), 0.0)  # exp(-l_mic_s) <= e^60 for s < r
-    a_j = tl.where((rows[:, None] // MICRO == rows[None, :] // MICRO) & (rows[None, :] < rows[:, None]), a, 0.0)
+    a_j = tl.where(_same_block(rows, MICRO) & (rows[None, :] < rows[:, None]), a, 0.0)
     acc_mic = tl.dot(a_j.to(GT).to(GMT), col.to(GT).to(GMT), acc_mic, input_precision=GPREC)
     acc = acc_sub * tl.exp(l_sub) + acc_mic * tl.exp(l_mic)
     acc += tl.sum(tl.where(rows[None, :] == rows[:, None], a, 0.0), 1)[:, None] * w  # s = r
     hs = HS + (bh.to(tl.int64) * (NT + 1) + n) * M * D
-    inter = tl.zeros([C, M], dtype=tl.float32)  # x_r . H0 (the chunk-start state)
+    inter = tl.zeros([C, BM], dtype=tl.float32)  # x_r . H0 (the chunk-start state)
     for d0 in tl.static_range(0, D, BD):
         x = tl.load(X + row[:, None] * D + d0 + offs_d[None, :], mask=ok[:, None], other=0.0).to(DT).to(MT)
         h0 = tl.load(hs + offs_m[:, None] * D + d0 + offs_d[None, :]).to(DT).to(MT)
@@ -222,109 +241,117 @@ def _read_kernel(X, Y, G, HS, OUT, T, H, NT, scale, M: tl.constexpr, D: tl.const
 
 
 @triton.jit
-def _write_kernel(Y, U, Z, DP, G, HS, OUT, T, H, NT, scale, MODE: tl.constexpr, M: tl.constexpr, D: tl.constexpr,
-                  BD: tl.constexpr, C: tl.constexpr, BC: tl.constexpr, DT: tl.constexpr, MT: tl.constexpr,
-                  PREC: tl.constexpr, GT: tl.constexpr, GMT: tl.constexpr, GPREC: tl.constexpr):  # fmt: skip
+def _write_kernel(Y, Z, DP, G, HS, OUT, T, H, NT, scale, MODE: tl.constexpr, M: tl.constexpr, D: tl.constexpr,
+                  BD: tl.constexpr, BM: tl.constexpr, C: tl.constexpr, BC: tl.constexpr, DT: tl.constexpr,
+                  MT: tl.constexpr, PREC: tl.constexpr, GT: tl.constexpr, GMT: tl.constexpr,
+                  GPREC: tl.constexpr):  # fmt: skip
     """``OUT [B, T, H, D]`` (OUT's dtype): ``(u_r exp(b_r)) H0 + sum_{s<=r} <u_r, s_s exp(b_r - b_s)> y_s``, u from
-    ``_load_u`` in MODE. Grid (NT, D/BD, B*H). Output o (u = p, y = v, H0 = hv) and dq (u = e, y = k, H0 = hk)."""
+    ``_u_tile`` in MODE. Grid (NT, D/BD, B*H); the slots are summed BM at a time. Output o (u = p, y = v,
+    H0 = hv) and dq (u = e, y = k, H0 = hk)."""
     n = tl.program_id(0)
     i_d = tl.program_id(1)
     bh = tl.program_id(2)
     b = bh // H
     h = bh % H
     rows = tl.arange(0, C)
-    offs_m = tl.arange(0, M)
     offs_d = i_d * BD + tl.arange(0, BD)
     t = n * C + rows
     ok = t < T
     row = (b * T + t).to(tl.int64) * H + h
-    g, bc, l_sub, l_mic, w = _chunk_gates(G, row, ok, C, BC, M)
-    u = _load_u(U, Z, DP, row, ok, scale, M, MODE)
     sub = rows // BC
+    zmax, zsum, pdp = _softmax_stats(Z, DP, row, ok, M, BM, MODE)
+    hs = HS + (bh.to(tl.int64) * (NT + 1) + n) * M * D
     a = tl.zeros([C, C], dtype=tl.float32)  # <u_r, s_s exp(b_r - b_s)>, the three levels as in _read_kernel
-    u_sub = u * tl.exp(l_sub)
-    for j in tl.static_range(1, C // BC):
-        col = w * _earlier_factor(bc, rows, j, C, C, BC, M)
-        u_j = tl.where((sub == j)[:, None], u_sub, 0.0)
-        a = tl.dot(u_j.to(GT).to(GMT), tl.trans(col).to(GT).to(GMT), a, input_precision=GPREC)
-    u_mic = u * tl.exp(l_mic)
-    for j in tl.static_range(1, BC // MICRO):
-        col = w * _earlier_factor(l_sub, rows, j, C, BC, MICRO, M)
-        u_j = tl.where(((rows % BC) // MICRO == j)[:, None], u_mic, 0.0)
-        a_j = tl.dot(u_j.to(GT).to(GMT), tl.trans(col).to(GT).to(GMT), input_precision=GPREC)
-        a += tl.where(sub[:, None] == sub[None, :], a_j, 0.0)
-    col = tl.where((rows % MICRO < MICRO - 1)[:, None], w * tl.exp(-l_mic), 0.0)
-    a_j = tl.dot(u_mic.to(GT).to(GMT), tl.trans(col).to(GT).to(GMT), input_precision=GPREC)
-    a += tl.where((rows[:, None] // MICRO == rows[None, :] // MICRO) & (rows[None, :] < rows[:, None]), a_j, 0.0)
-    a += tl.where(rows[None, :] == rows[:, None], tl.sum(u * w, 1)[:, None], 0.0)  # s = r
-    y = tl.load(Y + row[:, None] * D + offs_d[None, :], mask=ok[:, None], other=0.0)
     acc = tl.zeros([C, BD], dtype=tl.float32)
+    for m0 in tl.range(0, M, BM):
+        offs_m = m0 + tl.arange(0, BM)
+        bc, l_sub, l_mic, w = _chunk_gates(G, row, ok, offs_m, C, BC, M, BM)
+        u = _u_tile(Z, DP, row, ok, scale, zmax, zsum, pdp, offs_m, M, MODE)
+        u_sub = u * tl.exp(l_sub)
+        for j in tl.static_range(1, C // BC):
+            col = w * _earlier_factor(bc, rows, j, C, C, BC, BM)
+            u_j = tl.where((sub == j)[:, None], u_sub, 0.0)
+            a = tl.dot(u_j.to(GT).to(GMT), tl.trans(col).to(GT).to(GMT), a, input_precision=GPREC)
+        u_mic = u * tl.exp(l_mic)
+        for j in tl.static_range(1, BC // MICRO):
+            col = w * _earlier_factor(l_sub, rows, j, C, BC, MICRO, BM)
+            u_j = tl.where(((rows % BC) // MICRO == j)[:, None], u_mic, 0.0)
+            a_j = tl.dot(u_j.to(GT).to(GMT), tl.trans(col).to(GT).to(GMT), input_precision=GPREC)
+            a += tl.where(_same_block(rows, BC), a_j, 0.0)
+        col = tl.where((rows % MICRO < MICRO - 1)[:, None], w * tl.exp(-l_mic), 0.0)
+        a_j = tl.dot(u_mic.to(GT).to(GMT), tl.trans(col).to(GT).to(GMT), input_precision=GPREC)
+        a += tl.where(_same_block(rows, MICRO) & (rows[None, :] < rows[:, None]), a_j, 0.0)
+        a += tl.where(rows[None, :] == rows[:, None], tl.sum(u * w, 1)[:, None], 0.0)  # s = r
+        h0 = tl.load(hs + offs_m[:, None] * D + offs_d[None, :])
+        acc = tl.dot((u * tl.exp(bc)).to(DT).to(MT), h0.to(DT).to(MT), acc, input_precision=PREC)
+    y = tl.load(Y + row[:, None] * D + offs_d[None, :], mask=ok[:, None], other=0.0)
     acc = tl.dot(a.to(DT).to(MT), y.to(DT).to(MT), acc, input_precision=PREC)
-    h0 = tl.load(HS + (bh.to(tl.int64) * (NT + 1) + n) * M * D + offs_m[:, None] * D + offs_d[None, :])
-    acc = tl.dot((u * tl.exp(bc)).to(DT).to(MT), h0.to(DT).to(MT), acc, input_precision=PREC)
     tl.store(OUT + row[:, None] * D + offs_d[None, :], acc.to(OUT.dtype.element_ty), mask=ok[:, None])
 
 
 @triton.jit
-def _write_rev_kernel(X, U, Z, DP, G, DHS, OUT, T, H, NT, scale, MODE: tl.constexpr, M: tl.constexpr,
-                      D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, BC: tl.constexpr, DT: tl.constexpr,
-                      MT: tl.constexpr, PREC: tl.constexpr, GT: tl.constexpr, GMT: tl.constexpr,
+def _write_rev_kernel(X, Z, DP, G, DHS, OUT, T, H, NT, scale, MODE: tl.constexpr, M: tl.constexpr,
+                      D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, C: tl.constexpr, BC: tl.constexpr,
+                      DT: tl.constexpr, MT: tl.constexpr, PREC: tl.constexpr, GT: tl.constexpr, GMT: tl.constexpr,
                       GPREC: tl.constexpr):  # fmt: skip
     """``OUT [B, T, H, D]``: ``(s_r exp(bt - b_r)) dH + sum_{t>=r} <u_t, s_r exp(b_t - b_r)> x_t``, the gradient of
-    the written rows. Grid (NT, D/BD, B*H). dv (u = p, x = dO, dH = dhv) and dk (u = e, x = q, dH = dhk)."""
+    the written rows. Grid (NT, D/BD, B*H); the slots are summed BM at a time. dv (u = p, x = dO, dH = dhv) and dk
+    (u = e, x = q, dH = dhk)."""
     n = tl.program_id(0)
     i_d = tl.program_id(1)
     bh = tl.program_id(2)
     b = bh // H
     h = bh % H
     rows = tl.arange(0, C)
-    offs_m = tl.arange(0, M)
     offs_d = i_d * BD + tl.arange(0, BD)
     t = n * C + rows
     ok = t < T
     row = (b * T + t).to(tl.int64) * H + h
-    g, bc, l_sub, l_mic, w = _chunk_gates(G, row, ok, C, BC, M)
-    u = _load_u(U, Z, DP, row, ok, scale, M, MODE)
     sub = rows // BC
+    zmax, zsum, pdp = _softmax_stats(Z, DP, row, ok, M, BM, MODE)
+    dhs = DHS + (bh.to(tl.int64) * NT + n) * M * D
     # [r, t]: <u_t, s_r exp(b_t - b_r)>; t in child block j, r before it: exp(l_t) * exp(b before child j - b_r)
     a = tl.zeros([C, C], dtype=tl.float32)
-    u_sub = u * tl.exp(l_sub)
-    for j in tl.static_range(1, C // BC):
-        w_j = w * _earlier_factor(bc, rows, j, C, C, BC, M)
-        u_j = tl.where((sub == j)[:, None], u_sub, 0.0)
-        a = tl.dot(w_j.to(GT).to(GMT), tl.trans(u_j).to(GT).to(GMT), a, input_precision=GPREC)
-    u_mic = u * tl.exp(l_mic)
-    for j in tl.static_range(1, BC // MICRO):
-        w_j = w * _earlier_factor(l_sub, rows, j, C, BC, MICRO, M)
-        u_j = tl.where(((rows % BC) // MICRO == j)[:, None], u_mic, 0.0)
-        a_j = tl.dot(w_j.to(GT).to(GMT), tl.trans(u_j).to(GT).to(GMT), input_precision=GPREC)
-        a += tl.where(sub[:, None] == sub[None, :], a_j, 0.0)
-    w_j = tl.where((rows % MICRO < MICRO - 1)[:, None], w * tl.exp(-l_mic), 0.0)  # r < t in one micro-block
-    a_j = tl.dot(w_j.to(GT).to(GMT), tl.trans(u_mic).to(GT).to(GMT), input_precision=GPREC)
-    a += tl.where((rows[:, None] // MICRO == rows[None, :] // MICRO) & (rows[:, None] < rows[None, :]), a_j, 0.0)
-    a += tl.where(rows[None, :] == rows[:, None], tl.sum(u * w, 1)[:, None], 0.0)  # t = r
-    x = tl.load(X + row[:, None] * D + offs_d[None, :], mask=ok[:, None], other=0.0)
     acc = tl.zeros([C, BD], dtype=tl.float32)
+    for m0 in tl.range(0, M, BM):
+        offs_m = m0 + tl.arange(0, BM)
+        bc, l_sub, l_mic, w = _chunk_gates(G, row, ok, offs_m, C, BC, M, BM)
+        u = _u_tile(Z, DP, row, ok, scale, zmax, zsum, pdp, offs_m, M, MODE)
+        u_sub = u * tl.exp(l_sub)
+        for j in tl.static_range(1, C // BC):
+            w_j = w * _earlier_factor(bc, rows, j, C, C, BC, BM)
+            u_j = tl.where((sub == j)[:, None], u_sub, 0.0)
+            a = tl.dot(w_j.to(GT).to(GMT), tl.trans(u_j).to(GT).to(GMT), a, input_precision=GPREC)
+        u_mic = u * tl.exp(l_mic)
+        for j in tl.static_range(1, BC // MICRO):
+            w_j = w * _earlier_factor(l_sub, rows, j, C, BC, MICRO, BM)
+            u_j = tl.where(((rows % BC) // MICRO == j)[:, None], u_mic, 0.0)
+            a_j = tl.dot(w_j.to(GT).to(GMT), tl.trans(u_j).to(GT).to(GMT), input_precision=GPREC)
+            a += tl.where(_same_block(rows, BC), a_j, 0.0)
+        w_j = tl.where((rows % MICRO < MICRO - 1)[:, None], w * tl.exp(-l_mic), 0.0)  # r < t in one micro-block
+        a_j = tl.dot(w_j.to(GT).to(GMT), tl.trans(u_mic).to(GT).to(GMT), input_precision=GPREC)
+        a += tl.where(_same_block(rows, MICRO) & (rows[:, None] < rows[None, :]), a_j, 0.0)
+        a += tl.where(rows[None, :] == rows[:, None], tl.sum(u * w, 1)[:, None], 0.0)  # t = r
+        bt = tl.sum(tl.where(rows[:, None] == C - 1, bc, 0.0), 0)  # g = 0 past T, so this is b at the last row
+        dh = tl.load(dhs + offs_m[:, None] * D + offs_d[None, :])
+        acc = tl.dot((w * tl.exp(bt[None, :] - bc)).to(DT).to(MT), dh.to(DT).to(MT), acc, input_precision=PREC)
+    x = tl.load(X + row[:, None] * D + offs_d[None, :], mask=ok[:, None], other=0.0)
     acc = tl.dot(a.to(DT).to(MT), x.to(DT).to(MT), acc, input_precision=PREC)
-    bt = tl.sum(tl.where(rows[:, None] == C - 1, bc, 0.0), 0)  # g = 0 past T, so this is b at the last row
-    dh = tl.load(DHS + (bh.to(tl.int64) * NT + n) * M * D + offs_m[:, None] * D + offs_d[None, :])
-    acc = tl.dot((w * tl.exp(bt[None, :] - bc)).to(DT).to(MT), dh.to(DT).to(MT), acc, input_precision=PREC)
     tl.store(OUT + row[:, None] * D + offs_d[None, :], acc.to(OUT.dtype.element_ty), mask=ok[:, None])
 
 
 @triton.jit
-def _ds_pass(X, Y, dh, G, Z, DP, bc, l_sub, l_mic, bt, row, ok, scale, MODE: tl.constexpr, M: tl.constexpr,
-             D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, BC: tl.constexpr, DT: tl.constexpr,
-             MT: tl.constexpr, PREC: tl.constexpr, GT: tl.constexpr, GMT: tl.constexpr,
-             GPREC: tl.constexpr):  # fmt: skip
-    """dL/ds of one pass for the rows of a chunk, ``[C, M]``:
-    ``exp(bt - b_r) (dH y_r) + sum_{t>=r} (x_t . y_r) u_t exp(b_t - b_r)``, u from ``_load_u`` in MODE; dh points at
-    ``DHS[bh, n] [M, D]``."""
+def _ds_pass(X, Y, dh, Z, DP, zmax, zsum, pdp, bc, l_sub, l_mic, bt, row, ok, offs_m, scale, MODE: tl.constexpr,
+             M: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, C: tl.constexpr,
+             BC: tl.constexpr, DT: tl.constexpr, MT: tl.constexpr, PREC: tl.constexpr, GT: tl.constexpr,
+             GMT: tl.constexpr, GPREC: tl.constexpr):  # fmt: skip
+    """dL/ds of one pass for the rows of a chunk and the slots offs_m, ``[C, BM]``:
+    ``exp(bt - b_r) (dH y_r) + sum_{t>=r} (x_t . y_r) u_t exp(b_t - b_r)``, u from ``_u_tile`` in MODE; dh points
+    at ``DHS[bh, n] [M, D]``."""
     rows = tl.arange(0, C)
     sub = rows // BC
-    offs_m = tl.arange(0, M)
     offs_d = tl.arange(0, BD)
-    u = _load_u(G, Z, DP, row, ok, scale, M, MODE)
+    u = _u_tile(Z, DP, row, ok, scale, zmax, zsum, pdp, offs_m, M, MODE)
     a = tl.zeros([C, C], dtype=tl.float32)  # [r, t]: y_r . x_t
     for d0 in tl.static_range(0, D, BD):
         y = tl.load(Y + row[:, None] * D + d0 + offs_d[None, :], mask=ok[:, None], other=0.0).to(DT).to(MT)
@@ -336,17 +363,17 @@ def _ds_pass(X, Y, dh, G, Z, DP, bc, l_sub, l_mic, bt, row, ok, scale, MODE: tl.
     for j in tl.static_range(1, C // BC):
         u_j = tl.where((sub == j)[:, None], u_sub, 0.0)
         part = tl.dot(a.to(GT).to(GMT), u_j.to(GT).to(GMT), input_precision=GPREC)
-        acc += _earlier_factor(bc, rows, j, C, C, BC, M) * part
+        acc += _earlier_factor(bc, rows, j, C, C, BC, BM) * part
     u_mic = u * tl.exp(l_mic)
-    a_sub = tl.where(sub[:, None] == sub[None, :], a, 0.0).to(GT).to(GMT)
+    a_sub = tl.where(_same_block(rows, BC), a, 0.0).to(GT).to(GMT)
     for j in tl.static_range(1, BC // MICRO):
         u_j = tl.where(((rows % BC) // MICRO == j)[:, None], u_mic, 0.0)
         part = tl.dot(a_sub, u_j.to(GT).to(GMT), input_precision=GPREC)
-        acc += _earlier_factor(l_sub, rows, j, C, BC, MICRO, M) * part
-    a_j = tl.where((rows[:, None] // MICRO == rows[None, :] // MICRO) & (rows[:, None] < rows[None, :]), a, 0.0)
+        acc += _earlier_factor(l_sub, rows, j, C, BC, MICRO, BM) * part
+    a_j = tl.where(_same_block(rows, MICRO) & (rows[:, None] < rows[None, :]), a, 0.0)
     part = tl.dot(a_j.to(GT).to(GMT), u_mic.to(GT).to(GMT), input_precision=GPREC)
     acc += tl.where((rows % MICRO < MICRO - 1)[:, None], tl.exp(-l_mic), 0.0) * part  # r < t: exp(-l_mic_r) <= e^60
-    inter = tl.zeros([C, M], dtype=tl.float32)  # y_r . dH
+    inter = tl.zeros([C, BM], dtype=tl.float32)  # y_r . dH
     for d0 in tl.static_range(0, D, BD):
         y = tl.load(Y + row[:, None] * D + d0 + offs_d[None, :], mask=ok[:, None], other=0.0).to(DT).to(MT)
         dht = tl.load(dh + offs_m[:, None] * D + d0 + offs_d[None, :]).to(DT).to(MT)
@@ -356,10 +383,10 @@ def _ds_pass(X, Y, dh, G, Z, DP, bc, l_sub, l_mic, bt, row, ok, scale, MODE: tl.
 
 @triton.jit
 def _dgate_kernel(Q, K, V, DO, Z, DP, G, HSK, HSV, DHSK, DHSV, DG, T, H, NT, scale, M: tl.constexpr,
-                  DK: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, BC: tl.constexpr,
-                  DT: tl.constexpr, MT: tl.constexpr, PREC: tl.constexpr, GT: tl.constexpr, GMT: tl.constexpr,
-                  GPREC: tl.constexpr):  # fmt: skip
-    """``DG [B, T, H, M]`` float32, the gradient w.r.t. log alpha. Grid (NT, B*H).
+                  DK: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, C: tl.constexpr,
+                  BC: tl.constexpr, DT: tl.constexpr, MT: tl.constexpr, PREC: tl.constexpr, GT: tl.constexpr,
+                  GMT: tl.constexpr, GPREC: tl.constexpr):  # fmt: skip
+    """``DG [B, T, H, M]`` float32, the gradient w.r.t. log alpha. Grid (NT, M/BM, B*H), a tile of BM slots each.
 
     With B_t the global cumsum of g, ``dL/dB_t = z dz + p dp - s (ds1 + ds2)`` (reader minus writer terms of both
     passes; ``z dz`` = pass-1 output times its gradient), and ``dg_t = sum_{t'>=t} dL/dB_t' - exp(g_t)(ds1 + ds2)``.
@@ -368,11 +395,12 @@ def _dgate_kernel(Q, K, V, DO, Z, DP, G, HSK, HSV, DHSK, DHSV, DG, T, H, NT, sca
     as the future sees it), read from DHS[n] and HS[n + 1], so no sequential pass over T is needed.
     """
     n = tl.program_id(0)
-    bh = tl.program_id(1)
+    i_m = tl.program_id(1)
+    bh = tl.program_id(2)
     b = bh // H
     h = bh % H
     rows = tl.arange(0, C)
-    offs_m = tl.arange(0, M)
+    offs_m = i_m * BM + tl.arange(0, BM)
     offs_d = tl.arange(0, BD)
     t = n * C + rows
     ok = t < T
@@ -381,27 +409,27 @@ def _dgate_kernel(Q, K, V, DO, Z, DP, G, HSK, HSV, DHSK, DHSV, DG, T, H, NT, sca
     dhv = DHSV + (bh.to(tl.int64) * NT + n) * M * DV
     hk_end = HSK + (bh.to(tl.int64) * (NT + 1) + n + 1) * M * DK
     hv_end = HSV + (bh.to(tl.int64) * (NT + 1) + n + 1) * M * DV
-    later = tl.zeros([M], dtype=tl.float32)
+    later = tl.zeros([BM], dtype=tl.float32)
     for d0 in tl.static_range(0, DK, BD):
         tile = offs_m[:, None] * DK + d0 + offs_d[None, :]
         later += tl.sum(tl.load(dhk + tile) * tl.load(hk_end + tile), 1)
     for d0 in tl.static_range(0, DV, BD):
         tile = offs_m[:, None] * DV + d0 + offs_d[None, :]
         later += tl.sum(tl.load(dhv + tile) * tl.load(hv_end + tile), 1)
-    g, bc, l_sub, l_mic, w = _chunk_gates(G, row, ok, C, BC, M)
+    bc, l_sub, l_mic, w = _chunk_gates(G, row, ok, offs_m, C, BC, M, BM)
     bt = tl.sum(tl.where(rows[:, None] == C - 1, bc, 0.0), 0)
+    # u of pass 1 is e = scale * dz (MODE 2), of pass 2 p (MODE 1); the softmax statistics of MODE 2 include MODE 1's
+    zmax, zsum, pdp = _softmax_stats(Z, DP, row, ok, M, BM, 2)
+    ds = _ds_pass(Q, K, dhk, Z, DP, zmax, zsum, pdp, bc, l_sub, l_mic, bt, row, ok, offs_m, scale, 2, M, DK, BD, BM,
+                  C, BC, DT, MT, PREC, GT, GMT, GPREC)  # fmt: skip
+    ds += _ds_pass(DO, V, dhv, Z, DP, zmax, zsum, pdp, bc, l_sub, l_mic, bt, row, ok, offs_m, scale, 1, M, DV, BD,
+                   BM, C, BC, DT, MT, PREC, GT, GMT, GPREC)  # fmt: skip
     offs = row[:, None] * M + offs_m[None, :]
-    # u of pass 1 is e = scale * dz (MODE 2 of _load_u), of pass 2 p (MODE 1); each pass loads its own, which is
-    # cheaper than keeping z, dp, p and dz live across both passes
-    ds = _ds_pass(Q, K, dhk, G, Z, DP, bc, l_sub, l_mic, bt, row, ok, scale, 2, M, DK, BD, C, BC, DT, MT, PREC,
-                  GT, GMT, GPREC)  # fmt: skip
-    ds += _ds_pass(DO, V, dhv, G, Z, DP, bc, l_sub, l_mic, bt, row, ok, scale, 1, M, DV, BD, C, BC, DT, MT, PREC,
-                   GT, GMT, GPREC)  # fmt: skip
     z = tl.load(Z + offs, mask=ok[:, None], other=0.0)
     dp = tl.load(DP + offs, mask=ok[:, None], other=0.0)
-    ez = tl.exp(z - tl.max(z, 1)[:, None])
-    p = tl.where(ok[:, None], ez / tl.sum(ez, 1)[:, None], 0.0)
-    dz = p * (dp - tl.sum(p * dp, 1)[:, None])
+    p = _u_tile(Z, DP, row, ok, scale, zmax, zsum, pdp, offs_m, M, 1)
+    dz = p * (dp - pdp[:, None])
     db = tl.where(ok[:, None], z * dz + p * dp - w * ds, 0.0)
     suffix = later[None, :] + tl.cumsum(db, 0, reverse=True)  # sum over t' >= r of dL/dB_t'
+    g = tl.load(G + offs, mask=ok[:, None], other=0.0)
     tl.store(DG + offs, suffix - tl.exp(g) * ds, mask=ok[:, None])

@@ -46,10 +46,12 @@ MICRO = tl.constexpr(4)
 # products, pairs across the micro-blocks of a sub-chunk SUB/MICRO - 1, pairs in a micro-block one); STATE_BD: d
 # tile per program of the state scans, grid (dk/BD + dv/BD, B*H); READ_BD and DGATE_BD: inner d step of the read
 # and dgate kernels (they contract over d); WRITE_BD: d tile per program of the kernels whose output is over d
-# (write, write_rev); *_WARPS per kernel family.
-# The per-chunk kernels work on ``CHUNK x CHUNK`` / ``CHUNK x m`` tiles with tl.dot (wgmma on H100); with 64 x 64
-# fp32 tiles 4 warps is at the register limit (dgate, which holds the most, gets 8). scripts/tune_gsa.py sweeps the
-# alternatives on hardware and prints a dict to paste here.
+# (write, write_rev); *_BM: slots per tile (read, dgate: one program per tile; write: a loop over the tiles);
+# *_WARPS per kernel family. The per-chunk kernels work on ``CHUNK x CHUNK`` and ``CHUNK x BM`` tiles with tl.dot
+# (wgmma on H100). Chosen so that the sm_90 build spills (almost) nothing at dk = dv = m = 128
+# (scripts/gsa_sm90_resources.py: read 80 bytes, write 0, dgate 496; whole-m tiles spilled 2-5 KB a thread, and the
+# kernels ran 2-6x slower than before the exact-gate fix, results/bench/h100/gsa-kernel-fix/). scripts/tune_gsa.py
+# sweeps the alternatives on hardware and prints a dict to paste here.
 GPU_CONFIG = {
     "CHUNK": 64,
     "SUB": 16,
@@ -57,10 +59,13 @@ GPU_CONFIG = {
     "STATE_WARPS": 4,
     "STATE_STAGES": 2,
     "READ_BD": 64,
+    "READ_BM": 32,
     "READ_WARPS": 4,
     "WRITE_BD": 64,
-    "WRITE_WARPS": 4,
+    "WRITE_BM": 32,
+    "WRITE_WARPS": 8,
     "DGATE_BD": 64,
+    "DGATE_BM": 32,
     "DGATE_WARPS": 8,
     "STAGES": 1,
     "DECODE_BD": 64,
@@ -75,10 +80,13 @@ INTERPRET_CONFIG = {
     "STATE_WARPS": 1,
     "STATE_STAGES": 1,
     "READ_BD": 16,
+    "READ_BM": 16,
     "READ_WARPS": 1,
     "WRITE_BD": 16,
+    "WRITE_BM": 16,
     "WRITE_WARPS": 1,
     "DGATE_BD": 16,
+    "DGATE_BM": 16,
     "DGATE_WARPS": 1,
     "STAGES": 1,
     "DECODE_BD": 16,
@@ -168,21 +176,38 @@ def _earlier_factor(outer, rows, j, C: tl.constexpr, P: tl.constexpr, S: tl.cons
 
 
 @triton.jit
-def _load_u(U, Z, DP, row, ok, scale, M: tl.constexpr, MODE: tl.constexpr):
-    """The slot weights ``u [rows, M]`` (float32, 0 on rows past T) that a pass contracts over m.
-
-    MODE 0: read U. MODE 1: ``p = softmax(Z)`` over the slots (Z = the pass-1 logits ``scale * hk^T q``).
-    MODE 2: ``e = scale * p * (dP - <p, dP>)``, the gradient of pass 1's raw output (softmax backward).
-    """
-    offs = row[:, None] * M + tl.arange(0, M)[None, :]
-    if MODE == 0:
-        u = tl.load(U + offs, mask=ok[:, None], other=0.0).to(tl.float32)
-    else:
-        z = tl.load(Z + offs, mask=ok[:, None], other=0.0)
-        z = z - tl.max(z, 1)[:, None]
-        ez = tl.exp(z)
-        u = ez / tl.sum(ez, 1)[:, None]
+def _softmax_stats(Z, DP, row, ok, M: tl.constexpr, BM: tl.constexpr, MODE: tl.constexpr):
+    """Per row of ``Z [rows, M]`` (the pass-1 logits ``scale * hk^T q``), read BM slots at a time: the max, the sum
+    of ``exp(z - max)`` and, in MODE 2, ``<p, dP>`` (0 otherwise), for :func:`_u_tile`."""
+    zmax = tl.full([row.shape[0]], float("-inf"), tl.float32)
+    for m0 in tl.range(0, M, BM):
+        offs = row[:, None] * M + m0 + tl.arange(0, BM)[None, :]
+        zmax = tl.maximum(zmax, tl.max(tl.load(Z + offs, mask=ok[:, None], other=0.0), 1))
+    zsum = tl.zeros([row.shape[0]], dtype=tl.float32)
+    pdp = tl.zeros([row.shape[0]], dtype=tl.float32)
+    for m0 in tl.range(0, M, BM):
+        offs = row[:, None] * M + m0 + tl.arange(0, BM)[None, :]
+        ez = tl.exp(tl.load(Z + offs, mask=ok[:, None], other=0.0) - zmax[:, None])
+        zsum += tl.sum(ez, 1)
         if MODE == 2:
-            dp = tl.load(DP + offs, mask=ok[:, None], other=0.0)
-            u = scale * u * (dp - tl.sum(u * dp, 1)[:, None])
+            pdp += tl.sum(ez * tl.load(DP + offs, mask=ok[:, None], other=0.0), 1)
+    return zmax, zsum, pdp / zsum
+
+
+@triton.jit
+def _u_tile(Z, DP, row, ok, scale, zmax, zsum, pdp, offs_m, M: tl.constexpr, MODE: tl.constexpr):
+    """The slot weights ``u [rows, len(offs_m)]`` (float32, 0 on rows past T) that a pass contracts over m, for the
+    slots offs_m, from the row statistics of :func:`_softmax_stats`. MODE 1: ``p = softmax(Z)`` over the slots.
+    MODE 2: ``e = scale * p * (dP - <p, dP>)``, the gradient of pass 1's raw output (softmax backward)."""
+    offs = row[:, None] * M + offs_m[None, :]
+    u = tl.exp(tl.load(Z + offs, mask=ok[:, None], other=0.0) - zmax[:, None]) / zsum[:, None]
+    if MODE == 2:
+        u = scale * u * (tl.load(DP + offs, mask=ok[:, None], other=0.0) - pdp[:, None])
     return tl.where(ok[:, None], u, 0.0)
+
+
+@triton.jit
+def _load_u(Z, DP, row, ok, scale, M: tl.constexpr, MODE: tl.constexpr):
+    """:func:`_u_tile` over all M slots (the state scans)."""
+    zmax, zsum, pdp = _softmax_stats(Z, DP, row, ok, M, M, MODE)
+    return _u_tile(Z, DP, row, ok, scale, zmax, zsum, pdp, tl.arange(0, M), M, MODE)
