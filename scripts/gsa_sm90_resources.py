@@ -4,7 +4,10 @@ spill stack, shared memory and compile seconds: what a GPU would build, checked 
 Triton's wheel carries ptxas and cuobjdump, so ``triton.compile`` reaches a cubin without a driver. Usage:
     python scripts/gsa_sm90_resources.py [--md 64] [--warps 8] [--dgate-warps 8] [--kernels PATH/chunk_kernels.py]
 ``--kernels`` loads another version of the module (e.g. ``git show REV:evalsuite/kernels/gated_slot/chunk_kernels.py``)
-to compare. Written when the first exact-gate kernels (unrolled lag loops) took ~10 minutes to compile.
+to compare; for a version whose helpers in common.py differ, run this script with PYTHONPATH at that tree instead
+(``git archive REV evalsuite | tar -x -C DIR``). Triton's code generation differs between versions: to see what the
+GPU machine builds, put its triton (3.6.0 in 2026-11) first on PYTHONPATH (``pip install --no-deps --target DIR
+triton==3.6.0``). Written when the first exact-gate kernels (unrolled lag loops) took ~10 minutes to compile.
 """
 
 from __future__ import annotations
@@ -80,18 +83,19 @@ def build(name: str, constexprs: dict, pointers: dict, warps: int) -> dict:
 
 base = dict(M=args.md, C=cfg["CHUNK"], BC=cfg["SUB"], **flags)
 bf16, f32 = "*bf16", "*fp32"
-written = {"Z": f32, "DP": f32, "G": f32}
-rows = [build("_read_kernel", dict(base, D=args.md, BD=cfg["READ_BD"], BM=min(cfg["READ_BM"], args.md)),
+written = {"Z": f32, "DP": f32, "G": f32, "U": f32}  # U: kernels before faa71fc
+rows = [build("_read_kernel", dict(base, D=args.md, BD=cfg["READ_BD"], BM=min(cfg.get("READ_BM", args.md), args.md)),
               {"X": bf16, "Y": bf16, "G": f32, "HS": f32, "OUT": f32}, cfg["READ_WARPS"])]  # fmt: skip
 for mode in (1, 2):
     for name, extra in (("_write_kernel", {"Y": bf16, "HS": f32}), ("_write_rev_kernel", {"X": bf16, "DHS": f32})):
-        rows.append(build(name, dict(base, D=args.md, BD=cfg["WRITE_BD"], BM=min(cfg["WRITE_BM"], args.md), MODE=mode),
+        bm = min(cfg.get("WRITE_BM", args.md), args.md)
+        rows.append(build(name, dict(base, D=args.md, BD=cfg["WRITE_BD"], BM=bm, MODE=mode),
                           {**written, **extra, "OUT": bf16}, cfg["WRITE_WARPS"]))  # fmt: skip
 pointers = {n: bf16 if n in ("Q", "K", "V", "DO") else f32 for n in "Q K V DO Z DP G HSK HSV DHSK DHSV DG".split()}
 rows.append(
     build(
         "_dgate_kernel",
-        dict(base, DK=args.md, DV=args.md, BD=cfg["DGATE_BD"], BM=min(cfg["DGATE_BM"], args.md)),
+        dict(base, DK=args.md, DV=args.md, BD=cfg["DGATE_BD"], BM=min(cfg.get("DGATE_BM", args.md), args.md)),
         pointers,
         cfg["DGATE_WARPS"],
     )
