@@ -51,8 +51,9 @@ F32 = torch.float32
 # log alpha is clamped at LOG_ALPHA_FLOOR = -20 (reference.py, which clamps the same way): alpha = 2e-9 keeps less
 # than 1/50 of a float32 ulp of the old state, so the result is the exact one to float32 precision, and the in-chunk
 # cumsum b stays within 64 * 20 (its rounding, ulp(b), is the error of every decay factor exp(b_r - b_s) taken as a
-# difference; unclamped, one saturated gate of -1e4 would leave the rest of its chunk with decay errors of order 1).
-# The gradient of a clamped entry is 0 (it is proportional to alpha).
+# difference; unclamped, one saturated gate of -1e4 would leave the rest of its chunk with decay errors of order 1),
+# and a micro-block's larger decay factor stays below e^(3 * 20) (common.MICRO). The gradient of a clamped entry is
+# 0 (it is proportional to alpha).
 
 
 def _dims(k, v, g, cfg):
