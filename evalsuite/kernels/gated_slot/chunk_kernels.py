@@ -189,6 +189,29 @@ def _same_block(rows, S: tl.constexpr):
 
 
 @triton.jit
+def _pair_weights(a, u, w, bc, l_sub, l_mic, rows, C: tl.constexpr, BC: tl.constexpr, BM: tl.constexpr,
+                  GT: tl.constexpr, GMT: tl.constexpr, GPREC: tl.constexpr):  # fmt: skip
+    """``a [C, C]`` plus one slot tile's ``<u_r, s_s exp(b_r - b_s)>`` for s <= r (0 above the diagonal), the three
+    levels as in _read_kernel with ``exp(l_r)`` on u. The write kernel's pair matrix; write_rev's is its transpose."""
+    sub = rows // BC
+    u_sub = u * tl.exp(l_sub)
+    for j in tl.static_range(1, C // BC):
+        col = w * _earlier_factor(bc, rows, j, C, C, BC, BM)
+        u_j = tl.where((sub == j)[:, None], u_sub, 0.0)
+        a = tl.dot(u_j.to(GT).to(GMT), tl.trans(col).to(GT).to(GMT), a, input_precision=GPREC)
+    u_mic = u * tl.exp(l_mic)
+    for j in tl.static_range(1, BC // MICRO):
+        col = w * _earlier_factor(l_sub, rows, j, C, BC, MICRO, BM)
+        u_j = tl.where(((rows % BC) // MICRO == j)[:, None], u_mic, 0.0)
+        a_j = tl.dot(u_j.to(GT).to(GMT), tl.trans(col).to(GT).to(GMT), input_precision=GPREC)
+        a += tl.where(_same_block(rows, BC), a_j, 0.0)
+    col = tl.where((rows % MICRO < MICRO - 1)[:, None], w * tl.exp(-l_mic), 0.0)
+    a_j = tl.dot(u_mic.to(GT).to(GMT), tl.trans(col).to(GT).to(GMT), input_precision=GPREC)
+    a += tl.where(_same_block(rows, MICRO) & (rows[None, :] < rows[:, None]), a_j, 0.0)
+    return a + tl.where(rows[None, :] == rows[:, None], tl.sum(u * w, 1)[:, None], 0.0)  # s = r
+
+
+@triton.jit
 def _read_kernel(X, Y, G, HS, OUT, T, H, NT, scale, M: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
                  BM: tl.constexpr, C: tl.constexpr, BC: tl.constexpr, DT: tl.constexpr, MT: tl.constexpr,
                  PREC: tl.constexpr, GT: tl.constexpr, GMT: tl.constexpr, GPREC: tl.constexpr):  # fmt: skip
@@ -258,30 +281,15 @@ def _write_kernel(Y, Z, DP, G, HS, OUT, T, H, NT, scale, MODE: tl.constexpr, M: 
     t = n * C + rows
     ok = t < T
     row = (b * T + t).to(tl.int64) * H + h
-    sub = rows // BC
     zmax, zsum, pdp = _softmax_stats(Z, DP, row, ok, M, BM, MODE)
     hs = HS + (bh.to(tl.int64) * (NT + 1) + n) * M * D
-    a = tl.zeros([C, C], dtype=tl.float32)  # <u_r, s_s exp(b_r - b_s)>, the three levels as in _read_kernel
+    a = tl.zeros([C, C], dtype=tl.float32)  # [r, s]: <u_r, s_s exp(b_r - b_s)>
     acc = tl.zeros([C, BD], dtype=tl.float32)
     for m0 in tl.range(0, M, BM):
         offs_m = m0 + tl.arange(0, BM)
         bc, l_sub, l_mic, w = _chunk_gates(G, row, ok, offs_m, C, BC, M, BM)
         u = _u_tile(Z, DP, row, ok, scale, zmax, zsum, pdp, offs_m, M, MODE)
-        u_sub = u * tl.exp(l_sub)
-        for j in tl.static_range(1, C // BC):
-            col = w * _earlier_factor(bc, rows, j, C, C, BC, BM)
-            u_j = tl.where((sub == j)[:, None], u_sub, 0.0)
-            a = tl.dot(u_j.to(GT).to(GMT), tl.trans(col).to(GT).to(GMT), a, input_precision=GPREC)
-        u_mic = u * tl.exp(l_mic)
-        for j in tl.static_range(1, BC // MICRO):
-            col = w * _earlier_factor(l_sub, rows, j, C, BC, MICRO, BM)
-            u_j = tl.where(((rows % BC) // MICRO == j)[:, None], u_mic, 0.0)
-            a_j = tl.dot(u_j.to(GT).to(GMT), tl.trans(col).to(GT).to(GMT), input_precision=GPREC)
-            a += tl.where(_same_block(rows, BC), a_j, 0.0)
-        col = tl.where((rows % MICRO < MICRO - 1)[:, None], w * tl.exp(-l_mic), 0.0)
-        a_j = tl.dot(u_mic.to(GT).to(GMT), tl.trans(col).to(GT).to(GMT), input_precision=GPREC)
-        a += tl.where(_same_block(rows, MICRO) & (rows[None, :] < rows[:, None]), a_j, 0.0)
-        a += tl.where(rows[None, :] == rows[:, None], tl.sum(u * w, 1)[:, None], 0.0)  # s = r
+        a = _pair_weights(a, u, w, bc, l_sub, l_mic, rows, C, BC, BM, GT, GMT, GPREC)
         h0 = tl.load(hs + offs_m[:, None] * D + offs_d[None, :])
         acc = tl.dot((u * tl.exp(bc)).to(DT).to(MT), h0.to(DT).to(MT), acc, input_precision=PREC)
     y = tl.load(Y + row[:, None] * D + offs_d[None, :], mask=ok[:, None], other=0.0)
@@ -307,36 +315,20 @@ def _write_rev_kernel(X, Z, DP, G, DHS, OUT, T, H, NT, scale, MODE: tl.constexpr
     t = n * C + rows
     ok = t < T
     row = (b * T + t).to(tl.int64) * H + h
-    sub = rows // BC
     zmax, zsum, pdp = _softmax_stats(Z, DP, row, ok, M, BM, MODE)
     dhs = DHS + (bh.to(tl.int64) * NT + n) * M * D
-    # [r, t]: <u_t, s_r exp(b_t - b_r)>; t in child block j, r before it: exp(l_t) * exp(b before child j - b_r)
-    a = tl.zeros([C, C], dtype=tl.float32)
+    a = tl.zeros([C, C], dtype=tl.float32)  # [t, r]: <u_t, s_r exp(b_t - b_r)>, write's pair matrix
     acc = tl.zeros([C, BD], dtype=tl.float32)
     for m0 in tl.range(0, M, BM):
         offs_m = m0 + tl.arange(0, BM)
         bc, l_sub, l_mic, w = _chunk_gates(G, row, ok, offs_m, C, BC, M, BM)
         u = _u_tile(Z, DP, row, ok, scale, zmax, zsum, pdp, offs_m, M, MODE)
-        u_sub = u * tl.exp(l_sub)
-        for j in tl.static_range(1, C // BC):
-            w_j = w * _earlier_factor(bc, rows, j, C, C, BC, BM)
-            u_j = tl.where((sub == j)[:, None], u_sub, 0.0)
-            a = tl.dot(w_j.to(GT).to(GMT), tl.trans(u_j).to(GT).to(GMT), a, input_precision=GPREC)
-        u_mic = u * tl.exp(l_mic)
-        for j in tl.static_range(1, BC // MICRO):
-            w_j = w * _earlier_factor(l_sub, rows, j, C, BC, MICRO, BM)
-            u_j = tl.where(((rows % BC) // MICRO == j)[:, None], u_mic, 0.0)
-            a_j = tl.dot(w_j.to(GT).to(GMT), tl.trans(u_j).to(GT).to(GMT), input_precision=GPREC)
-            a += tl.where(_same_block(rows, BC), a_j, 0.0)
-        w_j = tl.where((rows % MICRO < MICRO - 1)[:, None], w * tl.exp(-l_mic), 0.0)  # r < t in one micro-block
-        a_j = tl.dot(w_j.to(GT).to(GMT), tl.trans(u_mic).to(GT).to(GMT), input_precision=GPREC)
-        a += tl.where(_same_block(rows, MICRO) & (rows[:, None] < rows[None, :]), a_j, 0.0)
-        a += tl.where(rows[None, :] == rows[:, None], tl.sum(u * w, 1)[:, None], 0.0)  # t = r
+        a = _pair_weights(a, u, w, bc, l_sub, l_mic, rows, C, BC, BM, GT, GMT, GPREC)  # [t, r], transposed below
         bt = tl.sum(tl.where(rows[:, None] == C - 1, bc, 0.0), 0)  # g = 0 past T, so this is b at the last row
         dh = tl.load(dhs + offs_m[:, None] * D + offs_d[None, :])
         acc = tl.dot((w * tl.exp(bt[None, :] - bc)).to(DT).to(MT), dh.to(DT).to(MT), acc, input_precision=PREC)
     x = tl.load(X + row[:, None] * D + offs_d[None, :], mask=ok[:, None], other=0.0)
-    acc = tl.dot(a.to(DT).to(MT), x.to(DT).to(MT), acc, input_precision=PREC)
+    acc = tl.dot(tl.trans(a).to(DT).to(MT), x.to(DT).to(MT), acc, input_precision=PREC)
     tl.store(OUT + row[:, None] * D + offs_d[None, :], acc.to(OUT.dtype.element_ty), mask=ok[:, None])
 
 
