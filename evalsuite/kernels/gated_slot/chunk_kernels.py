@@ -12,7 +12,7 @@ or x = v (pass 2, D = dv). Buffers (all contiguous):
 The per-chunk kernels, one program per (chunk, slot or d tile, batch*head), all built from ``[C, C]``, ``[C, BM]``
 and ``[C, BD]`` tiles multiplied with ``tl.dot`` (tensor cores for bf16/fp16). The gate acts on each slot alone,
 so the kernels whose output is over the slots (read, dgate) take BM of them per program, and those that sum over
-the slots (write, write_rev) loop over them BM at a time: tiles of the whole m spilled kilobytes of registers:
+the slots (write, write_rev) loop over them BM at a time (tiles of the whole m spilled kilobytes of registers):
 
 * :func:`_read_kernel` (output over m, contraction over d):
   ``out_r = scale * [exp(b_r) (H0 x_r) + sum_{s<=r} (x_r . y_s) s_s exp(b_r - b_s)]``.
@@ -31,20 +31,20 @@ of a single product) nest over three levels: the chunk's sub-chunks of BC rows, 
 with its decay factored at the start of the later row's block at that level:
 ``exp(b_r - b_s) = exp(l_r) * exp(ref - b_s)`` for s < r, with ``l_r`` the log-gate cumsum restarted at the start of
 r's block (``l_sub``, ``l_mic``) and ``ref`` the cumsum at the row before that block (``common._earlier_factor``);
-both factors are ``<= 1``. Forward kernels (read, write: s < r) apply ``exp(l_r)`` to the output rows or the row
-operand; reverse kernels (write_rev, ds: t > r) the same identity with the roles swapped (``exp(l_t)`` on the later
-row t, the reference factor on r). Pairs inside one micro-block take ``exp(l_mic_r) * exp(-l_mic_s)``: ``-l_mic_s``
-sums at most 3 gates clamped at -20, so the larger factor is ``<= e^60``, inside float32's range. Per chunk of 64
+both factors are ``<= 1``. Read and write (s < r) apply ``exp(l_r)`` to the output rows or the row operand;
+write_rev takes write's pair matrix transposed (``_pair_weights``); ds (t > r) the same identity with the roles
+swapped (``exp(l_t)`` on the later row t, the reference factor on r). Pairs inside one micro-block take
+``exp(l_mic_r) * exp(-l_mic_s)``: ``-l_mic_s`` sums at most 3 gates clamped at -20, so the larger factor is
+``<= e^60``, inside float32's range. Per chunk of 64
 with BC = 16: 3 + 3 + 1 products of ``[C, C] x [C, .]`` tiles with the non-pairs masked to 0 (the rows outside
-the block, or the result), each factor a few exps over a ``[C, M]`` tile; no loops over rows.
+the block, or the result), each factor a few exps over a ``[C, BM]`` tile; no loops over rows.
 
 Every exponent is ``<= 0`` but the in-micro-block one (``<= 60``) for any log alpha, so the kernels are exact for
 saturated gates (``test_extreme_gates_exact``): the mid-row factoring of 16-row sub-chunks before 2026-11-27
 overflowed to NaN beyond log alpha ~ -11 per token, and its first fix (e816024 .. c4ad80a) summed the pairs of a
-sub-chunk lag by lag in float32, exact but 2.9x slower per training step of the layer on an H100
-(results/bench/h100/gsa-kernel-fix/). fp16 operands
-still take float32 (tf32) in the gate-scaled products (``common.dot_flags(gated=True)``): fp16 would flush the small
-factors early.
+sub-chunk lag by lag in float32, exact but 2.9x slower forward+backward on an H100
+(results/bench/h100/gsa-kernel-fix/). fp16 operands still take float32 (tf32) in the gate-scaled products
+(``common.dot_flags(gated=True)``): fp16 would flush the small factors early.
 """
 
 from __future__ import annotations
