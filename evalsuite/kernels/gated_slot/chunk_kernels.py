@@ -35,9 +35,9 @@ both factors are ``<= 1``. Read and write (s < r) apply ``exp(l_r)`` to the outp
 write_rev takes write's pair matrix transposed (``_pair_weights``); ds (t > r) the same identity with the roles
 swapped (``exp(l_t)`` on the later row t, the reference factor on r). Pairs inside one micro-block take
 ``exp(l_mic_r) * exp(-l_mic_s)``: ``-l_mic_s`` sums at most 3 gates clamped at -20, so the larger factor is
-``<= e^60``, inside float32's range. Per chunk of 64
-with BC = 16: 3 + 3 + 1 products of ``[C, C] x [C, .]`` tiles with the non-pairs masked to 0 (the rows outside
-the block, or the result), each factor a few exps over a ``[C, BM]`` tile; no loops over rows.
+``<= e^60``, inside float32's range. Per chunk of 64 with BC = 16: 3 + 3 + 1 products of ``[C, C] x [C, .]``
+tiles with the non-pairs masked to 0 (the rows outside the block, or the result), each factor a few exps over a
+``[C, BM]`` tile; no loops over rows.
 
 Every exponent is ``<= 0`` but the in-micro-block one (``<= 60``) for any log alpha, so the kernels are exact for
 saturated gates (``test_extreme_gates_exact``): the mid-row factoring of 16-row sub-chunks before 2026-11-27
