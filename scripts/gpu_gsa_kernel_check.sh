@@ -3,6 +3,7 @@
 #
 #   (here, once)  git archive <base-rev> evalsuite > .whl/base_src.tar     # .whl/ is git-ignored and carried
 #   (GPU)         OUT=/some/dir [LABEL=<rev>] [CONFIGS='[{"CHUNK": 32}]'] bash scripts/gpu_gsa_kernel_check.sh
+#                 (CONFIGS defaults to the candidates below; CONFIGS=none skips them)
 #
 # 1. scripts/gpu_gsa_gate_check.py (this tree, then the base tree): output and gradients against a float64
 #    recurrence under mild to extreme gates -> $OUT/gate_check.jsonl.
@@ -33,7 +34,11 @@ for entry in "${TREES[@]}"; do
     PYTHONPATH=$path:$SITE timeout 240 python3 scripts/tune_gsa.py --no-sweep --no-fla --shape 128,512,4,128 \
         --out "$OUT/$name" 2>&1 | quiet > "$OUT/$name.log"
 done
-if [ -n "${CONFIGS:-}" ]; then
+# Candidates around the slot-tiled default (2026-11-27: none timed yet): smaller chunks, wider tiles with more warps,
+# and the dgate / write tiles whose sm_90 builds spill least (scripts/gsa_sm90_resources.py).
+CONFIGS=${CONFIGS:-'[{}, {"CHUNK": 32}, {"CHUNK": 32, "SUB": 8}, {"READ_WARPS": 8}, {"READ_BM": 64, "READ_WARPS": 8},
+  {"DGATE_BM": 16}, {"WRITE_BM": 16, "WRITE_WARPS": 4}, {"WRITE_BD": 32}]'}
+if [ "$CONFIGS" != none ]; then
     PYTHONPATH=$PWD:$SITE timeout 300 python3 scripts/tune_gsa.py --shape 128,512,4,128 --configs "$CONFIGS" \
         --out "$OUT/configs" 2>&1 | quiet > "$OUT/configs.log"
 fi
