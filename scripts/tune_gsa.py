@@ -284,7 +284,7 @@ for fam, timer, space in FAMILIES:
     report["sweep"][fam] = rows
     save()
 
-e2e = {}  # (CHUNK, SUB): pairs in one sub-chunk run SUB - 1 lag steps, pairs across sub-chunks CHUNK/SUB - 1 dots
+e2e = {}  # (CHUNK, SUB): CHUNK/SUB - 1 products across sub-chunks, SUB/4 - 1 across micro-blocks, 1 inside
 blocks = [(64, 16), (64, 8), (64, 32), (32, 16), (32, 8)]
 for chunk_rows, sub_rows in blocks if time.time() - T0 < args.budget + 20 else blocks[:1]:
     try:

@@ -37,7 +37,7 @@ def make_inputs(B, T, H, dk, dv, m, dtype, gate, init, seed=0):
     gate "mild": log alpha = logsigmoid(x) / 8 (the paper's damping, alpha ~ 0.9); "strong": uniform in [-5, 0)
     per token (the state forgets within a few tokens; exp(-cumsum) would overflow within a chunk); "extreme": mild,
     with a third of the entries uniform in [-60, -10) and rows 3-11 at -1000 (a trained gate's saturated slots: a
-    decay over a few tokens beyond float32's exponent range, so no factoring of it into two operands can hold).
+    decay over a few tokens beyond float32's exponent range, which no factoring across a 16-row sub-chunk holds).
     """
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(B, T, H, dk, generator=g).to(dtype)

@@ -423,5 +423,5 @@ def _dgate_kernel(Q, K, V, DO, Z, DP, G, HSK, HSV, DHSK, DHSV, DG, T, H, NT, sca
     dz = p * (dp - pdp[:, None])
     db = tl.where(ok[:, None], z * dz + p * dp - w * ds, 0.0)
     suffix = later[None, :] + tl.cumsum(db, 0, reverse=True)  # sum over t' >= r of dL/dB_t'
-    g = tl.load(G + offs, mask=ok[:, None], other=0.0)
+    g = tl.load(G + offs, mask=ok[:, None], other=0.0)  # reloaded: kept live over both passes, it spills (sm_90)
     tl.store(DG + offs, suffix - tl.exp(g) * ds, mask=ok[:, None])

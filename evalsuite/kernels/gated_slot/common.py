@@ -137,8 +137,7 @@ def check_dtypes(q, k, v) -> None:
 
 # ----------------------------------------------------------------------------------------------------------------
 # Jit helpers. Under the interpreter every call of a jit helper re-patches triton.language (milliseconds per call),
-# so the kernels call only these few (the lag loops of chunk_kernels once per lag: no slower in the tests than the
-# same code inline, measured 2026-11-27).
+# so the kernels call only these few, once per block level or slot tile.
 # ----------------------------------------------------------------------------------------------------------------
 
 # Taylor coefficients of -expm1(g) = -g (1 + g/2 + g^2/6 + g^3/24 + g^4/120 + ...), used for g > -0.1 (relative
