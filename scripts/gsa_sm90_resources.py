@@ -56,9 +56,14 @@ def build(name: str, constexprs: dict, pointers: dict, warps: int) -> dict:
     signature = {
         a: "constexpr" if a in constexprs else pointers.get(a, "fp32" if a == "scale" else "i32") for a in fn.arg_names
     }
+    # What the JIT specialises at launch: 16-byte aligned pointers and T (512 at the MQAR shape) a multiple of 16.
+    # Without these hints the layouts differ and a build can pass here and fail on the GPU (2026-11-27: faa71fc's
+    # write kernel hit an assertion in TritonGPUOptimizeThreadLocality there, not here).
+    aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
+               if signature[a].startswith("*") or a == "T"}  # fmt: skip
     start = time.time()
     kernel = triton.compile(
-        ASTSource(fn, signature, constexprs),
+        ASTSource(fn, signature, constexprs, aligned),
         target=GPUTarget("cuda", 90, 32),
         options={"num_warps": warps, "num_stages": cfg["STAGES"]},
     )

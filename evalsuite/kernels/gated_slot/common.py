@@ -178,18 +178,23 @@ def _earlier_factor(outer, rows, j, C: tl.constexpr, P: tl.constexpr, S: tl.cons
 def _softmax_stats(Z, DP, row, ok, M: tl.constexpr, BM: tl.constexpr, MODE: tl.constexpr):
     """Per row of ``Z [rows, M]`` (the pass-1 logits ``scale * hk^T q``), read BM slots at a time: the max, the sum
     of ``exp(z - max)`` and, in MODE 2, ``<p, dP>`` (0 otherwise), for :func:`_u_tile`."""
-    zmax = tl.full([row.shape[0]], float("-inf"), tl.float32)
+    # Tiles accumulate elementwise and reduce once after each loop: a row reduction inside the loop trips an
+    # assertion in triton 3.6's TritonGPUOptimizeThreadLocality pass on sm_90 (scripts/gsa_sm90_resources.py).
+    tile_max = tl.full([row.shape[0], BM], float("-inf"), tl.float32)
     for m0 in tl.range(0, M, BM):
         offs = row[:, None] * M + m0 + tl.arange(0, BM)[None, :]
-        zmax = tl.maximum(zmax, tl.max(tl.load(Z + offs, mask=ok[:, None], other=0.0), 1))
-    zsum = tl.zeros([row.shape[0]], dtype=tl.float32)
-    pdp = tl.zeros([row.shape[0]], dtype=tl.float32)
+        tile_max = tl.maximum(tile_max, tl.load(Z + offs, mask=ok[:, None], other=0.0))
+    zmax = tl.max(tile_max, 1)
+    tile_sum = tl.zeros([row.shape[0], BM], dtype=tl.float32)
+    tile_pdp = tl.zeros([row.shape[0], BM], dtype=tl.float32)
     for m0 in tl.range(0, M, BM):
         offs = row[:, None] * M + m0 + tl.arange(0, BM)[None, :]
         ez = tl.exp(tl.load(Z + offs, mask=ok[:, None], other=0.0) - zmax[:, None])
-        zsum += tl.sum(ez, 1)
+        tile_sum += ez
         if MODE == 2:
-            pdp += tl.sum(ez * tl.load(DP + offs, mask=ok[:, None], other=0.0), 1)
+            tile_pdp += ez * tl.load(DP + offs, mask=ok[:, None], other=0.0)
+    zsum = tl.sum(tile_sum, 1)
+    pdp = tl.sum(tile_pdp, 1)
     return zmax, zsum, pdp / zsum
 
 
