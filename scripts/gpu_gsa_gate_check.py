@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from evalsuite.kernels.gated_slot import reference
+from evalsuite.kernels.gated_slot import common, reference
 from evalsuite.kernels.gated_slot.chunk import gsa_chunk_triton
 
 ap = argparse.ArgumentParser()
@@ -30,7 +30,10 @@ ap.add_argument("--out", type=Path, required=True, help="JSON-lines file, append
 ap.add_argument("--label", required=True, help="which tree's kernels these are (e.g. old, new)")
 ap.add_argument("--shape", default="4,512,4,128", help="B,T,H,D (dk = dv = m = D)")
 ap.add_argument("--device", default="cuda", help="cpu works under TRITON_INTERPRET=1 at small shapes")
+ap.add_argument("--config", default="{}", help='JSON GPU_CONFIG overrides, e.g. {"READ_BM": 128}')
+ap.add_argument("--regimes", default="mild,strong,saturated,extreme", help="comma-separated subset")
 args = ap.parse_args()
+common.GPU_CONFIG.update(json.loads(args.config))
 B, T, H, D = (int(x) for x in args.shape.split(","))
 scale = D**-0.5
 
@@ -40,6 +43,8 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 for regime, spread in (("mild", 1.0), ("strong", 30.0), ("saturated", 150.0), ("extreme", 1000.0)):
+    if regime not in args.regimes.split(","):
+        continue
     gen = torch.Generator(device=args.device).manual_seed(0)
     q, k, v, do = (torch.randn(B, T, H, D, device=args.device, generator=gen) for _ in range(4))
     g = torch.nn.functional.logsigmoid(spread * torch.randn(B, T, H, D, device=args.device, generator=gen)) / 16
@@ -49,7 +54,7 @@ for regime, spread in (("mild", 1.0), ("strong", 30.0), ("saturated", 150.0), ("
     ref_leaves = [x.detach().double().requires_grad_() for x in leaves]
     o_ref, _ = reference.gsa_recurrent(*ref_leaves, scale)
     want = [o_ref, *torch.autograd.grad(o_ref, ref_leaves, do.double())]
-    row = {"label": args.label, "regime": regime, "shape": [B, T, H, D], "dtype": "bfloat16",
+    row = {"label": args.label, "config": json.loads(args.config), "regime": regime, "shape": [B, T, H, D], "dtype": "bfloat16",
            "min_log_alpha": g.min().item(), "finite": all(bool(x.isfinite().all()) for x in got)}  # fmt: skip
     row.update({name: rel(a, b) for name, a, b in zip(("o", "dq", "dk", "dv", "dlog_alpha"), got, want, strict=True)})
     print(json.dumps(row), flush=True)

@@ -155,6 +155,7 @@ def _state_bwd_kernel(Q, DO, Z, DP, G, DHTK, DHTV, DHSK, DHSV, DH0K, DH0V, T, H,
                       STORE_DH0: tl.constexpr, DT: tl.constexpr, MT: tl.constexpr,
                       PREC: tl.constexpr):  # fmt: skip
     """State adjoints of pass 1 (programs i < NDK: u = e, x = q) and pass 2 (u = p, x = dO) in one launch."""
+    scale = tl.cast(scale, tl.float32)  # torch.compile passes Python floats as fp64 (as in forgetting/decode.py)
     pid = tl.program_id(0)
     bh = tl.program_id(1)
     if pid < NDK:
@@ -218,6 +219,7 @@ def _read_kernel(X, Y, G, HS, OUT, T, H, NT, scale, M: tl.constexpr, D: tl.const
     """``OUT [B, T, H, M]`` float32: ``scale * [exp(b_r) (H0 x_r) + sum_{s<=r} (x_r . y_s) s_s exp(b_r - b_s)]``.
     Grid (NT, M/BM, B*H), a tile of BM slots each. Pass-1 logits (x=q, y=k, H0 = hk) and dp (x=dO, y=v, H0 = hv,
     scale 1)."""
+    scale = tl.cast(scale, tl.float32)  # torch.compile passes Python floats as fp64 (as in forgetting/decode.py)
     n = tl.program_id(0)
     i_m = tl.program_id(1)
     bh = tl.program_id(2)
@@ -271,6 +273,7 @@ def _write_kernel(Y, Z, DP, G, HS, OUT, T, H, NT, scale, MODE: tl.constexpr, M: 
     """``OUT [B, T, H, D]`` (OUT's dtype): ``(u_r exp(b_r)) H0 + sum_{s<=r} <u_r, s_s exp(b_r - b_s)> y_s``, u from
     ``_u_tile`` in MODE. Grid (NT, D/BD, B*H); the slots are summed BM at a time. Output o (u = p, y = v,
     H0 = hv) and dq (u = e, y = k, H0 = hk)."""
+    scale = tl.cast(scale, tl.float32)  # torch.compile passes Python floats as fp64 (as in forgetting/decode.py)
     n = tl.program_id(0)
     i_d = tl.program_id(1)
     bh = tl.program_id(2)
@@ -305,6 +308,7 @@ def _write_rev_kernel(X, Z, DP, G, DHS, OUT, T, H, NT, scale, MODE: tl.constexpr
     """``OUT [B, T, H, D]``: ``(s_r exp(bt - b_r)) dH + sum_{t>=r} <u_t, s_r exp(b_t - b_r)> x_t``, the gradient of
     the written rows. Grid (NT, D/BD, B*H); the slots are summed BM at a time. dv (u = p, x = dO, dH = dhv) and dk
     (u = e, x = q, dH = dhk)."""
+    scale = tl.cast(scale, tl.float32)  # torch.compile passes Python floats as fp64 (as in forgetting/decode.py)
     n = tl.program_id(0)
     i_d = tl.program_id(1)
     bh = tl.program_id(2)
@@ -386,6 +390,7 @@ def _dgate_kernel(Q, K, V, DO, Z, DP, G, HSK, HSV, DHSK, DHSV, DG, T, H, NT, sca
     ``sum_d dH_end * H_end`` over both passes (shifting every later B by the same amount scales the chunk-end state
     as the future sees it), read from DHS[n] and HS[n + 1], so no sequential pass over T is needed.
     """
+    scale = tl.cast(scale, tl.float32)  # torch.compile passes Python floats as fp64 (as in forgetting/decode.py)
     n = tl.program_id(0)
     i_m = tl.program_id(1)
     bh = tl.program_id(2)
