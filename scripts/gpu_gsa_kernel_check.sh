@@ -36,7 +36,7 @@ for entry in "${TREES[@]}"; do
 done
 # Candidates around the slot-tiled default (2026-11-27: none timed yet): smaller chunks, wider tiles with more warps,
 # and the dgate / write tiles whose sm_90 builds spill least (scripts/gsa_sm90_resources.py).
-CONFIGS=${CONFIGS:-'[{}, {"CHUNK": 32}, {"CHUNK": 32, "SUB": 8}, {"READ_WARPS": 8}, {"READ_BM": 64, "READ_WARPS": 8},
+CONFIGS=${CONFIGS:-'[{}, {"CHUNK": 32}, {"CHUNK": 32, "SUB": 8}, {"READ_WARPS": 8}, {"READ_BM": 128}, {"READ_BM": 128, "READ_WARPS": 8},
   {"DGATE_BM": 16}, {"WRITE_BM": 16, "WRITE_WARPS": 4}, {"WRITE_BD": 32}]'}
 if [ "$CONFIGS" != none ]; then
     PYTHONPATH=$PWD:$SITE timeout 300 python3 scripts/tune_gsa.py --shape 128,512,4,128 --configs "$CONFIGS" \
