@@ -54,8 +54,9 @@ for regime, spread in (("mild", 1.0), ("strong", 30.0), ("saturated", 150.0), ("
     ref_leaves = [x.detach().double().requires_grad_() for x in leaves]
     o_ref, _ = reference.gsa_recurrent(*ref_leaves, scale)
     want = [o_ref, *torch.autograd.grad(o_ref, ref_leaves, do.double())]
-    row = {"label": args.label, "config": json.loads(args.config), "regime": regime, "shape": [B, T, H, D], "dtype": "bfloat16",
-           "min_log_alpha": g.min().item(), "finite": all(bool(x.isfinite().all()) for x in got)}  # fmt: skip
+    row = {"label": args.label, "config": json.loads(args.config), "regime": regime, "shape": [B, T, H, D],
+           "dtype": "bfloat16", "min_log_alpha": g.min().item(),
+           "finite": all(bool(x.isfinite().all()) for x in got)}  # fmt: skip
     row.update({name: rel(a, b) for name, a, b in zip(("o", "dq", "dk", "dv", "dlog_alpha"), got, want, strict=True)})
     print(json.dumps(row), flush=True)
     with args.out.open("a") as f:

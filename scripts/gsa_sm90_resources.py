@@ -88,14 +88,16 @@ def build(name: str, constexprs: dict, pointers: dict, warps: int) -> dict:
 
 base = dict(M=args.md, C=cfg["CHUNK"], BC=cfg["SUB"], **flags)
 bf16, f32 = "*bf16", "*fp32"
-written = {"Z": f32, "DP": f32, "G": f32, "U": f32}  # U: kernels before faa71fc
 rows = [build("_read_kernel", dict(base, D=args.md, BD=cfg["READ_BD"], BM=min(cfg.get("READ_BM", args.md), args.md)),
               {"X": bf16, "Y": bf16, "G": f32, "HS": f32, "OUT": f32}, cfg["READ_WARPS"])]  # fmt: skip
+written = {"Z": f32, "DP": f32, "G": f32, "A": f32}
+write = dict(base, D=args.md, BD=cfg["WRITE_BD"], BM=min(cfg["WRITE_BM"], args.md))
 for mode in (1, 2):
-    for name, extra in (("_write_kernel", {"Y": bf16, "HS": f32}), ("_write_rev_kernel", {"X": bf16, "DHS": f32})):
-        bm = min(cfg.get("WRITE_BM", args.md), args.md)
-        rows.append(build(name, dict(base, D=args.md, BD=cfg["WRITE_BD"], BM=bm, MODE=mode),
-                          {**written, **extra, "OUT": bf16}, cfg["WRITE_WARPS"]))  # fmt: skip
+    rows.append(build("_pair_kernel", dict(base, BM=min(cfg["PAIR_BM"], args.md), MODE=mode), written,
+                      cfg["PAIR_WARPS"]))  # fmt: skip
+    rows.append(build("_write_kernel", dict(write, MODE=mode), {**written, "Y": bf16, "HS": f32, "OUT": bf16},
+                      cfg["WRITE_WARPS"]))  # fmt: skip
+rows.append(build("_write_rev_kernel", write, {**written, "X": bf16, "DHS": f32, "OUT": bf16}, cfg["WRITE_WARPS"]))
 pointers = {n: bf16 if n in ("Q", "K", "V", "DO") else f32 for n in "Q K V DO Z DP G HSK HSV DHSK DHSV DG".split()}
 rows.append(
     build(

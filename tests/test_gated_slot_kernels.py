@@ -106,7 +106,7 @@ def test_chunk_gpu_paths(monkeypatch, sub):
     """The GPU's block shapes under the interpreter: chunks of 64 in sub-chunks of 16 (the default) or 8 (a choice
     of tune_gsa's sweep), d tiles of 64/32, two slot tiles of 16; three chunks, a ragged tail, saturated gates."""
     cfg = dict(common.INTERPRET_CONFIG, CHUNK=64, SUB=sub, STATE_BD=32, READ_BD=64, WRITE_BD=64, DGATE_BD=64,
-               READ_BM=16, WRITE_BM=16, DGATE_BM=16)  # fmt: skip
+               READ_BM=16, PAIR_BM=16, WRITE_BM=16, DGATE_BM=16)  # fmt: skip
     monkeypatch.setattr(common, "INTERPRET_CONFIG", cfg)
     check(1, 140, 1, 64, 32, 32, torch.float32, "extreme", True, scale=0.125)
 

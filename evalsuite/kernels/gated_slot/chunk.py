@@ -10,16 +10,18 @@ Design (kernels in :mod:`.chunk_kernels`, helpers and block configs in :mod:`.co
   The log-gate cumsums within a chunk are taken in registers (float32) by every kernel that needs them; nothing
   is precomputed. The per-chunk kernels multiply ``[C, C] x [C, .]`` tiles with tl.dot (bf16/fp16 operands on the
   tensor cores, fp32 accumulation), one product per block of each level (chunk_kernels).
-* Forward, 3 launches: (1) ``_state_fwd_kernel``, grid ``(dk/BD + dv/BD, B*H)``: both passes' chunk-start states
+* Forward, 4 launches: (1) ``_state_fwd_kernel``, grid ``(dk/BD + dv/BD, B*H)``: both passes' chunk-start states
   (the two passes' states depend only on k, v, alpha), each program a sequential walk over the chunks;
   (2) ``_read_kernel``, grid ``(NT, m/BM, B*H)``: the pass-1 logits ``z = scale * hk^T q`` (float32, kept for backward);
-  (3) ``_write_kernel``, grid ``(NT, dv/BD, B*H)``: ``o = hv^T softmax(z)``, with the softmax over the m slots taken
-  in the kernel. The state buffers are then freed (checkpoint level 2: backward saves q, k, v, log_alpha, z and
-  the initial state only).
-* Backward, 7 launches: the states again (1); ``dp = hv do`` by the read kernel (2); both state adjoints in one
+  (3) ``_pair_kernel``, grid ``(NT, B*H)``: each chunk's pair matrix of p = softmax(z) (float32 ``[C, C]`` a chunk,
+  kept for backward); (4) ``_write_kernel``, grid ``(NT, dv/BD, B*H)``: ``o = hv^T softmax(z)``, with the softmax
+  over the m slots taken in the kernel. The state buffers are then freed (checkpoint level 2: backward saves q, k,
+  v, log_alpha, z, the pair matrix and the initial state).
+* Backward, 8 launches: the states again (1); ``dp = hv do`` by the read kernel (2); both state adjoints in one
   reverse scan (3, ``_state_bwd_kernel``: pass 2 from p and dO, pass 1 from ``e = scale * dsoftmax(z; dp)``, which
-  it forms on the fly); dq (write kernel with u = e), dk and dv (``_write_rev_kernel``, 4-6); and the log-gate
-  gradient (7, ``_dgate_kernel``): ``dL/ds`` of both passes plus the reversed-cumsum identity of Algorithm 1
+  it forms on the fly); the pair matrix of e (4); dq (write kernel with u = e), dk and dv (``_write_rev_kernel``
+  with the pair matrices of e and p, 5-7); and the log-gate gradient (8, ``_dgate_kernel``): ``dL/ds`` of both
+  passes plus the reversed-cumsum identity of Algorithm 1
   (arXiv:2409.07146 App. B), whose part from later chunks is read off the chunk-end states and adjoints instead
   of a scan over T.
 * No PyTorch math runs between launches except the allocations and the transposes of the small states.
@@ -38,6 +40,7 @@ import triton
 from evalsuite.kernels import triton_utils
 from evalsuite.kernels.gated_slot.chunk_kernels import (
     _dgate_kernel,
+    _pair_kernel,
     _read_kernel,
     _state_bwd_kernel,
     _state_fwd_kernel,
@@ -88,15 +91,40 @@ def _read(x, y, g, hs, scale, cfg):
     return out
 
 
-def _write(kernel, x, z, dp, g, hs, scale, mode, dtype, cfg):
-    """The write kernel (o, dq) or its reverse (dk, dv): output over d in ``dtype``, ``[B, T, H, D]``."""
+def _pairs(z, dp, g, scale, mode, dtype, cfg):
+    """Each chunk's pair matrix of u = p (mode 1) or e (mode 2), float32 ``[B*H, NT, C, C]`` (``_pair_kernel``);
+    ``dtype``: q's, which sets the precision of the gate-scaled products."""
+    B, T, H, _, _, M, NT = _dims(z, z, g, cfg)
+    a = triton_utils.empty((B * H, NT, cfg["CHUNK"], cfg["CHUNK"]), F32, z.device)
+    gate_flags = {k: v for k, v in dot_flags(dtype, gated=True).items() if k.startswith("G")}
+    _pair_kernel[(NT, B * H)](
+        z, dp if dp is not None else z, g, a, T, H, NT, scale, MODE=mode, M=M, BM=min(cfg["PAIR_BM"], M),
+        C=cfg["CHUNK"], BC=cfg["SUB"], **gate_flags, num_warps=cfg["PAIR_WARPS"], num_stages=cfg["STAGES"],
+    )  # fmt: skip
+    return a
+
+
+def _write(x, z, dp, g, hs, a, scale, mode, dtype, cfg):
+    """o or dq (``_write_kernel``): output over d in ``dtype``, ``[B, T, H, D]``."""
     B, T, H, D, _, M, NT = _dims(x, x, g, cfg)
     out = triton_utils.empty((B, T, H, D), dtype, x.device)
     BD = min(cfg["WRITE_BD"], D)
-    kernel[(NT, D // BD, B * H)](
-        x, z, dp if dp is not None else z, g, hs, out, T, H, NT, scale, MODE=mode, M=M, D=D, BD=BD,
-        BM=min(cfg["WRITE_BM"], M), C=cfg["CHUNK"], BC=cfg["SUB"], **dot_flags(x.dtype, gated=True),
-        num_warps=cfg["WRITE_WARPS"], num_stages=cfg["STAGES"],
+    _write_kernel[(NT, D // BD, B * H)](
+        x, z, dp if dp is not None else z, g, hs, a, out, T, H, NT, scale, MODE=mode, M=M, D=D, BD=BD,
+        BM=min(cfg["WRITE_BM"], M), C=cfg["CHUNK"], **dot_flags(x.dtype), num_warps=cfg["WRITE_WARPS"],
+        num_stages=cfg["STAGES"],
+    )  # fmt: skip
+    return out
+
+
+def _write_rev(x, g, dhs, a, dtype, cfg):
+    """dk or dv (``_write_rev_kernel``): output over d in ``dtype``, ``[B, T, H, D]``."""
+    B, T, H, D, _, M, NT = _dims(x, x, g, cfg)
+    out = triton_utils.empty((B, T, H, D), dtype, x.device)
+    BD = min(cfg["WRITE_BD"], D)
+    _write_rev_kernel[(NT, D // BD, B * H)](
+        x, g, dhs, a, out, T, H, NT, M=M, D=D, BD=BD, BM=min(cfg["WRITE_BM"], M), C=cfg["CHUNK"],
+        **dot_flags(x.dtype), num_warps=cfg["WRITE_WARPS"], num_stages=cfg["STAGES"],
     )  # fmt: skip
     return out
 
@@ -144,19 +172,20 @@ class _GSAChunk(torch.autograd.Function):
         B, T, H, DK, DV, M, NT = _dims(k, v, g, cfg)
         hsk, hsv = _states(k, v, g, h0k, h0v, cfg)
         z = _read(q, k, g, hsk, scale, cfg)
-        o = _write(_write_kernel, v, z, None, g, hsv, scale, 1, v.dtype, cfg)
+        a_p = _pairs(z, None, g, scale, 1, q.dtype, cfg)
+        o = _write(v, z, None, g, hsv, a_p, scale, 1, v.dtype, cfg)
         final_k = final_v = None
         if output_final_state:
             final_k = hsk[:, NT].view(B, H, M, DK).transpose(-1, -2).contiguous()
             final_v = hsv[:, NT].view(B, H, M, DV).clone()
-        ctx.save_for_backward(q, k, v, g, z, h0k, h0v)
+        ctx.save_for_backward(q, k, v, g, z, a_p, h0k, h0v)
         ctx.scale = scale
         ctx.set_materialize_grads(False)
         return o, final_k, final_v
 
     @staticmethod
     def backward(ctx, do, d_final_k, d_final_v):
-        q, k, v, g, z, h0k, h0v = ctx.saved_tensors
+        q, k, v, g, z, a_p, h0k, h0v = ctx.saved_tensors
         scale, cfg = ctx.scale, config()
         B, T, H, DK, DV, M, NT = _dims(k, v, g, cfg)
         do = torch.zeros_like(v) if do is None else do.to(v.dtype).contiguous()
@@ -172,9 +201,10 @@ class _GSAChunk(torch.autograd.Function):
         dhsk, dhsv, dh0 = _state_adjoints(
             q, do, z, dp, g, dhtk if has_dht else None, dhtv if has_dht else None, want_dh0, scale, cfg
         )
-        dq = _write(_write_kernel, k, z, dp, g, hsk, scale, 2, q.dtype, cfg)
-        dk = _write(_write_rev_kernel, q, z, dp, g, dhsk, scale, 2, k.dtype, cfg)
-        dv = _write(_write_rev_kernel, do, z, dp, g, dhsv, scale, 1, v.dtype, cfg)
+        a_e = _pairs(z, dp, g, scale, 2, q.dtype, cfg)
+        dq = _write(k, z, dp, g, hsk, a_e, scale, 2, q.dtype, cfg)
+        dk = _write_rev(q, g, dhsk, a_e, k.dtype, cfg)
+        dv = _write_rev(do, g, dhsv, a_p, v.dtype, cfg)
         dg = _dgate(q, k, v, do, z, dp, g, hsk, hsv, dhsk, dhsv, scale, cfg)
         dh0k, dh0v = dh0 if want_dh0 else (None, None)
         return dq, dk, dv, dg, None, dh0k, dh0v, None

@@ -1,4 +1,4 @@
-"""The Triton kernels of chunked GSA: two sequential state scans and four per-chunk kernels.
+"""The Triton kernels of chunked GSA: two sequential state scans and five per-chunk kernels.
 
 Notation (per batch b and head h, chunk n of C rows, sub-chunks of BC rows): ``g`` = log alpha ``[., M]`` float32,
 ``b_r`` = inclusive cumsum of g from the chunk start to row r, ``bt`` = the chunk total, ``s = 1 - exp(g)``.
@@ -12,16 +12,18 @@ or x = v (pass 2, D = dv). Buffers (all contiguous):
 The per-chunk kernels, one program per (chunk, slot or d tile, batch*head), all built from ``[C, C]``, ``[C, BM]``
 and ``[C, BD]`` tiles multiplied with ``tl.dot`` (tensor cores for bf16/fp16). The gate acts on each slot alone,
 so the kernels whose output is over the slots (read, dgate) take BM of them per program, and those that sum over
-the slots (write, write_rev) loop over them BM at a time (tiles of the whole m spilled kilobytes of registers):
+the slots (pair, write, write_rev) loop over them BM at a time (tiles of the whole m spilled kilobytes of
+registers):
 
 * :func:`_read_kernel` (output over m, contraction over d):
   ``out_r = scale * [exp(b_r) (H0 x_r) + sum_{s<=r} (x_r . y_s) s_s exp(b_r - b_s)]``.
   Pass-1 logits z (x=q, y=k, H0=hk) and ``dp`` (x=dO, y=v, H0=hv).
-* :func:`_write_kernel` (output over a d tile, contraction over m):
-  ``out_r = (u_r exp(b_r)) H0 + sum_{s<=r} <u_r, s_s exp(b_r - b_s)> y_s``.
+* :func:`_pair_kernel` (one program per chunk): the pair matrix ``A[r, s] = <u_r, s_s exp(b_r - b_s)>``, s <= r,
+  ``A [B*H, NT, C, C]`` float32, for u = p (forward, kept for dv) and u = e (backward, for dq and dk).
+* :func:`_write_kernel` (output over a d tile, contraction over m): ``out_r = (u_r exp(b_r)) H0 + (A y)_r``.
   Output o (u=p, y=v, H0=hv) and dq (u=e, y=k, H0=hk).
-* :func:`_write_rev_kernel`: ``out_r = (s_r exp(bt - b_r)) dH + sum_{t>=r} <u_t, s_r exp(b_t - b_r)> x_t``.
-  dv (u=p, x=dO, dH=dhv) and dk (u=e, x=q, dH=dhk).
+* :func:`_write_rev_kernel`: ``out_r = (s_r exp(bt - b_r)) dH + (A^T x)_r``.
+  dv (A of p, x=dO, dH=dhv) and dk (A of e, x=q, dH=dhk).
 * :func:`_dgate_kernel`: ``ds_r = exp(bt - b_r) (dH y_r) + sum_{t>=r} (x_t . y_r) u_t exp(b_t - b_r)`` for both
   passes (x,y,u = q,k,e and dO,v,p), then the log-gate gradient (see the kernel).
 
@@ -31,8 +33,8 @@ of a single product) nest over three levels: the chunk's sub-chunks of BC rows, 
 with its decay factored at the start of the later row's block at that level:
 ``exp(b_r - b_s) = exp(l_r) * exp(ref - b_s)`` for s < r, with ``l_r`` the log-gate cumsum restarted at the start of
 r's block (``l_sub``, ``l_mic``) and ``ref`` the cumsum at the row before that block (``common._earlier_factor``);
-both factors are ``<= 1``. Read and write (s < r) apply ``exp(l_r)`` to the output rows or the row operand;
-write_rev takes write's pair matrix transposed (``_pair_weights``); ds (t > r) the same identity with the roles
+both factors are ``<= 1``. Read and the pair matrix (s < r) apply ``exp(l_r)`` to the output rows or the row
+operand (``_pair_weights``); ds (t > r) the same identity with the roles
 swapped (``exp(l_t)`` on the later row t, the reference factor on r). Pairs inside one micro-block take
 ``exp(l_mic_r) * exp(-l_mic_s)``: ``-l_mic_s`` sums at most 3 gates clamped at -20, so the larger factor is
 ``<= e^60``, inside float32's range. Per chunk of 64 with BC = 16: 3 + 3 + 1 products of ``[C, C] x [C, .]``
@@ -43,8 +45,9 @@ Every exponent is ``<= 0`` but the in-micro-block one (``<= 60``) for any log al
 saturated gates (``test_extreme_gates_exact``): the mid-row factoring of 16-row sub-chunks before 2026-11-27
 overflowed to NaN beyond log alpha ~ -11 per token, and its first fix (e816024 .. c4ad80a) summed the pairs of a
 sub-chunk lag by lag in float32, exact but 2.9x slower forward+backward on an H100
-(results/bench/h100/gsa-kernel-fix/). fp16 operands still take float32 (tf32) in the gate-scaled products
-(``common.dot_flags(gated=True)``): fp16 would flush the small factors early.
+(results/bench/h100/gsa-kernel-fix/). Until 2026-11-27 the write kernels formed A themselves, once per d tile and
+kernel: eight times per layer step where the pair kernel now takes two. fp16 operands still take float32 (tf32) in
+the gate-scaled products (``common.dot_flags(gated=True)``): fp16 would flush the small factors early.
 """
 
 from __future__ import annotations
@@ -266,13 +269,39 @@ def _read_kernel(X, Y, G, HS, OUT, T, H, NT, scale, M: tl.constexpr, D: tl.const
 
 
 @triton.jit
-def _write_kernel(Y, Z, DP, G, HS, OUT, T, H, NT, scale, MODE: tl.constexpr, M: tl.constexpr, D: tl.constexpr,
-                  BD: tl.constexpr, BM: tl.constexpr, C: tl.constexpr, BC: tl.constexpr, DT: tl.constexpr,
-                  MT: tl.constexpr, PREC: tl.constexpr, GT: tl.constexpr, GMT: tl.constexpr,
-                  GPREC: tl.constexpr):  # fmt: skip
-    """``OUT [B, T, H, D]`` (OUT's dtype): ``(u_r exp(b_r)) H0 + sum_{s<=r} <u_r, s_s exp(b_r - b_s)> y_s``, u from
-    ``_u_tile`` in MODE. Grid (NT, D/BD, B*H); the slots are summed BM at a time. Output o (u = p, y = v,
-    H0 = hv) and dq (u = e, y = k, H0 = hk)."""
+def _pair_kernel(Z, DP, G, A, T, H, NT, scale, MODE: tl.constexpr, M: tl.constexpr, BM: tl.constexpr,
+                 C: tl.constexpr, BC: tl.constexpr, GT: tl.constexpr, GMT: tl.constexpr,
+                 GPREC: tl.constexpr):  # fmt: skip
+    """``A [B*H, NT, C, C]`` float32: each chunk's pair matrix ``A[r, s] = <u_r, s_s exp(b_r - b_s)>`` for s <= r (0
+    above the diagonal), u from ``_u_tile`` in MODE, the slots summed BM at a time. Grid (NT, B*H). Formed once per
+    chunk and pass, then contracted by the write kernels (o, dq: ``A y``) and, transposed, write_rev (dv, dk:
+    ``A^T x``), instead of once per d tile in each of them."""
+    scale = tl.cast(scale, tl.float32)  # torch.compile passes Python floats as fp64 (as in forgetting/decode.py)
+    n = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    rows = tl.arange(0, C)
+    t = n * C + rows
+    ok = t < T
+    row = (b * T + t).to(tl.int64) * H + h
+    zmax, zsum, pdp = _softmax_stats(Z, DP, row, ok, M, BM, MODE)
+    a = tl.zeros([C, C], dtype=tl.float32)
+    for m0 in tl.range(0, M, BM):
+        offs_m = m0 + tl.arange(0, BM)
+        bc, l_sub, l_mic, w = _chunk_gates(G, row, ok, offs_m, C, BC, M, BM)
+        u = _u_tile(Z, DP, row, ok, scale, zmax, zsum, pdp, offs_m, M, MODE)
+        a = _pair_weights(a, u, w, bc, l_sub, l_mic, rows, C, BC, BM, GT, GMT, GPREC)
+    tl.store(A + (bh.to(tl.int64) * NT + n) * C * C + rows[:, None] * C + rows[None, :], a)
+
+
+@triton.jit
+def _write_kernel(Y, Z, DP, G, HS, A, OUT, T, H, NT, scale, MODE: tl.constexpr, M: tl.constexpr, D: tl.constexpr,
+                  BD: tl.constexpr, BM: tl.constexpr, C: tl.constexpr, DT: tl.constexpr, MT: tl.constexpr,
+                  PREC: tl.constexpr):  # fmt: skip
+    """``OUT [B, T, H, D]`` (OUT's dtype): ``(u_r exp(b_r)) H0 + (A y)_r``, u from ``_u_tile`` in MODE, A from
+    ``_pair_kernel`` in the same MODE. Grid (NT, D/BD, B*H); the slots are summed BM at a time. Output o (u = p,
+    y = v, H0 = hv) and dq (u = e, y = k, H0 = hk)."""
     scale = tl.cast(scale, tl.float32)  # torch.compile passes Python floats as fp64 (as in forgetting/decode.py)
     n = tl.program_id(0)
     i_d = tl.program_id(1)
@@ -286,29 +315,26 @@ def _write_kernel(Y, Z, DP, G, HS, OUT, T, H, NT, scale, MODE: tl.constexpr, M: 
     row = (b * T + t).to(tl.int64) * H + h
     zmax, zsum, pdp = _softmax_stats(Z, DP, row, ok, M, BM, MODE)
     hs = HS + (bh.to(tl.int64) * (NT + 1) + n) * M * D
-    a = tl.zeros([C, C], dtype=tl.float32)  # [r, s]: <u_r, s_s exp(b_r - b_s)>
     acc = tl.zeros([C, BD], dtype=tl.float32)
     for m0 in tl.range(0, M, BM):
         offs_m = m0 + tl.arange(0, BM)
-        bc, l_sub, l_mic, w = _chunk_gates(G, row, ok, offs_m, C, BC, M, BM)
+        g = tl.load(G + row[:, None] * M + offs_m[None, :], mask=ok[:, None], other=0.0)
         u = _u_tile(Z, DP, row, ok, scale, zmax, zsum, pdp, offs_m, M, MODE)
-        a = _pair_weights(a, u, w, bc, l_sub, l_mic, rows, C, BC, BM, GT, GMT, GPREC)
         h0 = tl.load(hs + offs_m[:, None] * D + offs_d[None, :])
-        acc = tl.dot((u * tl.exp(bc)).to(DT).to(MT), h0.to(DT).to(MT), acc, input_precision=PREC)
+        acc = tl.dot((u * tl.exp(tl.cumsum(g, 0))).to(DT).to(MT), h0.to(DT).to(MT), acc, input_precision=PREC)
+    a = tl.load(A + (bh.to(tl.int64) * NT + n) * C * C + rows[:, None] * C + rows[None, :])
     y = tl.load(Y + row[:, None] * D + offs_d[None, :], mask=ok[:, None], other=0.0)
     acc = tl.dot(a.to(DT).to(MT), y.to(DT).to(MT), acc, input_precision=PREC)
     tl.store(OUT + row[:, None] * D + offs_d[None, :], acc.to(OUT.dtype.element_ty), mask=ok[:, None])
 
 
 @triton.jit
-def _write_rev_kernel(X, Z, DP, G, DHS, OUT, T, H, NT, scale, MODE: tl.constexpr, M: tl.constexpr,
-                      D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, C: tl.constexpr, BC: tl.constexpr,
-                      DT: tl.constexpr, MT: tl.constexpr, PREC: tl.constexpr, GT: tl.constexpr, GMT: tl.constexpr,
-                      GPREC: tl.constexpr):  # fmt: skip
-    """``OUT [B, T, H, D]``: ``(s_r exp(bt - b_r)) dH + sum_{t>=r} <u_t, s_r exp(b_t - b_r)> x_t``, the gradient of
-    the written rows. Grid (NT, D/BD, B*H); the slots are summed BM at a time. dv (u = p, x = dO, dH = dhv) and dk
-    (u = e, x = q, dH = dhk)."""
-    scale = tl.cast(scale, tl.float32)  # torch.compile passes Python floats as fp64 (as in forgetting/decode.py)
+def _write_rev_kernel(X, G, DHS, A, OUT, T, H, NT, M: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
+                      BM: tl.constexpr, C: tl.constexpr, DT: tl.constexpr, MT: tl.constexpr,
+                      PREC: tl.constexpr):  # fmt: skip
+    """``OUT [B, T, H, D]``: ``(s_r exp(bt - b_r)) dH + (A^T x)_r``, the gradient of the written rows, A from
+    ``_pair_kernel`` (``A[t, r] = <u_t, s_r exp(b_t - b_r)>``). Grid (NT, D/BD, B*H); the slots are summed BM at a
+    time. dv (A of u = p, x = dO, dH = dhv) and dk (A of u = e, x = q, dH = dhk)."""
     n = tl.program_id(0)
     i_d = tl.program_id(1)
     bh = tl.program_id(2)
@@ -319,18 +345,17 @@ def _write_rev_kernel(X, Z, DP, G, DHS, OUT, T, H, NT, scale, MODE: tl.constexpr
     t = n * C + rows
     ok = t < T
     row = (b * T + t).to(tl.int64) * H + h
-    zmax, zsum, pdp = _softmax_stats(Z, DP, row, ok, M, BM, MODE)
     dhs = DHS + (bh.to(tl.int64) * NT + n) * M * D
-    a = tl.zeros([C, C], dtype=tl.float32)  # [t, r]: <u_t, s_r exp(b_t - b_r)>, write's pair matrix
     acc = tl.zeros([C, BD], dtype=tl.float32)
     for m0 in tl.range(0, M, BM):
         offs_m = m0 + tl.arange(0, BM)
-        bc, l_sub, l_mic, w = _chunk_gates(G, row, ok, offs_m, C, BC, M, BM)
-        u = _u_tile(Z, DP, row, ok, scale, zmax, zsum, pdp, offs_m, M, MODE)
-        a = _pair_weights(a, u, w, bc, l_sub, l_mic, rows, C, BC, BM, GT, GMT, GPREC)  # [t, r], transposed below
-        bt = tl.sum(tl.where(rows[:, None] == C - 1, bc, 0.0), 0)  # g = 0 past T, so this is b at the last row
+        g = tl.load(G + row[:, None] * M + offs_m[None, :], mask=ok[:, None], other=0.0)
+        bc = tl.cumsum(g, 0)
+        bt = tl.sum(g, 0)  # g = 0 past T, so this is b at the chunk's last row
         dh = tl.load(dhs + offs_m[:, None] * D + offs_d[None, :])
-        acc = tl.dot((w * tl.exp(bt[None, :] - bc)).to(DT).to(MT), dh.to(DT).to(MT), acc, input_precision=PREC)
+        u = _write_strength(g) * tl.exp(bt[None, :] - bc)
+        acc = tl.dot(u.to(DT).to(MT), dh.to(DT).to(MT), acc, input_precision=PREC)
+    a = tl.load(A + (bh.to(tl.int64) * NT + n) * C * C + rows[:, None] * C + rows[None, :])
     x = tl.load(X + row[:, None] * D + offs_d[None, :], mask=ok[:, None], other=0.0)
     acc = tl.dot(tl.trans(a).to(DT).to(MT), x.to(DT).to(MT), acc, input_precision=PREC)
     tl.store(OUT + row[:, None] * D + offs_d[None, :], acc.to(OUT.dtype.element_ty), mask=ok[:, None])

@@ -46,7 +46,7 @@ MICRO = tl.constexpr(4)
 # products, pairs across the micro-blocks of a sub-chunk SUB/MICRO - 1, pairs in a micro-block one); STATE_BD: d
 # tile per program of the state scans, grid (dk/BD + dv/BD, B*H); READ_BD and DGATE_BD: inner d step of the read
 # and dgate kernels (they contract over d); WRITE_BD: d tile per program of the kernels whose output is over d
-# (write, write_rev); *_BM: slots per tile (read, dgate: one program per tile; write: a loop over the tiles);
+# (write, write_rev); *_BM: slots per tile (read, dgate: one program per tile; pair, write: a loop over the tiles);
 # *_WARPS per kernel family. The per-chunk kernels work on ``CHUNK x CHUNK`` and ``CHUNK x BM`` tiles with tl.dot
 # (wgmma on H100). Chosen so that the sm_90 build spills (almost) nothing at dk = dv = m = 128
 # (scripts/gsa_sm90_resources.py: read 80 bytes, write 0, dgate 496; whole-m tiles spilled 2-5 KB a thread, and the
@@ -61,9 +61,11 @@ GPU_CONFIG = {
     "READ_BD": 64,
     "READ_BM": 64,  # 32 faults (illegal memory access) on the H100 with triton 3.6, 64 and 128 are exact (2026-11-27)
     "READ_WARPS": 4,
+    "PAIR_BM": 32,
+    "PAIR_WARPS": 8,
     "WRITE_BD": 64,
     "WRITE_BM": 32,
-    "WRITE_WARPS": 8,
+    "WRITE_WARPS": 4,
     "DGATE_BD": 64,
     "DGATE_BM": 32,
     "DGATE_WARPS": 8,
@@ -82,6 +84,8 @@ INTERPRET_CONFIG = {
     "READ_BD": 16,
     "READ_BM": 16,
     "READ_WARPS": 1,
+    "PAIR_BM": 16,
+    "PAIR_WARPS": 1,
     "WRITE_BD": 16,
     "WRITE_BM": 16,
     "WRITE_WARPS": 1,
