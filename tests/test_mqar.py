@@ -205,11 +205,11 @@ def test_gsa_paper_preset_grid():
     # the four FoX-paper blocks, GSA, TNL and FoX with Appendix D gate init (issue #13)
     archs = {"fox-pro", "fox-llama", "transformer-pro", "transformer-llama", "gsa", "tnl"}
     assert {c.model for c in cells} == archs | {"fox-pro-timescale-init", "fox-llama-timescale-init"}
-    assert len(cells) == 8 * 4 * 2 and sweep.max_steps == 16000
+    assert len(cells) == 7 * 4 * 2 + 4 * 3 and sweep.max_steps == 16000
     assert {(c.seq_len, c.num_kv_pairs) for c in cells} == {(512, 64)}
     assert sorted({c.d_model for c in cells}) == [64, 128, 256, 512]
     assert sorted({c.lr for c in cells if c.model != "gsa"}) == [3e-4, 1e-3]
-    assert sorted({c.lr for c in cells if c.model == "gsa"}) == [3e-3, 1e-2]  # GSA learns only at high rates
+    assert sorted({c.lr for c in cells if c.model == "gsa"}) == [1e-3, 3e-3, 1e-2]  # GSA's own band
     assert cells[0].lr == 1e-3 and cells[0].d_model == 512  # likeliest-best lr first, widest first
     overrides = sweep.overrides("fox-pro", 256)
     assert overrides == dict(vocab_size=8192, hidden_size=256, num_layers=4, num_heads=4, use_mlp=False,
