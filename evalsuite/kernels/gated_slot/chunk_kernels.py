@@ -12,8 +12,7 @@ or x = v (pass 2, D = dv). Buffers (all contiguous):
 The per-chunk kernels, one program per (chunk, slot or d tile, batch*head), all built from ``[C, C]``, ``[C, BM]``
 and ``[C, BD]`` tiles multiplied with ``tl.dot`` (tensor cores for bf16/fp16). The gate acts on each slot alone,
 so the kernels whose output is over the slots (read, dgate) take BM of them per program, and those that sum over
-the slots (pair, write, write_rev) loop over them BM at a time (tiles of the whole m spilled kilobytes of
-registers):
+the slots (pair, write, write_rev) loop over them BM at a time (whole-m tiles spilled kilobytes of registers):
 
 * :func:`_read_kernel` (output over m, contraction over d):
   ``out_r = scale * [exp(b_r) (H0 x_r) + sum_{s<=r} (x_r . y_s) s_s exp(b_r - b_s)]``.
@@ -353,8 +352,8 @@ def _write_rev_kernel(X, G, DHS, A, OUT, T, H, NT, M: tl.constexpr, D: tl.conste
         bc = tl.cumsum(g, 0)
         bt = tl.sum(g, 0)  # g = 0 past T, so this is b at the chunk's last row
         dh = tl.load(dhs + offs_m[:, None] * D + offs_d[None, :])
-        u = _write_strength(g) * tl.exp(bt[None, :] - bc)
-        acc = tl.dot(u.to(DT).to(MT), dh.to(DT).to(MT), acc, input_precision=PREC)
+        carried = _write_strength(g) * tl.exp(bt[None, :] - bc)  # s_r exp(bt - b_r): row r's write at the chunk end
+        acc = tl.dot(carried.to(DT).to(MT), dh.to(DT).to(MT), acc, input_precision=PREC)
     a = tl.load(A + (bh.to(tl.int64) * NT + n) * C * C + rows[:, None] * C + rows[None, :])
     x = tl.load(X + row[:, None] * D + offs_d[None, :], mask=ok[:, None], other=0.0)
     acc = tl.dot(tl.trans(a).to(DT).to(MT), x.to(DT).to(MT), acc, input_precision=PREC)

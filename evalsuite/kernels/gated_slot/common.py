@@ -49,7 +49,7 @@ MICRO = tl.constexpr(4)
 # (write, write_rev); *_BM: slots per tile (read, dgate: one program per tile; pair, write: a loop over the tiles);
 # *_WARPS per kernel family. The per-chunk kernels work on ``CHUNK x CHUNK`` and ``CHUNK x BM`` tiles with tl.dot
 # (wgmma on H100). Chosen so that the sm_90 build spills (almost) nothing at dk = dv = m = 128
-# (scripts/gsa_sm90_resources.py: read 80 bytes, write 0, dgate 496; whole-m tiles spilled 2-5 KB a thread, and the
+# (scripts/gsa_sm90_resources.py: read 328 bytes, pair and write 0, dgate 168; whole-m tiles spilled 2-5 KB, and the
 # kernels ran 2-6x slower than before the exact-gate fix, results/bench/h100/gsa-kernel-fix/). scripts/tune_gsa.py
 # sweeps the alternatives on hardware and prints a dict to paste here.
 GPU_CONFIG = {
