@@ -19,8 +19,8 @@ the best GPU config, which is also printed as a Python dict literal to paste int
     (STATE_BD, STATE_WARPS, STATE_STAGES; objective 2 forward scans + 1 backward scan, as in one step), the read
     kernel (READ_BM, READ_WARPS; 2 calls), the pair kernel (PAIR_BM, PAIR_WARPS; p and e), the write kernels
     (WRITE_BM, WRITE_BD, WRITE_WARPS; o, dq, dk, dv), the dgate kernel (DGATE_BM, DGATE_WARPS), then (CHUNK, SUB)
-    in (64, 16/8/32), (32, 16/8) end to end (fwd+bwd) with the family winners. ``--shape B,T,H,D`` sets the shape of (b) and (c) (default 4,16384,16,64; the MQAR d = 512 cell
-    is 128,512,4,128).
+    in (64, 16/8/32), (32, 16/8) end to end (fwd+bwd) with the family winners. ``--shape B,T,H,D`` sets the shape
+    of (b) and (c) (default 4,16384,16,64; the MQAR d = 512 cell is 128,512,4,128).
 """
 
 from __future__ import annotations
