@@ -10,7 +10,8 @@
 # 2. scripts/tune_gsa.py --no-sweep at the MQAR shape (128,512,4,128) for both trees: parity, per-kernel CUDA
 #    times, fwd and fwd+bwd -> $OUT/{new,base}/tune_gsa.json; with CONFIGS, this tree's fwd+bwd at each config
 #    -> $OUT/configs/tune_gsa.json.
-# 3. scripts/mqar_step_time.py: one GSA d = 512 MQAR training step (CUDA graph, bf16) -> $OUT/step_time.json.
+# 3. scripts/mqar_step_time.py: one GSA d = 512 MQAR training step (CUDA graph, bf16) -> $OUT/step_time.json, and
+#    the 25 kernels with most GPU time in it -> $OUT/step_time.log (where the step goes beyond the GSA kernels).
 # Prints the timing lines last. Wheels in .whl/ (fla-core, for tune_gsa's peer timings) are installed if present.
 set -u
 OUT=${OUT:-/tmp/gsa_check}
@@ -43,5 +44,6 @@ if [ "$CONFIGS" != none ]; then
         --out "$OUT/configs" 2>&1 | quiet > "$OUT/configs.log"
 fi
 PYTHONPATH=$PWD:$SITE timeout 200 python3 scripts/mqar_step_time.py --models gsa --d-model 512 --amp auto \
-    --graph graph --cells 1 --steps 30 --out "$OUT/step_time.json" 2>&1 | quiet | tail -2
+    --graph graph --cells 1 --steps 30 --profile 25 --out "$OUT/step_time.json" 2>&1 | quiet > "$OUT/step_time.log"
+tail -2 "$OUT/step_time.log"
 grep -h "do_bench\|^config\|_kernel " "$OUT"/*.log
