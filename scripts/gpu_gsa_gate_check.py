@@ -30,10 +30,10 @@ ap.add_argument("--out", type=Path, required=True, help="JSON-lines file, append
 ap.add_argument("--label", required=True, help="which tree's kernels these are (e.g. old, new)")
 ap.add_argument("--shape", default="4,512,4,128", help="B,T,H,D (dk = dv = m = D)")
 ap.add_argument("--device", default="cuda", help="cpu works under TRITON_INTERPRET=1 at small shapes")
-ap.add_argument("--config", default="{}", help='JSON GPU_CONFIG overrides, e.g. {"READ_BM": 128}')
+ap.add_argument("--config", default="{}", help='JSON block-config overrides, e.g. {"READ_BM": 128}')
 ap.add_argument("--regimes", default="mild,strong,saturated,extreme", help="comma-separated subset")
 args = ap.parse_args()
-common.GPU_CONFIG.update(json.loads(args.config))
+common.config().update(json.loads(args.config))  # the table in use: GPU_CONFIG, or INTERPRET_CONFIG on a CPU
 B, T, H, D = (int(x) for x in args.shape.split(","))
 scale = D**-0.5
 
