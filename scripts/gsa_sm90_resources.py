@@ -88,7 +88,7 @@ def build(name: str, constexprs: dict, pointers: dict, warps: int) -> dict:
 
 base = dict(M=args.md, C=cfg["CHUNK"], BC=cfg["SUB"], **flags)
 bf16, f32 = "*bf16", "*fp32"
-rows = [build("_read_kernel", dict(base, D=args.md, BD=cfg["READ_BD"], BM=min(cfg.get("READ_BM", args.md), args.md)),
+rows = [build("_read_kernel", dict(base, D=args.md, BD=cfg["READ_BD"], BM=min(cfg["READ_BM"], args.md)),
               {"X": bf16, "Y": bf16, "G": f32, "HS": f32, "OUT": f32}, cfg["READ_WARPS"])]  # fmt: skip
 written = {"Z": f32, "DP": f32, "G": f32, "A": f32}
 write = dict(base, D=args.md, BD=cfg["WRITE_BD"], BM=min(cfg["WRITE_BM"], args.md))
@@ -102,7 +102,7 @@ pointers = {n: bf16 if n in ("Q", "K", "V", "DO") else f32 for n in "Q K V DO Z 
 rows.append(
     build(
         "_dgate_kernel",
-        dict(base, DK=args.md, DV=args.md, BD=cfg["DGATE_BD"], BM=min(cfg.get("DGATE_BM", args.md), args.md)),
+        dict(base, DK=args.md, DV=args.md, BD=cfg["DGATE_BD"], BM=min(cfg["DGATE_BM"], args.md)),
         pointers,
         cfg["DGATE_WARPS"],
     )

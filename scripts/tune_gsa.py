@@ -26,6 +26,7 @@ the best GPU config, which is also printed as a Python dict literal to paste int
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import time
@@ -181,19 +182,31 @@ if chunk_gsa is not None:
             print("fla:", report["fla"])
 save()
 
+
 # ---------------------------------------------------------------------------------------------------------------
 # (c) sweep, one kernel family at a time, on the launchers of chunk.py (each takes the config dict)
 # ---------------------------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def gpu_config(cfg: dict):
+    """GPU_CONFIG set to ``cfg`` inside the block (the launchers read it at call time), restored after."""
+    saved = dict(common.GPU_CONFIG)
+    common.GPU_CONFIG.clear()
+    common.GPU_CONFIG.update(cfg)
+    try:
+        yield
+    finally:
+        common.GPU_CONFIG.clear()
+        common.GPU_CONFIG.update(saved)
+
+
 if args.configs:  # given configs instead of the sweep: forward and forward+backward of each
-    default, report["configs"] = dict(common.GPU_CONFIG), []
+    report["configs"] = []
     for overrides in json.loads(args.configs):
-        common.GPU_CONFIG.update(overrides)
         try:
-            row = dict(overrides, fwd_ms=median_ms(ours_fwd), fwd_bwd_ms=median_ms(ours_step))
+            with gpu_config({**common.GPU_CONFIG, **overrides}):
+                row = dict(overrides, fwd_ms=median_ms(ours_fwd), fwd_bwd_ms=median_ms(ours_step))
         except Exception as exc:  # noqa: BLE001 (a config that does not compile is a result too)
             row = dict(overrides, failed=f"{type(exc).__name__}: {str(exc)[:200]}")
-        common.GPU_CONFIG.clear()
-        common.GPU_CONFIG.update(default)
         report["configs"].append(row)
         print("config", json.dumps(row), flush=True)
         save()
@@ -251,13 +264,8 @@ def dgate_time(cfg) -> float:
 
 
 def end_to_end(cfg) -> float:
-    common.GPU_CONFIG.clear()
-    common.GPU_CONFIG.update(cfg)
-    try:
+    with gpu_config(cfg):
         return median_ms(ours_step)
-    finally:
-        common.GPU_CONFIG.clear()
-        common.GPU_CONFIG.update(base)
 
 
 FAMILIES = [

@@ -64,8 +64,8 @@ from evalsuite.kernels.gated_slot.common import (
     _write_strength,
 )
 
-# Every kernel takes the constexprs of common.dot_flags (DT, MT, PREC; GT, GMT, GPREC for the gate-scaled
-# products of the per-chunk kernels); see there for the tl.dot idiom.
+# The kernels take the constexprs of common.dot_flags for their products: DT, MT, PREC for the plain ones, GT, GMT,
+# GPREC for the gate-scaled ones (read, pair, dgate); see there for the tl.dot idiom.
 
 # ----------------------------------------------------------------------------------------------------------------
 # Sequential state scans. Grid (dk/BD + dv/BD, B*H): a program walks all chunks for one d tile of one pass.
@@ -195,7 +195,7 @@ def _same_block(rows, S: tl.constexpr):
 def _pair_weights(a, u, w, bc, l_sub, l_mic, rows, C: tl.constexpr, BC: tl.constexpr, BM: tl.constexpr,
                   GT: tl.constexpr, GMT: tl.constexpr, GPREC: tl.constexpr):  # fmt: skip
     """``a [C, C]`` plus one slot tile's ``<u_r, s_s exp(b_r - b_s)>`` for s <= r (0 above the diagonal), the three
-    levels as in _read_kernel with ``exp(l_r)`` on u. The write kernel's pair matrix; write_rev's is its transpose."""
+    levels as in _read_kernel with ``exp(l_r)`` on u (``_pair_kernel``; write contracts it, write_rev its transpose)."""
     sub = rows // BC
     u_sub = u * tl.exp(l_sub)
     for j in tl.static_range(1, C // BC):
