@@ -441,6 +441,7 @@ def fake_records(run_dir: Path, history: bool = False) -> None:
                 state_kind="kv-cache",
                 state_bytes=2 * 512 * d * 4 * 2,
                 steps=600,
+                train_seconds=d + lr,
                 config_hash=f"{model}{d}{lr}",
                 provenance={"device": "NVIDIA H100 80GB HBM3"},
             )
@@ -473,10 +474,14 @@ def test_report_files(tmp_path):
     written = write_mqar_report([tmp_path / "run"], tmp_path / "out")
     names = sorted(p.name for p in written)
     assert names == sorted(
-        ["best.csv", "best.md", "best.tex", "best_long.csv"]
+        ["best.csv", "best.md", "best.tex", "best_long.csv", "cells.csv"]
         + [f"accuracy_vs_{k}.{e}" for k in ("dmodel", "state") for e in ("png", "pdf")]
     )
     assert pd.read_csv(tmp_path / "out" / "best.csv", index_col=0).shape == (2, 2)
+    cells = pd.read_csv(tmp_path / "out" / "cells.csv")  # every cell, with its training time
+    assert len(cells) == 8 and list(cells["train_seconds"][:2]) == [64.001, 64.01]
+    best = pd.read_csv(tmp_path / "out" / "best_long.csv").set_index(["model", "d_model"])
+    assert best.loc[("fox-pro", 64), "train_seconds"] == 64.01 and best.loc[("fox-pro", 64), "steps"] == 600
     with pytest.raises(UserError, match="no MQAR records"):
         load_mqar([tmp_path / "out"])
 

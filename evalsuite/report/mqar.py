@@ -4,8 +4,8 @@
   line per model: Zoology's Figure 2 and the GSA paper's Figure 3(a);
 * accuracy vs decoding-state size (log bytes): the recall-memory trade-off of the Zoology/Based plots. An
   attention model has no fixed state; its point is its KV cache at the sequence length (hollow markers);
-* the best accuracy per model and d_model (CSV / Markdown / LaTeX), and a long table with the best learning
-  rate and state size of every point;
+* the best accuracy per model and d_model (CSV / Markdown / LaTeX), a long table with the best learning rate,
+  state size, steps and training time of every point, and a table of every cell (the cost of the whole sweep);
 * for sweeps with recipe variants or several seeds, the ablation table: per model, variant and width, the best
   accuracy over learning rates as mean / min / max over seeds, how many seeds solved the task and in how many steps;
 * training curves of each point's best cell: test accuracy, training loss and, for FoX, the forget gates' mean
@@ -230,9 +230,18 @@ def ablation_table(df: pd.DataFrame, solved_above: float = 0.99) -> pd.DataFrame
     return out.drop(columns="rank").reset_index(drop=True)
 
 
+def cells_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Every trained cell, one row each (``df``: a :func:`records_frame`): its setting, width, learning rate, seed
+    and variant, accuracy, steps (to solve, where it stopped early), whether it diverged, and its training time."""
+    columns = ["model", *SETTING, "d_model", "lr", "seed", "variant", "value", "steps", "stopped_early", "diverged",
+               "train_seconds", "device"]  # fmt: skip
+    out = df[columns].rename(columns={"value": "accuracy"})
+    return out.sort_values(["model", *SETTING, "d_model", "lr", "seed"], kind="stable").reset_index(drop=True)
+
+
 def write_mqar_report(paths: Iterable[Path | str], out_dir: Path | str) -> list[Path]:
     """All MQAR outputs for the runs under ``paths`` into ``out_dir``: ``best.{csv,md,tex}`` (wide),
-    ``best_long.csv``, ``accuracy_vs_dmodel.{png,pdf}``, ``accuracy_vs_state.{png,pdf}``,
+    ``best_long.csv``, ``cells.csv`` (every cell), ``accuracy_vs_dmodel.{png,pdf}``, ``accuracy_vs_state.{png,pdf}``,
     ``training_curves.{png,pdf}`` and, for sweeps with variants or several seeds, ``ablation.{csv,md}``."""
     out_dir = Path(out_dir)
     paths = list(paths)
@@ -243,6 +252,7 @@ def write_mqar_report(paths: Iterable[Path | str], out_dir: Path | str) -> list[
     if frame["variant"].notna().any() or seeds_per_cell > 1:
         written += write_table(ablation_table(frame), out_dir / "ablation", formats=("csv", "md"), floatfmt=".3f")
     written += write_table(best, out_dir / "best_long", formats=("csv",))
+    written += write_table(cells_table(frame), out_dir / "cells", formats=("csv",))
     written += plot_accuracy_vs_dmodel(best, out_dir / "accuracy_vs_dmodel")
     if best["state_bytes"].notna().any():
         written += plot_accuracy_vs_state(best, out_dir / "accuracy_vs_state")

@@ -84,7 +84,8 @@ def records_frame(records: Iterable[dict], run_dir: Path | str = ""):
         df[column] = df[column].astype(int)
     df["value"] = df["value"].astype(float)
     df["lr"] = df["lr"].astype(float)
-    df["state_bytes"] = pd.to_numeric(df["state_bytes"], errors="coerce")
+    for column in ("state_bytes", "steps", "train_seconds"):  # absent from some early records
+        df[column] = pd.to_numeric(df[column], errors="coerce")
     return df
 
 
@@ -101,18 +102,18 @@ def best_over_lr(df):
 
     ``df``: a :func:`records_frame`. Columns: ``POINT``, ``accuracy`` (mean over seeds of the best accuracy),
     ``accuracy_min`` and ``accuracy_max`` (over seeds), ``seeds``, ``n`` (test examples), ``lr`` (the best one, of
-    the first seed), ``lrs`` (how many were tried), ``state_kind``, ``state_bytes``, ``steps`` (of the best cells,
-    mean over seeds), ``device``.
+    the first seed), ``lrs`` (how many were tried), ``state_kind``, ``state_bytes``, ``steps`` and
+    ``train_seconds`` (of the best cells, mean over seeds: steps to solve where the cell stopped early), ``device``.
     """
     per_seed = best_cell_per_seed(df, POINT)
     first = per_seed.sort_values([*POINT, "seed"], kind="stable").groupby(POINT, sort=True).head(1)
-    first = first.set_index(POINT).drop(columns=["steps"])
+    first = first.set_index(POINT).drop(columns=["steps", "train_seconds"])
     spread = per_seed.groupby(POINT)["value"].agg(accuracy="mean", accuracy_min="min", accuracy_max="max", seeds="size")
-    steps = per_seed.groupby(POINT)["steps"].mean()
+    cost = per_seed.groupby(POINT)[["steps", "train_seconds"]].mean()
     tried = df.groupby(POINT)["lr"].nunique().rename("lrs")
-    out = first.join([spread, steps, tried]).reset_index()
-    columns = [*POINT, "accuracy", "n", "lr", "lrs", "state_kind", "state_bytes", "steps", "device", "accuracy_min",
-               "accuracy_max", "seeds"]  # fmt: skip
+    out = first.join([spread, cost, tried]).reset_index()
+    columns = [*POINT, "accuracy", "n", "lr", "lrs", "state_kind", "state_bytes", "steps", "train_seconds", "device",
+               "accuracy_min", "accuracy_max", "seeds"]  # fmt: skip
     return out[columns].sort_values(POINT, kind="stable").reset_index(drop=True)
 
 
