@@ -268,6 +268,13 @@ def _read_kernel(X, Y, G, HS, OUT, T, H, NT, scale, M: tl.constexpr, D: tl.const
 
 
 @triton.jit
+def _pair_offsets(bh, n, NT, rows, C: tl.constexpr):
+    """``[C, C]`` offsets of chunk n's pair matrix in ``A [B*H, NT, C, C]`` (written by the pair kernel, read by
+    write and write_rev)."""
+    return (bh.to(tl.int64) * NT + n) * C * C + rows[:, None] * C + rows[None, :]
+
+
+@triton.jit
 def _pair_kernel(Z, DP, G, A, T, H, NT, scale, MODE: tl.constexpr, M: tl.constexpr, BM: tl.constexpr,
                  C: tl.constexpr, BC: tl.constexpr, GT: tl.constexpr, GMT: tl.constexpr,
                  GPREC: tl.constexpr):  # fmt: skip
@@ -291,7 +298,7 @@ def _pair_kernel(Z, DP, G, A, T, H, NT, scale, MODE: tl.constexpr, M: tl.constex
         bc, l_sub, l_mic, w = _chunk_gates(G, row, ok, offs_m, C, BC, M, BM)
         u = _u_tile(Z, DP, row, ok, scale, zmax, zsum, pdp, offs_m, M, MODE)
         a = _pair_weights(a, u, w, bc, l_sub, l_mic, rows, C, BC, BM, GT, GMT, GPREC)
-    tl.store(A + (bh.to(tl.int64) * NT + n) * C * C + rows[:, None] * C + rows[None, :], a)
+    tl.store(A + _pair_offsets(bh, n, NT, rows, C), a)
 
 
 @triton.jit
@@ -321,7 +328,7 @@ def _write_kernel(Y, Z, DP, G, HS, A, OUT, T, H, NT, scale, MODE: tl.constexpr, 
         u = _u_tile(Z, DP, row, ok, scale, zmax, zsum, pdp, offs_m, M, MODE)
         h0 = tl.load(hs + offs_m[:, None] * D + offs_d[None, :])
         acc = tl.dot((u * tl.exp(tl.cumsum(g, 0))).to(DT).to(MT), h0.to(DT).to(MT), acc, input_precision=PREC)
-    a = tl.load(A + (bh.to(tl.int64) * NT + n) * C * C + rows[:, None] * C + rows[None, :])
+    a = tl.load(A + _pair_offsets(bh, n, NT, rows, C))
     y = tl.load(Y + row[:, None] * D + offs_d[None, :], mask=ok[:, None], other=0.0)
     acc = tl.dot(a.to(DT).to(MT), y.to(DT).to(MT), acc, input_precision=PREC)
     tl.store(OUT + row[:, None] * D + offs_d[None, :], acc.to(OUT.dtype.element_ty), mask=ok[:, None])
@@ -354,7 +361,7 @@ def _write_rev_kernel(X, G, DHS, A, OUT, T, H, NT, M: tl.constexpr, D: tl.conste
         dh = tl.load(dhs + offs_m[:, None] * D + offs_d[None, :])
         carried = _write_strength(g) * tl.exp(bt[None, :] - bc)  # s_r exp(bt - b_r): row r's write at the chunk end
         acc = tl.dot(carried.to(DT).to(MT), dh.to(DT).to(MT), acc, input_precision=PREC)
-    a = tl.load(A + (bh.to(tl.int64) * NT + n) * C * C + rows[:, None] * C + rows[None, :])
+    a = tl.load(A + _pair_offsets(bh, n, NT, rows, C))
     x = tl.load(X + row[:, None] * D + offs_d[None, :], mask=ok[:, None], other=0.0)
     acc = tl.dot(tl.trans(a).to(DT).to(MT), x.to(DT).to(MT), acc, input_precision=PREC)
     tl.store(OUT + row[:, None] * D + offs_d[None, :], acc.to(OUT.dtype.element_ty), mask=ok[:, None])
