@@ -79,6 +79,19 @@ def human_bytes(n: float, _pos=None) -> str:
     return f"{n:.3g} GiB"
 
 
+def _model_styles(models: Iterable[str]) -> dict[str, tuple[str, str]]:
+    """(colour, marker) per model. :func:`model_colors` gives a family's variants one colour (``fox-llama`` and
+    ``fox-llama-timescale-init``), so every model after the first of its colour (sorted names) takes the next
+    marker ("o", then "s", "^", "D"), which keeps the two apart in the plot and its legend."""
+    colors = model_colors(list(models))
+    styles, seen = {}, {}
+    for model in sorted(colors):
+        k = seen.get(colors[model], 0)
+        seen[colors[model]] = k + 1
+        styles[model] = (colors[model], "os^D"[k % 4])
+    return styles
+
+
 def _panels(best: pd.DataFrame, width: float = 4.2):
     settings = [tuple(s) for s in best[SETTING].drop_duplicates().sort_values(SETTING).itertuples(index=False)]
     fig = Figure(figsize=(width * len(settings) + 0.6, 3.6))
@@ -108,12 +121,14 @@ def _legend(fig: Figure, axes) -> None:
 def plot_accuracy_vs_dmodel(best: pd.DataFrame, out_stem: Path | str) -> list[Path]:
     """Zoology-style: x = d_model (log2), y = best accuracy over lr, one panel per setting. PNG + PDF."""
     fig, panels = _panels(best)
-    colors = model_colors(list(best["model"].unique()))
+    styles = _model_styles(best["model"].unique())
     for (length, kv), ax in panels:
         rows = best[(best["length"] == length) & (best["num_kv_pairs"] == kv)]
         for model, g in rows.groupby("model", sort=True):
             g = g.sort_values("d_model")
-            ax.plot(g["d_model"], g["accuracy"], marker="o", color=colors[model], label=model)
+            color, marker = styles[model]
+            linestyle = "-" if marker == "o" else ":"  # a family's variant: its own marker and a dotted line
+            ax.plot(g["d_model"], g["accuracy"], color=color, marker=marker, linestyle=linestyle, label=model)
         ds = sorted(rows["d_model"].unique())
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_locator(FixedLocator(ds))
@@ -138,7 +153,7 @@ def plot_accuracy_vs_state(best: pd.DataFrame, out_stem: Path | str) -> list[Pat
     if known.empty:
         raise UserError("no MQAR records with a state size to plot")
     fig, panels = _panels(known)
-    colors = model_colors(list(known["model"].unique()))
+    styles = _model_styles(known["model"].unique())
     for (length, kv), ax in panels:
         rows = known[(known["length"] == length) & (known["num_kv_pairs"] == kv)]
         for model, g in rows.groupby("model", sort=True):
@@ -146,7 +161,8 @@ def plot_accuracy_vs_state(best: pd.DataFrame, out_stem: Path | str) -> list[Pat
             cache = (g["state_kind"] == "kv-cache").all()
             label = f"{model} (KV cache at T)" if cache else model
             style = dict(linestyle="--", markerfacecolor="white") if cache else dict(linestyle="-")
-            ax.plot(g["state_bytes"], g["accuracy"], marker="o", color=colors[model], label=label, **style)
+            color, marker = styles[model]
+            ax.plot(g["state_bytes"], g["accuracy"], marker=marker, color=color, label=label, **style)
         # one d_model label per width, above its best point (models of one width have similar states)
         for d, g in rows.groupby("d_model"):
             top = g.loc[g["accuracy"].idxmax()]
@@ -156,6 +172,7 @@ def plot_accuracy_vs_state(best: pd.DataFrame, out_stem: Path | str) -> list[Pat
         ax.xaxis.set_major_locator(LogLocator(base=2))
         ax.xaxis.set_major_formatter(FuncFormatter(human_bytes))
         ax.xaxis.set_minor_formatter(FuncFormatter(lambda *_: ""))
+        ax.tick_params(axis="x", labelrotation=30)  # byte labels a factor 2 apart would overlap
         ax.set_ylim(-0.02, 1.08)
         ax.set_title(_setting_title(length, kv))
         ax.set_xlabel("Decoding state (bytes)")
