@@ -48,7 +48,7 @@ class Registry(Generic[T]):
         self.kind = kind
         self._builtins = builtins
         self._loaded = self._loading = False
-        self._lock = threading.RLock()  # threads of one process (evalsuite/pool.py) must not see a half-loaded registry
+        self._lock = threading.RLock()  # threads of one process (training/pool.py) must not see a half-loaded registry
         self._entries: dict[str, T] = {}
 
     def register(self, name: str, entry: T, *, replace: bool = False) -> T:

@@ -12,9 +12,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def resolve_device(device: str | torch.device) -> torch.device:
     """``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda`` or ``cuda:N``; CUDA must exist if asked for.
 
-    Under torchrun, ``auto`` and ``cuda`` mean this rank's GPU, ``cuda:LOCAL_RANK`` (:mod:`evalsuite.distributed`).
+    Under torchrun, ``auto`` and ``cuda`` mean this rank's GPU, ``cuda:LOCAL_RANK`` (:mod:`evalsuite.runs.distributed`).
     """
-    from evalsuite.distributed import local_device
+    from evalsuite.runs.distributed import local_device
 
     if isinstance(device, torch.device):
         return device

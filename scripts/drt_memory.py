@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 from evalsuite.cards import load_card
-from evalsuite.provenance import device_name, provenance
-from evalsuite.train import build_model
+from evalsuite.runs.provenance import device_name, provenance
+from evalsuite.training.train import build_model
 
 MIB = 2**20
 

@@ -30,21 +30,21 @@ from pathlib import Path
 
 import torch
 
-from evalsuite import generation
-from evalsuite.adapters.base import GenerationConfig
 from evalsuite.adapters.native import NativeAdapter
 from evalsuite.bench.attention import env_info
 from evalsuite.cards import list_cards, load_card
-from evalsuite.generation import compiled_support, static_support
+from evalsuite.generation import engine as generation
+from evalsuite.generation.engine import compiled_support, static_support
+from evalsuite.generation.types import GenerationConfig
 from evalsuite.models.registry import FAMILIES, resolve_architecture
-from evalsuite.store import atomic_write_json
+from evalsuite.runs.store import atomic_write_json
 
 PATHS = ("eager", "static", "graph", "compiled")
 NEAR_TIE = 1e-3  # largest logit difference (float32) under which a sampled row's other draw counts as a near-tie
 
 
 class LogitRecorder:
-    """Keeps the logits every sampled draw of :func:`evalsuite.generation.generate` reads (``steps``: one ``[B, V]``
+    """Keeps the logits every sampled draw of ``engine.generate`` reads (``steps``: one ``[B, V]``
     float32 CPU tensor per new token, the prefill's first), by wrapping the module's ``sample_next`` while active."""
 
     def __init__(self):

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import torch
 
-from evalsuite.adapters.base import GenerationConfig
 from evalsuite.adapters.native import NativeAdapter
 from evalsuite.cards import load_card
+from evalsuite.generation.types import GenerationConfig
 from evalsuite.models.fox import ARCHITECTURES, ForgettingTransformer, FoxConfig
-from evalsuite.provenance import versions
+from evalsuite.runs.provenance import versions
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

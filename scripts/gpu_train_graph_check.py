@@ -1,7 +1,7 @@
 """GPU check of the CUDA-graph training step (issue #13, part 5; run on the lent GPU machine).
 
 For each model at the ``gsa-paper`` preset's cell (d = ``--d-model``) and each precision: train ``--steps`` steps
-eagerly and again with every step replayed as a CUDA graph (:class:`evalsuite.train_step.GraphedStep`), from the
+eagerly and again with every step replayed as a CUDA graph (``GraphedStep``), from the
 same initial weights on the same batches, and a third time with the forward and loss also through torch.compile
 (``train(compile=True)``: fused kernels, so close rather than equal), and compare the per-step losses and the
 final weights (relative error,
@@ -23,9 +23,9 @@ import torch
 
 from evalsuite.bench.attention import rel_error
 from evalsuite.data.mqar import mqar_data
-from evalsuite.provenance import provenance
+from evalsuite.runs.provenance import provenance
 from evalsuite.tasks.mqar.sweep import data_config, load_preset, resolve_model
-from evalsuite.train import IGNORE_INDEX, build_model, gathered_cross_entropy, shuffled_batches, train
+from evalsuite.training.train import IGNORE_INDEX, build_model, gathered_cross_entropy, shuffled_batches, train
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--out", type=Path, required=True)

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 
-from evalsuite.adapters.base import GenerationConfig
 from evalsuite.adapters.registry import AdapterOptions, load_adapter
 from evalsuite.data.synthetic import synthetic_text
-from evalsuite.provenance import device_name, versions
+from evalsuite.generation.types import GenerationConfig
+from evalsuite.runs.provenance import device_name, versions
 
 
 def _sync(device: torch.device) -> None:

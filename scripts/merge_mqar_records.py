@@ -18,8 +18,8 @@ import argparse
 import json
 from pathlib import Path
 
-from evalsuite.rundir import shard_files
-from evalsuite.store import append_jsonl, atomic_write_bytes, read_jsonl
+from evalsuite.runs.rundir import shard_files
+from evalsuite.runs.store import append_jsonl, atomic_write_bytes, read_jsonl
 
 
 def source_records(directory: Path) -> list[dict]:

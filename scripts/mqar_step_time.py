@@ -2,7 +2,7 @@
 cells training at once (issue #13, part 5).
 
 The ``gsa-paper`` preset's cell (or ``--preset``) at ``--d-model``: the model the sweep would build (its overrides:
-tied head, 4 layers, no MLP, ...), trained by the sweep's loop (:func:`evalsuite.train.train`, with the sweep's
+tied head, 4 layers, no MLP, ...), trained by the sweep's loop (:func:`evalsuite.training.train.train`, with the sweep's
 loss, schedule, optimizer and clipping) on batches of the preset's size drawn from its data. ``--cells N`` trains N
 such models at once in threads of this process, each on its own CUDA stream (as ``evalsuite mqar --threads N``):
 after ``--warmup`` steps they meet at a barrier, then each times ``--steps`` steps. Reported per combination:
@@ -29,9 +29,9 @@ import numpy as np
 import torch
 
 from evalsuite.data.mqar import mqar_data
-from evalsuite.provenance import provenance
+from evalsuite.runs.provenance import provenance
 from evalsuite.tasks.mqar.sweep import data_config, load_preset, resolve_model
-from evalsuite.train import IGNORE_INDEX, build_model, gathered_cross_entropy, shuffled_batches, train
+from evalsuite.training.train import IGNORE_INDEX, build_model, gathered_cross_entropy, shuffled_batches, train
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--out", type=Path, required=True, help="JSON file, rewritten after every combination")

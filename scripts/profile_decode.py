@@ -3,8 +3,8 @@
     PYTHONPATH=. python3 scripts/profile_decode.py --card fox-pro --path compiled --length 4096 --batch 1 --out DIR
 
 Random-init weights of the card's shapes, bf16 autocast. Prefills ``--batch`` random prompts of ``--length`` tokens,
-builds the decode path's step exactly as ``evalsuite.generation.generate`` does (``graph``/``compiled``: the
-:class:`~evalsuite.generation.CudaGraphStep` replay; ``static``/``eager``: the step called per token), warms it up,
+builds the decode path's step exactly as ``evalsuite.generation.engine.generate`` does (``graph``/``compiled``: the
+``CudaGraphStep`` replay; ``static``/``eager``: the step called per token), warms it up,
 then times ``--steps`` steps (wall clock, synchronised) and profiles the same number with ``torch.profiler``.
 Writes ``DIR/profile_<path>_<length>_b<batch>.txt`` (timing line, the kernels sorted by total device time) and a
 ``.json`` summary: ms per step, device kernel time per step, and their ratio (near 1: the GPU's own work is the
@@ -24,10 +24,10 @@ from torch.profiler import ProfilerActivity, profile
 
 from evalsuite.adapters.native import NativeAdapter
 from evalsuite.cards import load_card
-from evalsuite.generation import CudaGraphStep, _decoder
+from evalsuite.generation.engine import CudaGraphStep, _decoder
 from evalsuite.models.fox import decoder as fox_decoder
 from evalsuite.models.fox import model as fox_model
-from evalsuite.provenance import git_commit, versions
+from evalsuite.runs.provenance import git_commit, versions
 
 
 def _args():

@@ -62,8 +62,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from evalsuite.provenance import git_commit, versions  # noqa: E402
-from evalsuite.store import read_jsonl  # noqa: E402
+from evalsuite.runs.provenance import git_commit, versions  # noqa: E402
+from evalsuite.runs.store import read_jsonl  # noqa: E402
 
 TARGET = 0.9  # issue #17: throughput at N GPUs >= 0.9 x N x the single-GPU throughput
 TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]

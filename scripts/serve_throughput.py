@@ -132,8 +132,8 @@ def load_test(model: str, port: int, clients: int, requests: int, max_tokens: in
 
 def profile_parts(model: str, max_tokens: int, batch: int, repeats: int) -> dict:
     """Seconds per request for each part, measured in this process."""
-    from evalsuite.adapters.base import GenerationConfig
     from evalsuite.adapters.registry import AdapterOptions, load_adapter
+    from evalsuite.generation.types import GenerationConfig
     from evalsuite.serve import token_pieces
 
     adapter = load_adapter(model, AdapterOptions(device="cpu"))

@@ -27,7 +27,7 @@ from evalsuite.kernels.forgetting import common
 from evalsuite.kernels.forgetting.decode import _num_splits, forgetting_attention_decode_triton
 from evalsuite.kernels.forgetting.reference import attention_dense
 from evalsuite.kernels.triton_utils import interpreting
-from evalsuite.provenance import git_commit, versions
+from evalsuite.runs.provenance import git_commit, versions
 
 CONFIGS = [(bn, w, s) for bn in (32, 64, 128) for w in (2, 4, 8) for s in (1, 2, 3)]
 

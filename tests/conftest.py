@@ -23,7 +23,6 @@ def run_cli(monkeypatch, capsys):
     def run(args, cwd):
         monkeypatch.chdir(cwd)
         monkeypatch.setattr(sys, "argv", ["evalsuite", *map(str, args)])
-        monkeypatch.setitem(cli_module._state, "debug", False)
         capsys.readouterr()
         try:
             cli_module.main()

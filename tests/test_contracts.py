@@ -8,9 +8,10 @@ adapter kind by adding a spec to ``ADAPTER_SPECS``. The ``check_*`` functions ar
 import pytest
 import torch
 
-from evalsuite.adapters.base import GENERATE, TOKENS, Generation, GenerationConfig, TextAdapter, TokenAdapter
+from evalsuite.adapters.base import GENERATE, TOKENS, TextAdapter, TokenAdapter
 from evalsuite.adapters.registry import load_adapter
 from evalsuite.cards import list_cards
+from evalsuite.generation.types import Generation, GenerationConfig
 from evalsuite.models.base import STATE_KINDS
 from evalsuite.models.checkpoint import load_checkpoint, save_checkpoint
 from evalsuite.models.registry import architecture_names, resolve_architecture

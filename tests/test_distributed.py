@@ -18,9 +18,9 @@ from test_longbench_task import write_fixture
 
 from evalsuite.adapters.registry import load_adapter
 from evalsuite.data.synthetic import synthetic_text
-from evalsuite.distributed import World
 from evalsuite.errors import UserError
-from evalsuite.rundir import RunDir, ShardFollower, shard_files, shard_path
+from evalsuite.runs.distributed import World
+from evalsuite.runs.rundir import RunDir, ShardFollower, shard_files, shard_path
 from evalsuite.tasks.base import _check_shared
 from evalsuite.tasks.niah import NiahConfig, run_niah
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from evalsuite.cards import load_card
-from evalsuite.train import build_model
+from evalsuite.training.train import build_model
 
 CARDS = Path(__file__).resolve().parent.parent / "scripts" / "drt_claim"
 

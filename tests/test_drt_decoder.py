@@ -6,11 +6,11 @@ eager path's tokens."""
 import pytest
 import torch
 
-from evalsuite.adapters.base import GenerationConfig
 from evalsuite.cards import load_card
-from evalsuite.generation import generate
+from evalsuite.generation.engine import generate
+from evalsuite.generation.types import GenerationConfig
 from evalsuite.tokenizers import get_tokenizer
-from evalsuite.train import build_model
+from evalsuite.training.train import build_model
 
 STEPS = 140  # > 2 chunks of 63 tokens and past the tiny card's window of 128 positions
 

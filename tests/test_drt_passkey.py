@@ -8,8 +8,9 @@ import torch
 
 from evalsuite.adapters.native import NativeAdapter
 from evalsuite.cards import load_card
+from evalsuite.data.passkey import drt_sample, passkey_sample
 from evalsuite.errors import UserError
-from evalsuite.tasks.drt_passkey import DrtConfig, drt_sample, drt_scores, passkey_sample, run_drt_passkey
+from evalsuite.tasks.drt_passkey import DrtConfig, drt_scores, run_drt_passkey
 from evalsuite.tokenizers import get_tokenizer
 
 

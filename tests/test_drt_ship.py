@@ -13,7 +13,7 @@ import yaml
 from evalsuite.cards import load_card
 from evalsuite.errors import UserError
 from evalsuite.models.checkpoint import save_checkpoint
-from evalsuite.train import build_model
+from evalsuite.training.train import build_model
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "drt_claim" / "ship.py"

@@ -23,8 +23,9 @@ from conftest import assert_one_line_error
 from test_contracts import MODEL_CONTRACTS, check_checkpoint_round_trip, check_text_adapter, tiny_model
 from torch import nn
 
-from evalsuite.adapters.base import Generation, GenerationConfig, ModelInfo, TextAdapter
+from evalsuite.adapters.base import ModelInfo, TextAdapter
 from evalsuite.adapters.registry import ADAPTERS
+from evalsuite.generation.types import Generation, GenerationConfig
 from evalsuite.metrics.cells import cell_means
 from evalsuite.models.base import CausalLM, DecodeState
 from evalsuite.models.registry import FAMILIES, Family, register_family
@@ -269,7 +270,7 @@ def test_plugins_load_from_the_environment(tmp_path):
 
 
 def test_registry_loads_builtins_once_across_threads(tmp_path, monkeypatch):
-    """Threads (cells trained in threads of one process, evalsuite/pool.py) that look up a registry while its builtin
+    """Threads (cells trained in threads of one process, training/pool.py) that look up a registry while its builtin
     modules are still importing wait for them, instead of seeing it half-loaded."""
     import sys
     import threading

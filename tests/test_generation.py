@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from evalsuite.adapters.base import GenerationConfig, apply_stop
 from evalsuite.adapters.native import NativeAdapter
 from evalsuite.cards import load_card
+from evalsuite.generation.types import GenerationConfig, apply_stop
 
 
 @pytest.fixture(scope="module", params=["fox-pro-tiny", "transformer-llama-tiny"])

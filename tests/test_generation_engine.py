@@ -1,4 +1,4 @@
-"""The decode engine (evalsuite/generation.py, issue #18) against the per-token loop NativeAdapter.generate ran
+"""The decode engine (evalsuite/generation/engine.py, issue #18) against the per-token loop NativeAdapter.generate ran
 before it: greedy and sampled outputs equal token for token, with left padding, stop strings and EOS, for every
 ``sync_every``; the static decoders' eager steps likewise; the CPU never enters the CUDA branch. Then the batch
 size from memory and NIAH's ``batch_size: auto``."""
@@ -8,11 +8,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from evalsuite import generation as engine
-from evalsuite.adapters.base import Generation, GenerationConfig, apply_stop
 from evalsuite.adapters.native import NativeAdapter
 from evalsuite.cards import load_card
 from evalsuite.errors import UserError
+from evalsuite.generation import engine
+from evalsuite.generation.types import Generation, GenerationConfig, apply_stop
 from evalsuite.models.registry import resolve_architecture
 from evalsuite.tokenizers import get_tokenizer
 
@@ -208,7 +208,7 @@ def test_bytes_per_prompt_of_the_760m_fox():
 def test_prefill_in_passes_equals_one_pass(card, monkeypatch):
     """``CausalLM.prefill`` in passes of ``prefill_chunk`` tokens (each continuing the state) fills the same state and
     gives the same last hidden state as one pass, with left padding, on the eager and static decoders."""
-    from evalsuite.train import build_model
+    from evalsuite.training.train import build_model
 
     model = build_model(load_card(card), seed=0).eval()
     ids = torch.randint(0, model.vocab_size, (2, 45), generator=torch.Generator().manual_seed(0))

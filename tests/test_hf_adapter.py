@@ -15,10 +15,10 @@ import torch.nn.functional as F
 from test_contracts import check_text_adapter, check_token_adapter
 
 from evalsuite.adapters import hf
-from evalsuite.adapters.base import GenerationConfig
 from evalsuite.adapters.registry import AdapterOptions, load_adapter
 from evalsuite.errors import UserError
-from evalsuite.store import file_sha256
+from evalsuite.generation.types import GenerationConfig
+from evalsuite.runs.store import file_sha256
 
 transformers = pytest.importorskip("transformers")
 

@@ -300,8 +300,8 @@ def test_recurrent_state_is_flat_in_context_length():
 def test_release_card_uses_the_checkpoints_own_tokenizer(tmp_path, monkeypatch):
     """``tokenizer: checkpoint`` (the gsa-1.3b-fla card): the tokenizer.json beside the weights is used."""
     tokenizers = pytest.importorskip("tokenizers")
-    from evalsuite.adapters.base import GenerationConfig
     from evalsuite.adapters.registry import AdapterOptions, load_adapter
+    from evalsuite.generation.types import GenerationConfig
 
     words = ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(58)]
     model = GSAForCausalLM(GSAConfig(vocab_size=len(words), hidden_size=32, num_layers=2, num_heads=2, num_slots=8))

@@ -18,10 +18,11 @@ import torch
 from conftest import assert_one_line_error
 from lm_eval.api.instance import Instance
 
-from evalsuite.adapters.base import GENERATE, LOGLIKELIHOOD, Generation, GenerationConfig, ModelInfo, TextAdapter
+from evalsuite.adapters.base import GENERATE, LOGLIKELIHOOD, ModelInfo, TextAdapter
 from evalsuite.adapters.lm_eval_bridge import EvalsuiteLM, generation_config, rolling_windows, split_trailing_space
 from evalsuite.adapters.registry import AdapterOptions, load_adapter
 from evalsuite.errors import UserError
+from evalsuite.generation.types import Generation, GenerationConfig
 from evalsuite.tokenizers import get_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent

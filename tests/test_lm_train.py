@@ -1,4 +1,4 @@
-"""Small-LM training (evalsuite.lm_train): the token stream, batches, retrieval rows, the chunked loss, a whole run."""
+"""Small-LM training (lm_train.py): the token stream, batches, retrieval rows, the chunked loss, a whole run."""
 
 import json
 
@@ -7,10 +7,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from evalsuite import lm_train
 from evalsuite.cards import load_card
 from evalsuite.errors import UserError
-from evalsuite.lm_train import (
+from evalsuite.models.checkpoint import load_checkpoint
+from evalsuite.tokenizers import GPT2_EOT_ID, get_tokenizer
+from evalsuite.training import lm_train
+from evalsuite.training.lm_train import (
     LMTrainConfig,
     chunked_cross_entropy,
     corpus_tokens,
@@ -18,9 +20,7 @@ from evalsuite.lm_train import (
     retrieval_row,
     train_lm,
 )
-from evalsuite.models.checkpoint import load_checkpoint
-from evalsuite.tokenizers import GPT2_EOT_ID, get_tokenizer
-from evalsuite.train import IGNORE_INDEX, build_model, masked_cross_entropy
+from evalsuite.training.train import IGNORE_INDEX, build_model, masked_cross_entropy
 
 WORDS = "the river ran quiet under a grey sky while the miller counted his sacks of flour".split()
 
@@ -146,7 +146,7 @@ def test_train_lm_keeps_the_pretrained_model_and_fine_tunes_from_it(corpus, tmp_
 
 def test_held_out_scores_count_each_rows_first_labelled_position():
     """``first_accuracy``: the argmax at each row's first labelled position (the DRT evaluator's answer token)."""
-    from evalsuite.lm_train import held_out_scores
+    from evalsuite.training.lm_train import held_out_scores
 
     model = load_card("transformer-llama-tiny").build_module().eval()
     x = torch.randint(0, 97, (3, 12), generator=torch.Generator().manual_seed(0))
@@ -163,7 +163,7 @@ def test_held_out_scores_count_each_rows_first_labelled_position():
 def test_pretraining_batches_can_carry_retrieval_rows(corpus, gpt2_stream, tmp_path):
     """``pretrain_retrieval_rows``: that many rows of each pre-training batch are passkey/2-hop rows (their labels
     stop at the answer), the rest plain windows (labelled to the end)."""
-    from evalsuite.lm_train import concatenated, lm_batches, retrieval_batches
+    from evalsuite.training.lm_train import concatenated, lm_batches, retrieval_batches
 
     path, _ = corpus
     tok, tokens = gpt2_stream

@@ -13,10 +13,10 @@ import pytest
 import torch
 from conftest import assert_one_line_error
 
-from evalsuite.adapters.base import GenerationConfig
 from evalsuite.adapters.registry import AdapterOptions, load_adapter
 from evalsuite.bench import generate as bench
 from evalsuite.cards import load_card
+from evalsuite.generation.types import GenerationConfig
 from evalsuite.tokenizers import get_tokenizer
 
 pytest.importorskip("transformers")

@@ -20,7 +20,7 @@ from evalsuite.cards import architecture_card
 from evalsuite.data.mqar import multiquery_ar, power_law_weights, weighted_ordered_sample
 from evalsuite.errors import UserError
 from evalsuite.report.mqar import _model_styles, best_over_lr, best_table, load_mqar, records_frame, write_mqar_report
-from evalsuite.store import config_hash
+from evalsuite.runs.store import config_hash
 from evalsuite.tasks.mqar import (
     MQARSweep,
     cell_config,
@@ -32,7 +32,7 @@ from evalsuite.tasks.mqar import (
     sweep_cells,
     sweep_from_options,
 )
-from evalsuite.train import build_model
+from evalsuite.training.train import build_model
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -231,7 +231,7 @@ def test_forget_gate_stats():
     scales than the zero bias's sigmoid(0) = 0.5, i.e. 1/ln 2 = 1.44 tokens); models without a gate give {}."""
     from evalsuite.tasks.mqar.cell import forget_gate_stats
     from evalsuite.tasks.mqar.sweep import resolve_model
-    from evalsuite.train import build_model
+    from evalsuite.training.train import build_model
 
     over = dict(vocab_size=64, hidden_size=32, num_layers=3, num_heads=2, use_mlp=False)
     ids = torch.randint(0, 64, (4, 16))
@@ -585,7 +585,7 @@ def cli_in_process(args, cwd, monkeypatch, capsys) -> tuple[int, str, str]:
 
 
 def test_ci_preset_learns_on_cpu(tmp_path, monkeypatch, capsys):
-    """The ``ci`` preset end to end through the CLI, two cells at a time (the worker pool, evalsuite/pool.py)."""
+    """The ``ci`` preset end to end through the CLI, two cells at a time (the worker pool, training/pool.py)."""
     args = ("mqar", "--preset", "ci", "--device", "cpu", "--out", "run", "--no-progress", "--workers", "2")
     out = cli(*args, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
@@ -635,10 +635,10 @@ def test_every_preset_builds_its_models(preset, tmp_path):
 def test_a_cell_cut_short_resumes_from_its_snapshot(tmp_path, monkeypatch):
     """The MQAR worker's handler snapshots a cell in training under ``<run>/partial/<key>.pt``; a cell cut short
     (a GPU lease ending) resumes from it and ends with the uninterrupted cell's record; the snapshot goes."""
-    import evalsuite.train
+    import evalsuite.training.train
     from evalsuite.tasks.mqar.cell import cell_handler
 
-    monkeypatch.setattr(evalsuite.train, "SNAPSHOT_EVERY_S", 0.0)  # a snapshot at every log step
+    monkeypatch.setattr(evalsuite.training.train, "SNAPSHOT_EVERY_S", 0.0)  # a snapshot at every log step
     sweep = MQARSweep(**{**TINY_SWEEP, "max_steps": 40, "eval_every": 20, "early_stop": None})
     cell = sweep_cells(sweep)[0]
     partial = tmp_path / "partial"

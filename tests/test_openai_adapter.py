@@ -17,12 +17,13 @@ import pytest
 from conftest import LocalHTTPServer, assert_one_line_error
 from test_contracts import check_text_adapter
 
-from evalsuite.adapters.base import GENERATE, LOGLIKELIHOOD, GenerationConfig
+from evalsuite.adapters.base import GENERATE, LOGLIKELIHOOD
 from evalsuite.adapters.native import NativeAdapter
 from evalsuite.adapters.openai_api import OpenAIAdapter, ResponseCache, parse_spec, request_hash
 from evalsuite.adapters.registry import load_adapter
 from evalsuite.cards import load_card
 from evalsuite.errors import UserError
+from evalsuite.generation.types import GenerationConfig
 from evalsuite.serve import chat_prompt
 from evalsuite.tasks.base import run_task
 from evalsuite.tasks.niah import NiahConfig, NiahTask
@@ -405,7 +406,7 @@ def test_token_tasks_refuse_api_models_in_one_line(args, message, tmp_path, run_
 
 def test_each_rank_logs_to_its_own_file(faults, tmp_path, monkeypatch):
     """Under torchrun with several ranks no two processes append to one request log: requests.rank-<r>.jsonl."""
-    from evalsuite import distributed
+    from evalsuite.runs import distributed
 
     adapter = fault_adapter(faults, tmp_path, log=None)
     adapter.attach_run(tmp_path / "run")

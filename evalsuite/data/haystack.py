@@ -26,7 +26,7 @@ from pathlib import Path
 from evalsuite.data.corpus import corpus_files, iter_documents
 from evalsuite.data.synthetic import synthetic_text
 from evalsuite.errors import UserError
-from evalsuite.store import file_sha256
+from evalsuite.runs.store import file_sha256
 from evalsuite.tokenizers import JsonGPT2Tokenizer, Tokenizer, gpt2_encoding
 
 SYNTHETIC = "synthetic"

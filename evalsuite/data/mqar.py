@@ -21,7 +21,7 @@ import numpy as np
 
 from evalsuite.errors import UserError
 
-IGNORE_INDEX = -100  # the label of unscored positions (evalsuite.train.IGNORE_INDEX)
+IGNORE_INDEX = -100  # the label of unscored positions (evalsuite.training.train.IGNORE_INDEX)
 _CHUNK = 1024  # examples generated per vectorised step; fixed, because the data depends on it
 
 

@@ -83,7 +83,7 @@ _THREAD = threading.local()
 
 def install_tma_allocator() -> None:
     """Give triton the scratch allocator that in-kernel descriptors need (GPU only). Triton keeps it in a context
-    variable, so once per thread: cells may train in threads (evalsuite/pool.py)."""
+    variable, so once per thread: cells may train in threads (evalsuite/training/pool.py)."""
     if not getattr(_THREAD, "tma_allocator", False):
         import triton
 

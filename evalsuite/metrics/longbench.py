@@ -46,7 +46,7 @@ import numpy as np
 from rouge import Rouge
 
 from evalsuite.errors import UserError
-from evalsuite.store import atomic_write_bytes
+from evalsuite.runs.store import atomic_write_bytes
 
 FUZZY_BACKENDS = ("difflib", "levenshtein")
 DEFAULT_FUZZY = "difflib"  # what LongBench's requirements.txt installs; see the module docstring

@@ -119,7 +119,7 @@ class StaticDecoder(ABC):
 
     ``step`` must be CUDA-graph safe when :attr:`graph_safe` is True: fixed shapes, in-place state updates, no
     host sync, no allocation whose size depends on the context length; it advances the state. The decode engine
-    (``evalsuite/generation.py``) captures it once and replays it per token. Greedy outputs equal those of
+    (``evalsuite/generation/engine.py``) captures it once and replays it per token. Greedy outputs equal those of
     ``CausalLM.forward`` with a state, token for token (the families' tests compare them). ``state.length`` (a
     host-side count) is only kept up to date by calls of :meth:`step`, not by graph replays.
     """

@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from evalsuite.errors import UserError
 from evalsuite.models.base import skip_random_init
-from evalsuite.store import file_sha256, read_json_file
+from evalsuite.runs.store import file_sha256, read_json_file
 
 OWN_FORMAT = "evalsuite"
 

@@ -29,7 +29,7 @@ from evalsuite.errors import UserError
 from evalsuite.report.plots import model_colors, save_figure
 from evalsuite.report.records import find_runs
 from evalsuite.report.tables import write_table
-from evalsuite.store import RECORDS_FILE, read_jsonl
+from evalsuite.runs.store import RECORDS_FILE, read_jsonl
 from evalsuite.tasks.mqar_summary import POINT, best_cell_per_seed, best_over_lr, records_frame
 
 __all__ = ["POINT", "ablation_table", "best_over_lr", "best_table", "load_mqar", "records_frame", "write_mqar_report"]

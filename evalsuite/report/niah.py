@@ -20,7 +20,7 @@ from evalsuite.errors import UserError
 from evalsuite.metrics.cells import within_beyond
 from evalsuite.report.plots import save_figure
 from evalsuite.report.records import find_runs, load_run, run_labels
-from evalsuite.store import RESULTS_FILE
+from evalsuite.runs.store import RESULTS_FILE
 
 COLORS = ("#F0496E", "#EBB839", "#0CD79F")  # FoX's red -> yellow -> green
 SCALES = {"judge": (1, 10), "score": (1, 10)}  # every other metric is a 0-1 rate

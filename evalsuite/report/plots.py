@@ -22,7 +22,7 @@ from matplotlib.ticker import FuncFormatter, MultipleLocator
 
 from evalsuite.errors import UserError
 from evalsuite.report.records import LOSS_CURVE_FILE, find_runs, load_loss_curve, load_run, run_labels
-from evalsuite.store import atomic_write_bytes
+from evalsuite.runs.store import atomic_write_bytes
 
 # The FoX paper's colours for its models (matched as card-name prefixes, so "fox-pro-tiny" gets C0).
 PAPER_COLORS = {

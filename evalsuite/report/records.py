@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from evalsuite.errors import UserError
-from evalsuite.store import RECORDS_FILE, RESULTS_FILE, read_jsonl
+from evalsuite.runs.store import RECORDS_FILE, RESULTS_FILE, read_jsonl
 
 LOSS_CURVE_FILE = "loss_per_token.npz"
 

@@ -9,7 +9,7 @@ import pandas as pd
 
 from evalsuite.errors import UserError
 from evalsuite.report.records import run_labels
-from evalsuite.store import atomic_write_bytes
+from evalsuite.runs.store import atomic_write_bytes
 
 FORMATS = ("csv", "md", "tex")
 

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from evalsuite.adapters.base import Generation, GenerationConfig, TextAdapter, TokenAdapter
+from evalsuite.adapters.base import TextAdapter, TokenAdapter
+from evalsuite.generation.types import Generation, GenerationConfig
 from evalsuite.serve.protocol import ServeConfig, batch_key
 
 

@@ -7,7 +7,8 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from evalsuite.adapters.base import Generation, GenerationConfig, TextAdapter
+from evalsuite.adapters.base import TextAdapter
+from evalsuite.generation.types import Generation, GenerationConfig
 from evalsuite.serve.engine import Engine
 from evalsuite.serve.protocol import (
     COMPLETION_MAX_TOKENS,

@@ -8,7 +8,7 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from evalsuite.adapters.base import GenerationConfig
+from evalsuite.generation.types import GenerationConfig
 from evalsuite.tokenizers import Tokenizer
 
 MAX_LOGPROBS = 5  # OpenAI's limit for completions

@@ -10,7 +10,7 @@ A task (inspect_ai's "dataset + solver + scorer"; lm-eval's task) supplies:
   task-specific summary.
 
 :func:`run_task` owns the rest: it checks the adapter offers what the task ``needs``, claims the run directory
-(:class:`~evalsuite.rundir.RunDir`), skips finished keys, appends each record as it arrives with a progress bar,
+(:class:`~evalsuite.runs.rundir.RunDir`), skips finished keys, appends each record as it arrives with a progress bar,
 and writes ``results.json`` in one shape for every task::
 
     {"task", "model", "config", "config_hash", "train_length", "max_length", "provenance", "records", "summary",
@@ -20,7 +20,7 @@ Most tasks are :class:`ItemTask`\ s (items -> records, the loop above); a task w
 task's running sums, MQAR's training sweep) implements ``execute`` itself.
 Tasks register with :func:`register_task` so ``evalsuite run NAME`` finds them.
 
-Under ``torchrun`` (:mod:`evalsuite.distributed`) every rank runs :func:`run_task`: each validates the config, rank
+Under ``torchrun`` (:mod:`evalsuite.runs.distributed`) every rank runs :func:`run_task`: each validates the config, rank
 0 claims the directory, each works through its share of the pending units (an :class:`ItemTask`'s
 :meth:`~ItemTask.batches`, dealt round-robin) appending to its own rank file, and rank 0 alone shows progress, merges
 the rank files and writes ``results.json``. A task that implements ``execute`` itself shards its own work (loss,
@@ -38,14 +38,14 @@ from dataclasses import asdict, dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from evalsuite import distributed
 from evalsuite.adapters.base import GENERATE, LOGLIKELIHOOD, TOKENS, TextAdapter
 from evalsuite.errors import UserError
-from evalsuite.progress import progress_bar
-from evalsuite.provenance import provenance
 from evalsuite.registry import Registry
-from evalsuite.rundir import MANIFEST_FILE, RunDir, ShardFollower
-from evalsuite.store import config_hash
+from evalsuite.runs import distributed
+from evalsuite.runs.progress import progress_bar
+from evalsuite.runs.provenance import provenance
+from evalsuite.runs.rundir import MANIFEST_FILE, RunDir, ShardFollower
+from evalsuite.runs.store import config_hash
 
 RUNS_ROOT = Path("results/runs")
 # How a refusal names a missing capability.

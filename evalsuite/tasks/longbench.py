@@ -28,14 +28,15 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from evalsuite.adapters.base import GenerationConfig, TextAdapter
+from evalsuite.adapters.base import TextAdapter
 from evalsuite.data.haystack import decode_skip_special
 from evalsuite.data.longbench import ON_BAD_RECORD, LongBenchRecord, read_task, task_file
 from evalsuite.errors import UserError
+from evalsuite.generation.types import GenerationConfig
 from evalsuite.metrics import longbench as metrics
 from evalsuite.resources import builtin_dir, read_yaml
-from evalsuite.rundir import RunDir
-from evalsuite.store import file_sha256
+from evalsuite.runs.rundir import RunDir
+from evalsuite.runs.store import file_sha256
 from evalsuite.tasks.base import RUNS_ROOT, Item, ItemTask, register_task, run_task
 
 FIRST_LINE_RULES = ("upstream", "fox")

@@ -32,11 +32,11 @@ from evalsuite.adapters.base import TOKENS, TokenAdapter
 from evalsuite.data.corpus import Document, corpus_files, count_documents, iter_documents
 from evalsuite.data.haystack import safe_cut
 from evalsuite.data.synthetic import synthetic_documents
-from evalsuite.distributed import PeerFailed
 from evalsuite.errors import UserError
-from evalsuite.progress import progress_bar
-from evalsuite.rundir import RunDir
-from evalsuite.store import atomic_save_npz
+from evalsuite.runs.distributed import PeerFailed
+from evalsuite.runs.progress import progress_bar
+from evalsuite.runs.rundir import RunDir
+from evalsuite.runs.store import atomic_save_npz
 from evalsuite.tasks.base import Task, register_task, run_task
 from evalsuite.tokenizers import Tokenizer
 

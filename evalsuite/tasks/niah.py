@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from evalsuite.adapters.base import GenerationConfig, TextAdapter
+from evalsuite.adapters.base import TextAdapter
 from evalsuite.data.haystack import (
     SYNTHETIC,
     Haystack,
@@ -41,12 +41,13 @@ from evalsuite.data.haystack import (
     load_haystack,
 )
 from evalsuite.errors import UserError
+from evalsuite.generation.types import GenerationConfig
 from evalsuite.metrics.cells import cell_means, within_beyond
 from evalsuite.metrics.judge import OpenAIJudge
 from evalsuite.metrics.match import match_answer, phrase_position
-from evalsuite.progress import progress_bar
 from evalsuite.resources import task_presets
-from evalsuite.rundir import RunDir
+from evalsuite.runs.progress import progress_bar
+from evalsuite.runs.rundir import RunDir
 from evalsuite.tasks import multihop
 from evalsuite.tasks.base import RUNS_ROOT, Item, ItemTask, register_task, run_task
 from evalsuite.tokenizers import Tokenizer
@@ -424,13 +425,13 @@ class NiahTask(ItemTask):
 
     def _cells_per_call(self, adapter: TextAdapter, per_cell: int) -> int | Callable[[int], int]:
         """Cells per generate call: ``batch_size`` prompts, or with ``auto`` per length what fits in free memory
-        (:func:`evalsuite.generation.prompts_per_call`)."""
+        (:func:`evalsuite.generation.engine.prompts_per_call`)."""
         config = self.resolved
         if config.batch_size != AUTO:
             return max(1, config.batch_size // per_cell)
         if self._auto_sizes is None:  # once, before any generation: free memory with the weights alone loaded
-            from evalsuite import distributed
-            from evalsuite.generation import prompts_per_call
+            from evalsuite.generation.engine import prompts_per_call
+            from evalsuite.runs import distributed
 
             new = config.max_new_tokens
             sizes = {n: max(1, prompts_per_call(adapter, n, new) // per_cell) for n in config.lengths}

@@ -45,12 +45,13 @@ from pathlib import Path
 
 import numpy as np
 
-from evalsuite.adapters.base import GenerationConfig, TextAdapter
+from evalsuite.adapters.base import TextAdapter
 from evalsuite.errors import UserError
+from evalsuite.generation.types import GenerationConfig
 from evalsuite.metrics.rouge import bootstrap_cis, bpe_rouge, lead_sentence, rouge_scores
-from evalsuite.provenance import git_commit
-from evalsuite.rundir import RunDir
-from evalsuite.store import file_sha256
+from evalsuite.runs.provenance import git_commit
+from evalsuite.runs.rundir import RunDir
+from evalsuite.runs.store import file_sha256
 from evalsuite.tasks.base import RUNS_ROOT, Item, ItemTask, register_task, run_task
 from evalsuite.tokenizers import Tokenizer
 

@@ -234,7 +234,7 @@ def _fwd(q, k, v, cum, scale, config=None, tma=None):
     return o, lse
 
 
-# The kernels as two operators (torch.library), so that torch.compile (evalsuite.train, compile=True) keeps a model's
+# The kernels as two operators (torch.library), so that torch.compile (training/train.py, compile=True) keeps a model's
 # forward and backward whole around them instead of breaking its graph there; Inductor runs them as they are (its own
 # rewrite of the Triton kernel failed to compile, torch 2.11 / triton 3.6). The forward returns the fp32 LSE
 # ``[B, H, T]`` the backward reuses; the backward returns an empty dcum without a gate.

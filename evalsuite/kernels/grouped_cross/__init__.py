@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import torch
 
-from evalsuite.kernels.grouped_cross.reference import check_shapes, gca_reference
+from evalsuite.kernels.grouped_cross.reference import MAX_TRITON_SQ, check_shapes, gca_reference
 from evalsuite.kernels.triton_utils import triton_installed
 
 BACKENDS = ("auto", "triton", "reference")
-MAX_TRITON_SQ = 128  # query rows per chunk the Triton backward holds in one tile
 __all__ = ["BACKENDS", "MAX_TRITON_SQ", "gca_reference", "grouped_cross_attention", "triton_available"]
 
 

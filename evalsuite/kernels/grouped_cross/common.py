@@ -36,8 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from evalsuite.kernels.grouped_cross import MAX_TRITON_SQ
-from evalsuite.kernels.grouped_cross.reference import check_shapes
+from evalsuite.kernels.grouped_cross.reference import MAX_TRITON_SQ, check_shapes
 from evalsuite.kernels.jit_helpers import in_range
 from evalsuite.kernels.triton_utils import interpreting, pick_config
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import torch
 
+MAX_TRITON_SQ = 128  # query rows per chunk the Triton backward holds in one tile (the package's "auto" rule)
+
 
 def check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor) -> None:
     """ValueError unless q ``[B, C, Sq, H, D]``, k = v ``[B, C, K, Skv, H, D]``, w ``[B, C, K]``."""

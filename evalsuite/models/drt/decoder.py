@@ -12,7 +12,7 @@ the retrieval for the next chunk, with a chunk store that may live in CPU memory
 model's own :meth:`~evalsuite.models.drt.model.DRTForCausalLM._stream` on the :class:`ChunkMemory` (the buffers
 are written back to it first and read from it after), so the eager path's code makes every boundary. The decode
 engine asks :meth:`DrtStaticDecoder.eager_step_due` before each step and calls :meth:`~DrtStaticDecoder.replayed`
-after each replay (``evalsuite/generation.py``).
+after each replay (``evalsuite/generation/engine.py``).
 
 Rows with different left padding have different chunk grids and memories (:class:`RowGroup`): each gets its own
 buffers (:class:`_Grid`), and a step is due eagerly when any of them reaches a boundary.

@@ -7,9 +7,9 @@ Importing this package registers the ``mqar`` task. Its parts, by job:
 * :mod:`.cell`: training one cell and its record;
 * :mod:`evalsuite.tasks.mqar_summary` (beside this package, free of torch): best accuracy over learning rates,
   for ``results.json`` and :mod:`evalsuite.report.mqar`, and the accuracy check;
-* :mod:`.task`: :class:`MQARTask` on the runner, cells spread over :func:`evalsuite.pool.run_pool` workers.
+* :mod:`.task`: :class:`MQARTask` on the runner, cells spread over :func:`evalsuite.training.pool.run_pool` workers.
 
-Each cell trains a fresh model with :func:`evalsuite.train.train` and appends one record (query accuracy on the
+Each cell trains a fresh model with :func:`evalsuite.training.train.train` and appends one record (query accuracy on the
 test set) to ``records.jsonl``. Cells are keyed by a hash of their config, so a rerun skips finished cells: an
 interrupted sweep loses at most the cells in flight, and new models add rows to an existing run directory.
 """

@@ -18,10 +18,10 @@ import torch
 import torch.nn.functional as F
 
 from evalsuite.data.mqar import mqar_data
-from evalsuite.provenance import device_name, provenance
-from evalsuite.store import config_hash
+from evalsuite.runs.provenance import device_name, provenance
+from evalsuite.runs.store import config_hash
 from evalsuite.tasks.mqar.sweep import Cell, MQARSweep, cell_config, data_config, resolve_model
-from evalsuite.train import (
+from evalsuite.training.train import (
     IGNORE_INDEX,
     autocast,
     autocast_dtype,
@@ -89,8 +89,8 @@ def run_cell(
 ) -> dict:
     """Train one fresh model on one cell's data (``{"train"|"test": (inputs, labels)}``, each ``[N, seq_len]``
     long on ``device``); return its record. ``cuda_graph``: each training step replayed as one CUDA graph
-    (:mod:`evalsuite.train_step`; the same updates, without the launch overhead); ``compile``: the forward and
-    loss through ``torch.compile`` (fused elementwise kernels; :func:`evalsuite.train.train`). ``snapshot_dir``: the
+    (:mod:`evalsuite.training.train_step`; the same updates, without the launch overhead); ``compile``: the forward and
+    loss through ``torch.compile`` (fused elementwise kernels; training/train.py). ``snapshot_dir``: the
     cell's training snapshots go to ``<snapshot_dir>/<key>.pt``, so a cell cut short (a GPU lease ending) resumes
     where its last snapshot left it instead of from step 0."""
     card = resolve_model(cell.model)
@@ -167,7 +167,7 @@ def run_cell(
 
 class DataCache:
     """Generated data per data config, on the device, kept for the process (its cells share their data; a sweep has
-    a few settings). Thread-safe: cells may train in threads of one process (:func:`evalsuite.pool.run_pool`)."""
+    a few settings). Thread-safe: cells may train in threads of one process (training/pool.py)."""
 
     def __init__(self, device: torch.device):
         self.device, self._data, self._lock = device, {}, threading.Lock()
@@ -194,7 +194,7 @@ def cell_handler(
     compile: bool = False,
     snapshot_dir: str | None = None,
 ) -> Callable[[Cell, Callable[[int], None]], dict]:
-    """A :func:`evalsuite.pool.run_pool` handler (built once per process): ``handler(cell, report) -> record``,
+    """A :func:`evalsuite.training.pool.run_pool` handler (built once per process): ``handler(cell, report) -> record``,
     reporting progress every ``PROGRESS_EVERY`` steps. Takes plain values so it pickles into a worker. On CUDA each
     cell runs on a stream of its own, so cells in threads of one process overlap on the GPU."""
     sweep = MQARSweep.from_dict(sweep_dict)

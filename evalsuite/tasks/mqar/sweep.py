@@ -17,9 +17,9 @@ from evalsuite.data.mqar import check_setting
 from evalsuite.errors import UserError
 from evalsuite.models.registry import architecture_names
 from evalsuite.resources import task_presets
-from evalsuite.store import config_hash
+from evalsuite.runs.store import config_hash
 from evalsuite.tasks.base import RUNS_ROOT
-from evalsuite.train import TrainConfig
+from evalsuite.training.train import TrainConfig
 
 RUNS_DIR = RUNS_ROOT / "mqar"
 

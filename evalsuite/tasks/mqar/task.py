@@ -22,12 +22,11 @@ from pathlib import Path
 import torch
 
 from evalsuite.errors import UserError
-from evalsuite.pool import run_pool
-from evalsuite.progress import progress_bar
-from evalsuite.provenance import device_name, provenance
-from evalsuite.rundir import RunDir, ShardFollower
+from evalsuite.runs.progress import progress_bar
+from evalsuite.runs.provenance import device_name, provenance
+from evalsuite.runs.rundir import RunDir, ShardFollower
+from evalsuite.runs.store import config_hash
 from evalsuite.runtime import resolve_device
-from evalsuite.store import config_hash
 from evalsuite.tasks.base import Task, register_task, run_task
 from evalsuite.tasks.mqar.cell import cell_handler
 from evalsuite.tasks.mqar.sweep import (
@@ -40,8 +39,9 @@ from evalsuite.tasks.mqar.sweep import (
     sweep_cells,
 )
 from evalsuite.tasks.mqar_summary import best_records, cell_key, finished_keys, latest_cells, shared_provenance
+from evalsuite.training.pool import run_pool
 
-SNAPSHOT_DIR = "partial"  # in the run directory: snapshots of cells in training (evalsuite.train.train's snapshot)
+SNAPSHOT_DIR = "partial"  # in the run directory: snapshots of cells in training (training.train.train's snapshot)
 
 
 @register_task

@@ -8,10 +8,10 @@ atomically at the end) and any files a task keeps beside them (e.g. the loss tas
   Directories written before manifests existed, or under an older config schema a task still recognises
   (``legacy_hashes``), are migrated: the manifest is (re)written and a note printed.
 * **Resume.** :meth:`RunDir.latest` gives the records by key, a later line replacing an earlier one (a re-judged
-  answer); a rerun skips what is there. Appends repair a torn tail first (:func:`evalsuite.store.append_jsonl`).
+  answer); a rerun skips what is there. Appends repair a torn tail first (:func:`evalsuite.runs.store.append_jsonl`).
 * **No litter.** A run that fails before writing anything removes the directory it created
   (:meth:`RunDir.abandon`), so a failed validation never leaves a claimed directory behind.
-* **Ranks.** Under torchrun (:mod:`evalsuite.distributed`) each rank appends to its own
+* **Ranks.** Under torchrun (:mod:`evalsuite.runs.distributed`) each rank appends to its own
   ``records.rank-<r>.jsonl`` (no two processes ever write one file), and rank 0 folds them into ``records.jsonl``
   atomically when the run ends (:meth:`RunDir.merge_shards`). Shards a killed run left behind are folded in when
   the directory is next claimed, by a run with any number of ranks or none, so nothing a rank finished is lost.
@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from evalsuite.errors import UserError
-from evalsuite.store import (
+from evalsuite.runs.store import (
     RECORDS_FILE,
     RESULTS_FILE,
     append_jsonl,
@@ -70,7 +70,7 @@ def check_writable(path: Path) -> None:
 class RunDir:
     """One run's directory; create it with :meth:`claim` (under torchrun, rank 0 claims it for all ranks).
 
-    ``world`` (a :class:`evalsuite.distributed.World`, or None for a plain run): set, :meth:`append` writes this
+    ``world`` (a :class:`evalsuite.runs.distributed.World`, or None for a plain run): set, :meth:`append` writes this
     rank's own file and :meth:`records` reads ``records.jsonl`` plus that file only, so every rank computes the
     same pending work from the same records whatever the others are appending meanwhile.
     """
@@ -256,7 +256,7 @@ class ShardFollower:
 
 def _record_lines(path: Path) -> list[tuple[str | None, bytes]]:
     """``(key, line)`` for each record of a JSONL file, the line's bytes exactly as written (no newline). As
-    :func:`evalsuite.store.read_jsonl` reads it: a torn last line is dropped, a corrupt one elsewhere is an error."""
+    :func:`.store.read_jsonl` reads it: a torn last line is dropped, a corrupt one elsewhere is an error."""
     if not path.exists():
         return []
     lines = [(n, line) for n, line in enumerate(path.read_bytes().split(b"\n"), 1) if line.strip()]

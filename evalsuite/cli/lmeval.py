@@ -10,7 +10,8 @@ from typing import Annotated
 
 import typer
 
-from evalsuite.cli import (
+from evalsuite.cli.app import app
+from evalsuite.cli.options import (
     BackendOpt,
     CheckpointOpt,
     DeviceOpt,
@@ -19,7 +20,6 @@ from evalsuite.cli import (
     _adapter,
     _csv_list,
     _note_random_weights,
-    app,
 )
 from evalsuite.errors import UserError
 

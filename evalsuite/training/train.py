@@ -30,7 +30,7 @@ from torch import nn
 from evalsuite.cards import ModelCard
 from evalsuite.errors import UserError
 from evalsuite.models.base import CausalLM
-from evalsuite.train_step import EagerStep, GraphedStep, autocast
+from evalsuite.training.train_step import EagerStep, GraphedStep, autocast
 
 IGNORE_INDEX = -100
 SNAPSHOT_EVERY_S = 120.0  # seconds of training between snapshots of an interruptible run (train's ``snapshot``)
@@ -252,7 +252,7 @@ def fixed_batches(inputs: torch.Tensor, labels: torch.Tensor, batch_size: int):
 def make_optimizer(model: nn.Module, config: TrainConfig, capturable: bool = False) -> torch.optim.AdamW:
     """AdamW; weight decay on matrices and embeddings only: decaying norm gains and biases pulls them towards
     zero for no regularisation benefit (``decay_all_params``: on everything, as Zoology). ``capturable``: state and
-    learning rate as device tensors, so the step can be captured in a CUDA graph (:mod:`evalsuite.train_step`)."""
+    learning rate as device tensors, so the step can be captured in a CUDA graph (:mod:`.train_step`)."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = (
         [{"params": params, "weight_decay": config.weight_decay}]
@@ -302,7 +302,7 @@ def train(
     and after the last step; training stops early once ``eval[early_stop_metric] > early_stop``, and stops
     as diverged when the training loss stops being finite. The host syncs with the GPU only at log and eval
     steps, so the loop does not stall a fast device. ``cuda_graph``: replay each step as one CUDA graph
-    (:class:`evalsuite.train_step.GraphedStep`; a CUDA model, a capture-safe ``loss_fn`` such as
+    (:class:`evalsuite.training.train_step.GraphedStep`; a CUDA model, a capture-safe ``loss_fn`` such as
     :func:`gathered_cross_entropy`, batches of one shape). ``compile``: the forward and loss through
     ``torch.compile``, which fuses the chains of elementwise kernels that dominate a small model's step on a GPU.
     ``snapshot``: a file the run saves itself to (model, optimizer, step, history) at a log step every

@@ -1,4 +1,4 @@
-"""The optimizer step of :func:`evalsuite.train.train`, eager or captured as one CUDA graph.
+"""The optimizer step of :func:`evalsuite.training.train.train`, eager or captured as one CUDA graph.
 
 A step of a few-million-parameter model (an MQAR cell) is hundreds of small kernel launches: forward, backward,
 clipping and AdamW. :class:`GraphedStep` records the whole step once as a CUDA graph and replays it per step, so a
@@ -8,7 +8,7 @@ on an H100 at the gsa-paper MQAR cell, whose remaining time is the GPU's own mem
 :meth:`EagerStep.update`, so they train identically (bit-identical there).
 
 Capture needs a ``loss_fn`` that never waits on the host and keeps its shapes (no boolean-mask indexing:
-:func:`evalsuite.train.gathered_cross_entropy`), batches of one shape, and an optimizer whose learning rate is a
+:func:`.train.gathered_cross_entropy`), batches of one shape, and an optimizer whose learning rate is a
 device tensor (``make_optimizer(..., capturable=True)``).
 """
 
@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-# Warmup and capture are serialised within a process (cells may train in threads, evalsuite/pool.py): a capture must
+# Warmup and capture are serialised within a process (cells may train in threads, training/pool.py): a capture must
 # not see another thread's allocations on its private memory pool, and torch.compile runs one compile at a time.
 _CAPTURE_LOCK = threading.Lock()
 

@@ -1,5 +1,5 @@
 """The benchmark commands, ``evalsuite bench attention|linear|gca|generate``: thin layers over
-:mod:`evalsuite.bench`. Registered on the ``bench`` group of :mod:`evalsuite.cli`, which imports this module."""
+:mod:`evalsuite.bench`. Registered on the ``bench`` group when :mod:`evalsuite.cli.main` imports this module."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-from evalsuite.cli import DeviceOpt, _csv_list, bench_app
+from evalsuite.cli.app import bench_app
+from evalsuite.cli.options import DeviceOpt, _csv_list
 from evalsuite.errors import UserError
 
 

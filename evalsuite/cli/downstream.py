@@ -1,6 +1,6 @@
 """The downstream-task commands, ``evalsuite longbench`` (and ``longbench score``) and ``evalsuite summarize``:
 thin layers over :mod:`evalsuite.tasks.longbench`, :mod:`evalsuite.metrics.longbench` and
-:mod:`evalsuite.tasks.summarize`. Registered on the app of :mod:`evalsuite.cli`, which imports this module."""
+:mod:`evalsuite.tasks.summarize`. Registered on the app when :mod:`evalsuite.cli.main` imports this module."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from typing import Annotated
 
 import typer
 
-from evalsuite.cli import (
+from evalsuite.cli.app import app
+from evalsuite.cli.options import (
     BackendOpt,
     CheckpointOpt,
     DeviceOpt,
@@ -22,7 +23,6 @@ from evalsuite.cli import (
     _csv_list,
     _note_random_weights,
     _run,
-    app,
 )
 from evalsuite.errors import UserError
 
@@ -207,8 +207,8 @@ def train_lm_cmd(
     """Train a small LM from scratch (or from --init) on a corpus, then fine-tune it on the DRT retrieval tests (GCA
     paper §4.2)."""
     from evalsuite.cards import load_card
-    from evalsuite.lm_train import LMTrainConfig, train_lm
     from evalsuite.runtime import resolve_device
+    from evalsuite.training.lm_train import LMTrainConfig, train_lm
 
     config = LMTrainConfig(corpus=corpus, seq_len=seq_len, batch_size=batch_size, steps=steps,
                            finetune_steps=finetune_steps, lr=lr, min_lr_ratio=min_lr_ratio, seed=seed,

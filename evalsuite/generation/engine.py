@@ -36,8 +36,8 @@ from collections.abc import Sequence
 
 import torch
 
-from evalsuite.adapters.base import Generation, GenerationConfig, apply_stop
 from evalsuite.errors import UserError
+from evalsuite.generation.types import Generation, GenerationConfig, apply_stop
 
 PATHS = ("auto", "eager", "static", "graph", "compiled")
 SYNC_EVERY = 16  # tokens between host checks of EOS / stop strings on the greedy path

@@ -27,13 +27,13 @@ from torch.utils.checkpoint import checkpoint
 
 from evalsuite.cards import ModelCard
 from evalsuite.data.corpus import corpus_files, iter_documents
+from evalsuite.data.passkey import DRT_CHUNK, drt_sample, passkey_sample
 from evalsuite.errors import UserError
-from evalsuite.progress import progress_bar
-from evalsuite.provenance import device_name, provenance
-from evalsuite.store import atomic_write_json
-from evalsuite.tasks.drt_passkey import DRT_CHUNK, drt_sample, passkey_sample
+from evalsuite.runs.progress import progress_bar
+from evalsuite.runs.provenance import device_name, provenance
+from evalsuite.runs.store import atomic_write_json
 from evalsuite.tokenizers import Tokenizer, get_tokenizer
-from evalsuite.train import IGNORE_INDEX, TrainConfig, build_model, train
+from evalsuite.training.train import IGNORE_INDEX, TrainConfig, build_model, train
 
 CACHE_DIR = Path.home() / ".cache" / "evalsuite" / "tokens"
 RETRIEVAL_KINDS = ("passkey", "2hop")

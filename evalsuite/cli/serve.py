@@ -1,5 +1,5 @@
 """``evalsuite serve``: any adapter as an OpenAI-compatible HTTP API (:mod:`evalsuite.serve`). Registered on the app
-of :mod:`evalsuite.cli`, which imports this module."""
+when :mod:`evalsuite.cli.main` imports this module."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from evalsuite.cli import BackendOpt, CheckpointOpt, DeviceOpt, DtypeOpt, ModelOpt, _adapter, app
+from evalsuite.cli.app import app
+from evalsuite.cli.options import BackendOpt, CheckpointOpt, DeviceOpt, DtypeOpt, ModelOpt, _adapter
 from evalsuite.errors import UserError
 
 

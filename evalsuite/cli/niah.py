@@ -1,0 +1,129 @@
+"""``evalsuite niah`` (needle in a haystack: easy, standard, 2-hop, the DRT passkey) and ``evalsuite plot niah``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from evalsuite.cli.app import app, plot_app
+from evalsuite.cli.options import (
+    BackendOpt,
+    CheckpointOpt,
+    DeviceOpt,
+    DtypeOpt,
+    ModelOpt,
+    OutOpt,
+    SeedOpt,
+    _adapter,
+    _batch_size,
+    _csv_list,
+    _note_random_weights,
+    _run,
+    _seed_everything,
+)
+from evalsuite.errors import UserError
+
+
+@app.command()
+def niah(
+    model: ModelOpt,
+    mode: Annotated[str, typer.Option(help="easy, standard, 2hop, or passkey (DRT's token-level passkey).")] = "easy",
+    flavour: Annotated[
+        str, typer.Option(help="2hop only: text (chained facts + 1-hop control) or drt (DRT token-level 2-hop).")
+    ] = "text",
+    preset: Annotated[
+        str | None, typer.Option(help="Grid preset in tasks/niah.yaml: cpu or fox (default: cpu on a CPU, else fox).")
+    ] = None,
+    lengths: Annotated[str | None, typer.Option(help="Comma-separated context lengths (tokens, BOS counted).")] = None,
+    depths: Annotated[str | None, typer.Option(help="Comma-separated needle depths in percent.")] = None,
+    samples: Annotated[int | None, typer.Option(help="2hop: samples per cell (default: from the preset).")] = None,
+    haystack: Annotated[str, typer.Option(help="File or directory (.txt, .jsonl[.xz]), or 'synthetic'.")] = (
+        "synthetic"
+    ),
+    max_new_tokens: Annotated[
+        int | None, typer.Option(help="Generated tokens per answer (default: the preset's; fox: 1024).")
+    ] = None,
+    stop_newline: Annotated[bool, typer.Option(help="Stop each answer at its first newline.")] = False,
+    batch_size: Annotated[
+        str, typer.Option(help="Prompts of one length per generate call, or 'auto' (as many as fit in GPU memory).")
+    ] = "4",
+    judge: Annotated[
+        str | None,
+        typer.Option(help="openai:MODEL: also score with the FoX judge ($OPENAI_API_KEY, $OPENAI_BASE_URL)."),
+    ] = None,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "float32",
+    seed: SeedOpt = 0,
+    out: OutOpt = None,
+    checkpoint: CheckpointOpt = None,
+    attention: BackendOpt = "auto",
+):
+    """Needle in a haystack over lengths x depths (FoX §4.3): easy, standard, or 2-hop; records and a summary."""
+    from evalsuite.metrics.judge import OpenAIJudge
+
+    lengths_list = [int(x) for x in _csv_list(lengths, float, "--lengths") or []] or None
+    if flavour not in ("text", "drt"):
+        raise UserError(f"unknown --flavour {flavour!r}; use text or drt")
+    if flavour == "drt" and mode != "2hop":
+        raise UserError("--flavour applies to --mode 2hop only")
+    batch_size = _batch_size(batch_size, allow_auto=flavour != "drt" and mode != "passkey")
+    if flavour == "drt" or mode == "passkey":
+        from evalsuite.tasks.drt_passkey import DrtConfig, DrtPasskeyTask
+
+        test = "2-hop test" if mode == "2hop" else "passkey"
+        if judge:
+            raise UserError(f"the DRT {test} is scored teacher-forced; --judge does not apply")
+        if depths:
+            raise UserError(f"the DRT {test} places its needles at random positions; --depths does not apply")
+        config = DrtConfig(preset, lengths_list, samples, haystack, batch_size, seed, kind=mode)
+        task = DrtPasskeyTask(config)
+    else:
+        from evalsuite.tasks.niah import NiahConfig, NiahTask
+
+        config = NiahConfig(
+            mode=mode,
+            preset=preset,
+            lengths=lengths_list,
+            depths=_csv_list(depths, float, "--depths"),
+            samples=samples,
+            haystack=haystack,
+            max_new_tokens=max_new_tokens,
+            stop_newline=stop_newline,
+            batch_size=batch_size,
+            seed=seed,
+        )
+        # a missing API key fails before the model loads
+        task = NiahTask(config, OpenAIJudge.from_spec(judge) if judge else None)
+    _seed_everything(seed)
+    adapter = _adapter(model, device, dtype, checkpoint, attention)
+    results = _run(task, adapter, out)
+    summary = results["summary"]
+    for note in summary["skipped"]:
+        typer.echo(f"  note: length {note['length']} skipped ({note['reason']})")
+    typer.echo(f"{adapter.name}: NIAH {summary['label']}, train length {results['train_length']}")
+    for s in summary["within_beyond"]:
+        if s["metric"] in ("judge", "score", "match", "accuracy", "answer_exact"):
+            cells = f"{s['cells_within']} + {s['cells_beyond']} cells"
+            within, beyond = (f"{v:.3f}" if v is not None else "-" for v in (s["within"], s["beyond"]))
+            typer.echo(f"  {s['subtask']:>9} {s['metric']:>12}: within {within}, beyond {beyond} ({cells})")
+    _note_random_weights(adapter)
+    typer.echo(f"  results: {results['run_dir']}")
+
+
+@plot_app.command("niah")
+def plot_niah_cmd(
+    runs: Annotated[list[Path], typer.Argument(help="NIAH run directories (or folders of them).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output path stem.")] = Path("results/plots/niah"),
+    metric: Annotated[
+        str | None, typer.Option(help="judge, score, match, accuracy, ... (default: judge if judged, else score).")
+    ] = None,
+):
+    """NIAH heatmaps (depth x length, dashed line at the training length) and a within/beyond summary table."""
+    from evalsuite.report.niah import plot_niah
+
+    paths, table = plot_niah(runs, out, metric=metric)
+    typer.echo(table.drop(columns=["run"]).to_markdown(index=False, floatfmt=".3f"))
+    for path in paths:
+        typer.echo(f"wrote {path}")

@@ -1,0 +1,104 @@
+"""What the commands share: the options of every command that runs a model, and small helpers (parsing
+lists, loading an adapter, running a task through the runner)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from evalsuite.errors import UserError
+
+# Options shared by every command that runs a model.
+ModelOpt = Annotated[
+    str, typer.Option("--model", "-m", help="KIND:NAME (default kind native: a card name or a card's YAML path).")
+]
+DeviceOpt = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
+DtypeOpt = Annotated[
+    str, typer.Option(help="float32, bfloat16 or float16 (native: autocast over fp32 weights; hf: weights in it).")
+]
+SeedOpt = Annotated[int, typer.Option(help="Seed for data shuffles, rolls and sampling.")]
+OutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="Run directory (default: results/runs/...).")]
+CheckpointOpt = Annotated[
+    Path | None, typer.Option(help="Checkpoint directory (ours or an official release), overriding the card.")
+]
+BackendOpt = Annotated[
+    str, typer.Option(help="Attention backend of the model's family (FoX: auto, triton, reference, dense).")
+]
+
+
+def _seed_everything(seed: int) -> None:
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _note_random_weights(adapter) -> None:
+    if getattr(adapter, "layout", None) == "random":
+        typer.echo("  note: random-init weights; these numbers test the pipeline, not the architecture")
+
+
+def _adapter(model: str, device: str, dtype: str, checkpoint: Path | None, backend: str):
+    from evalsuite.adapters.registry import AdapterOptions, load_adapter
+
+    return load_adapter(model, AdapterOptions(device=device, dtype=dtype, checkpoint=checkpoint, attention=backend))
+
+
+def _csv_list(value: str | None, cast, option: str) -> list | None:
+    """``"64,128"`` -> ``[64, 128]``; None stays None."""
+    if value is None:
+        return None
+    try:
+        return [cast(v.strip()) for v in value.split(",") if v.strip()]
+    except ValueError:
+        kind = "numbers" if cast in (int, float) else "values"
+        raise UserError(f"{option} takes comma-separated {kind}, got {value!r}") from None
+
+
+def _batch_size(value: str, allow_auto: bool) -> int | str:
+    """``--batch-size``: a positive integer, or ``auto`` where the task sizes batches from free memory."""
+    if value == "auto" and allow_auto:
+        return value
+    if not value.isdigit() or int(value) < 1:
+        choices = "a positive integer or 'auto'" if allow_auto else "a positive integer (the DRT tests take no 'auto')"
+        raise UserError(f"--batch-size must be {choices}; got {value!r}")
+    return int(value)
+
+
+def _key_values(pairs: list[str]) -> dict:
+    """``["lengths=[512, 1024]", "mode=easy"]`` -> ``{"lengths": [512, 1024], "mode": "easy"}`` (values as YAML)."""
+    import yaml
+
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"--set takes KEY=VALUE, got {pair!r}")
+        try:
+            out[key.strip()] = yaml.safe_load(value) if value.strip() else None
+        except yaml.YAMLError:
+            raise UserError(f"--set {key.strip()}: cannot read {value!r} as a value") from None
+    return out
+
+
+def _run(task, adapter, out: Path | None) -> dict:
+    """Run a task through the runner; the result carries the run directory it was written to."""
+    from evalsuite.tasks.base import run_task
+
+    results = run_task(task, adapter, out)
+    _only_main()
+    return results
+
+
+def _only_main() -> None:
+    """Under torchrun, end every rank but 0 once the run is done: rank 0 alone prints and writes tables and plots."""
+    from evalsuite.runs import distributed
+
+    world = distributed.current()
+    if world is not None and not world.is_main:
+        raise typer.Exit(0)

@@ -1,0 +1,1 @@
+"""Generation: the request and result types (:mod:`.types`) and the native decode engine (:mod:`.engine`)."""

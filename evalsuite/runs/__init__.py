@@ -1,0 +1,1 @@
+"""Where results go: the run directory and its record store, provenance, progress bars, and the torchrun world."""
