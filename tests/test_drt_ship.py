@@ -62,7 +62,7 @@ def test_ship_refuses_big_or_foreign_checkpoints(tmp_path, monkeypatch):
 
 
 def test_shipped_drt_gutenberg_retrieves_beyond_its_training_length(tmp_path):
-    """The shipped model (results/drt_claim/2026-11-27-x4/), by name, on the built-in synthetic haystack: trained at
+    """The shipped model (results/drt-claim/), by name, on the built-in synthetic haystack: trained at
     1,024 bytes, it names all five passkey bytes at 4x that length (4 of 4 on this CPU; 3 allows one miss)."""
     from evalsuite.adapters.native import NativeAdapter
     from evalsuite.tasks.drt_passkey import DrtConfig, run_drt_passkey

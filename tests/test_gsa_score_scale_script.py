@@ -1,6 +1,7 @@
-"""scripts/gsa_score_scale_check.py (the GSA kernels' error against the slot-score scale, results/mqar/gsa-score-scale/)
-runs here under the Triton interpreter at a small shape: the float32 kernels stay exact at large scores, and the
-bf16 kernels' gradient error sits at the order of one bf16 rounding of the scores."""
+"""scripts/gsa_score_scale_check.py (the GSA kernels' error against the slot-score scale,
+results/linear-kernels/gsa-score-scale/) runs here under the Triton interpreter at a small shape: the float32 kernels
+stay exact at large scores, and the bf16 kernels' gradient error sits at the order of one bf16 rounding of the
+scores."""
 
 from __future__ import annotations
 
