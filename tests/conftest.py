@@ -172,7 +172,7 @@ class ServeProcess:
 
 @pytest.fixture(scope="session")
 def served_fox():
-    """``evalsuite serve --model fox-pro-tiny`` for the whole session (test_serve.py, test_openai_adapter.py)."""
+    """``evalsuite serve --model fox-pro-tiny`` for the whole test run (test_serve.py, test_openai_adapter.py)."""
     server = ServeProcess("fox-pro-tiny").wait_ready()
     yield server
     server.stop()

@@ -1,4 +1,4 @@
-"""The model cards of issue #14's small-scale claim (scripts/drt_claim/): each set (GPT-2 tokens, bytes) has a DRT,
+"""The model cards of the small-scale DRT claim (scripts/drt_claim/): each set (GPT-2 tokens, bytes) has a DRT,
 a FoX (Pro) and a Transformer of similar size whose bf16 weights can ship (at most 8 MB, safetensors)."""
 
 from pathlib import Path

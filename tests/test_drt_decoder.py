@@ -1,4 +1,4 @@
-"""DRT's static decoder (evalsuite/models/drt/decoder.py, issue #18): every step's hidden state equals the eager
+"""DRT's static decoder (evalsuite/models/drt/decoder.py): every step's hidden state equals the eager
 forward pass with a chunk memory, across chunk boundaries (the eager steps), the window's wrap-around, retrieval
 with GCA at work, left padding with several chunk grids and two retrieval groups; the engine's static path gives the
 eager path's tokens."""

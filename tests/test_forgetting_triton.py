@@ -248,11 +248,11 @@ def _fused_exp2_error(s: float, mult: float) -> float:
 
 def test_padding_bias_survives_the_fused_exp2():
     """A real query whose first key blocks are all left padding (FoX model's PAD_BIAS added to their cum) has
-    m = s ~ -PAD_BIAS there. At 1e30 the fused multiply-add's error was 6e21: exp2 -> inf, the row NaN on GPU;
+    m = s ~ -PAD_BIAS there. At 1e30 the fused multiply-add's error is 6e21: exp2 -> inf, the row NaN on GPU;
     the interpreter computes without fusing, so the bound is checked here and the kernel below on real padding."""
     from evalsuite.models.fox.model import PAD_BIAS
 
-    assert _fused_exp2_error(-1e30, common.LOG2E) > 1e20  # the bias that failed, so this check can fail
+    assert _fused_exp2_error(-1e30, common.LOG2E) > 1e20  # a bias that overflows, so this check can fail
     for c_query in (0.0, -0.37, -1234.5, -1.0e5):  # real queries' cumulative log-forget, long contexts included
         assert abs(_fused_exp2_error(c_query - PAD_BIAS, common.LOG2E)) < 0.25
     assert torch.exp(torch.tensor(-PAD_BIAS + 200.0)) == 0  # padding keys still weigh exactly nothing
@@ -278,7 +278,7 @@ def test_left_padding_by_bias_over_whole_blocks():
 
 def test_torch_compile_keeps_the_kernel_in_one_graph():
     """The kernel is an operator to torch.compile: a loss around it compiles as one graph (``fullgraph``: no break
-    at the kernel, as there was with ``torch.compiler.disable``), with eager's value and gradients."""
+    at the kernel, as there is with ``torch.compiler.disable``), with eager's value and gradients."""
     q, k, v, logf = make_inputs(1, 40, 2, 32, torch.bfloat16, "mild", seed=7)
 
     def loss(q, k, v, logf):

@@ -129,8 +129,8 @@ def test_strong_gates_stay_finite():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_extreme_gates_exact(dtype):
     """Saturated gates (log alpha down to -1000 within one sub-chunk): forward and every gradient as exact as under
-    mild gates. The kernels before 2026-11-27 factored in-sub-chunk decays through the sub-chunk's middle row, which
-    overflowed to NaN beyond log alpha ~ -11 per token (GSA d = 512 MQAR runs on an H100 went NaN mid-training)."""
+    mild gates. Factoring in-sub-chunk decays through the sub-chunk's middle row instead overflows to NaN beyond log
+    alpha ~ -11 per token (GSA d = 512 MQAR training goes NaN: results/mqar/gsa-d512-probe/)."""
     check(1, 45, 2, 16, 32, 16, dtype, "extreme", False)
 
 

@@ -1,5 +1,5 @@
-"""The decode engine (evalsuite/generation/engine.py, issue #18) against the per-token loop NativeAdapter.generate ran
-before it: greedy and sampled outputs equal token for token, with left padding, stop strings and EOS, for every
+"""The decode engine (evalsuite/generation/engine.py) against a per-token loop that checks every token on the host:
+greedy and sampled outputs equal token for token, with left padding, stop strings and EOS, for every
 ``sync_every``; the static decoders' eager steps likewise; the CPU never enters the CUDA branch. Then the batch
 size from memory and NIAH's ``batch_size: auto``."""
 
@@ -20,7 +20,7 @@ TEXTS = ["The quick brown fox jumps over the lazy dog, twice.", "Hello", "A prom
 
 
 def reference_sample(logits, config, gen):
-    """The sampling step of the per-token loop, as it was (temperature, top-k, top-p; on the CPU)."""
+    """The sampling step of the per-token reference loop (temperature, top-k, top-p; on the CPU)."""
     if config.temperature == 0:
         return logits.argmax(-1)
     probs = torch.softmax(logits.float().cpu() / config.temperature, dim=-1)
@@ -37,7 +37,7 @@ def reference_sample(logits, config, gen):
 
 @torch.inference_mode()
 def reference_generate(adapter, prompts, config):
-    """NativeAdapter.generate before the engine: every token to the host, EOS and stop strings checked per token."""
+    """NativeAdapter.generate as a per-token loop: every token to the host, EOS and stop strings checked per token."""
     model, tok = adapter.model, adapter.tokenizer
     B, longest = len(prompts), max(len(p) for p in prompts)
     ids = torch.zeros(B, longest, dtype=torch.long)
@@ -198,7 +198,7 @@ def test_bytes_per_prompt_of_the_760m_fox():
     assert per == cache + activations + logits
     free = 70 * 2**30  # an H100 with the weights loaded
     assert engine.batch_for_memory(per, free) == int(0.85 * free) // per == 14  # 10 with one 16K-token pass
-    assert engine.batch_for_memory(engine.bytes_per_prompt(model, 65536, n, torch.bfloat16), free) == 5  # was 2
+    assert engine.batch_for_memory(engine.bytes_per_prompt(model, 65536, n, torch.bfloat16), free) == 5
     L = 4096  # shorter than a pass: every prompt token's activations are live at once
     cache = 24 * ((2 * (L + n) * 1536 + 2 * 1536) * 2 + (L + n) * 24 * 4)
     assert engine.bytes_per_prompt(model, L, n, torch.bfloat16) == cache + 36 * L * 1536 * 4 + logits
@@ -311,7 +311,7 @@ def counted(*args, **kwargs):
 
 
 fa.forgetting_attention_decode_triton = counted
-torch.manual_seed(0)  # fixed token ids: an unseeded draw once put one bf16 output 0.023 off (CI, 2026-11-27)
+torch.manual_seed(0)  # fixed token ids: some unseeded draws put one bf16 output 0.023 off
 for card in ("fox-pro-tiny", "transformer-llama-tiny"):  # gated; ungated (its cache carries the padding biases)
     model = load_card(card).build_module()
     model.init_weights(0)
@@ -359,8 +359,8 @@ def test_fox_step_through_the_appending_decode_kernel():
 
 
 def test_static_decoders_free_their_cache_without_the_cycle_collector():
-    """A decoder's KV cache goes as soon as the decoder does (H100, 2026-11-26: a decoder that referenced itself left
-    each cache to the cyclic GC and a 121-cell NIAH grid ran out of device memory)."""
+    """A decoder's KV cache goes as soon as the decoder does (on an H100, a decoder that references itself leaves each
+    cache to the cyclic GC, and a 121-cell NIAH grid runs out of device memory)."""
     import gc
     import weakref
 

@@ -1,5 +1,5 @@
 """scripts/gpu_generate_check.py's logic on a CPU: the logits each sampled draw read are recorded per path, and a
-sampled float32 difference counts as a failure unless those logits agreed (a near-tie), issue #18."""
+sampled float32 difference counts as a failure unless those logits agreed (a near-tie)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""scripts/gpu_gsa_gate_check.py, the GPU session's first check of the GSA kernels, runs here under the Triton
-interpreter at a small shape, so that it cannot rot between GPU sessions."""
+"""scripts/gpu_gsa_gate_check.py, the GPU check of the GSA kernels under saturated gates, runs here under the Triton
+interpreter at a small shape, so that it cannot rot between GPU runs."""
 
 from __future__ import annotations
 

@@ -285,7 +285,7 @@ def test_partial_transnormer_layout_names_the_missing_keys(tmp_path):
 
 
 def test_recurrent_state_is_flat_in_context_length():
-    """The issue's "constant in context length": bytes at 1K and 64K are equal, and equal the spec's 2 m d per
+    """The state is constant in context length: bytes at 1K and 64K are equal, and equal the spec's 2 m d per
     layer for GSA (128 L d at m = 64: arXiv:2409.07146 App. C) in float32."""
     gsa = GSAForCausalLM(GSAConfig(hidden_size=2048, num_layers=24, num_heads=4, num_slots=64, vocab_size=10))
     sizes = [gsa.decode_state_size(n, torch.bfloat16) for n in (1024, 65536)]
@@ -323,8 +323,8 @@ def test_release_card_uses_the_checkpoints_own_tokenizer(tmp_path, monkeypatch):
 @pytest.mark.parametrize("card", ["gsa-tiny", "tnl-tiny"])
 @pytest.mark.parametrize("padded", [False, True])
 def test_static_decoder_steps_equal_forward_with_a_state(card, padded):
-    """The recurrent static decoder (buffers allocated once, positions from the state's device counter; issue
-    #18) computes what forward with a state computes, step by step, with and without left padding; the state it
+    """The recurrent static decoder (buffers allocated once, positions from the state's device counter)
+    computes what forward with a state computes, step by step, with and without left padding; the state it
     leaves equals forward's."""
     from evalsuite.adapters.native import NativeAdapter
     from evalsuite.cards import load_card

@@ -1,4 +1,4 @@
-"""scripts/merge_mqar_records.py: a session's sweeps folded into a committed sweep directory by cell."""
+"""scripts/merge_mqar_records.py: sweeps run elsewhere folded into a committed sweep directory by cell."""
 
 from __future__ import annotations
 

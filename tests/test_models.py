@@ -165,7 +165,7 @@ def test_forgetting_attention_takes_autocast_dtype():
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("padded", [False, True])
 def test_static_decoder_steps_equal_cached_forward(arch, padded):
-    """The graph-safe step (device-side cache length, in-place writes; issue #18) computes what forward with the
+    """The graph-safe step (device-side cache length, in-place writes) computes what forward with the
     KV cache computes, position by position, with and without left padding; its state's bytes agree too."""
     model = tiny(arch)
     ids = torch.randint(0, 97, (2, 14), generator=torch.Generator().manual_seed(4))

@@ -202,7 +202,7 @@ def test_zoology_constraints(seq_len, kv, vocab, message):
 def test_gsa_paper_preset_grid():
     sweep = load_preset("gsa-paper")
     cells = sweep_cells(sweep)
-    # the four FoX-paper blocks, GSA, TNL and FoX with Appendix D gate init (issue #13)
+    # the four FoX-paper blocks, GSA, TNL and FoX with Appendix D gate init
     archs = {"fox-pro", "fox-llama", "transformer-pro", "transformer-llama", "gsa", "tnl"}
     assert {c.model for c in cells} == archs | {"fox-pro-timescale-init", "fox-llama-timescale-init"}
     assert len(cells) == 7 * 4 * 2 + 4 * 3 and sweep.max_steps == 16000
@@ -219,7 +219,7 @@ def test_gsa_paper_preset_grid():
         gsa = sweep.overrides("gsa", d)
         assert (gsa["num_heads"], gsa["num_slots"], gsa["gate_logit_normalizer"], gsa["scale"]) == (4, d // 4, 16, None)
     assert len({json.dumps(cell_config(sweep, c), sort_keys=True) for c in cells}) == len(cells)
-    # Zoology's recipe (issue #13): no warmup, a cosine stepped per epoch of 100k / 128 steps over 64 epochs,
+    # Zoology's recipe: no warmup, a cosine stepped per epoch of 100k / 128 steps over 64 epochs,
     # decay on every parameter, no clipping; bf16 autocast (ours, measured against fp32 in the ablation)
     train = cell_config(sweep, cells[0])["train"]
     assert train["schedule"] == "epoch-cosine" and train["steps_per_epoch"] == 781 and train["warmup_steps"] == 0
@@ -597,7 +597,7 @@ def test_ci_preset_learns_on_cpu(tmp_path, monkeypatch, capsys):
     best = {}
     for r in records:
         best[r["model"]] = max(best.get(r["model"], 0.0), r["value"])
-    assert min(best.values()) > 0.9  # all four attention blocks learn the task (LLaMA ones too: issue #13)
+    assert min(best.values()) > 0.9  # all four attention blocks learn the task (LLaMA ones too)
     assert len(best) == 4 and {"transformer-llama", "fox-llama-timescale-init"} <= set(best)
     assert (tmp_path / "run" / "accuracy_vs_dmodel.png").is_file()
     assert (tmp_path / "run" / "best.md").is_file()

@@ -333,7 +333,7 @@ def cli(*args, cwd=None, env=None):
 
 
 def test_cli_default_run_and_plot(tmp_path):
-    """The issue's "done when": nothing but the model and mode, on CPU, on the built-in haystack."""
+    """The shortest command: nothing but the model and mode, on CPU, on the built-in haystack."""
     out = cli("niah", "--model", "fox-pro-tiny", "--mode", "easy", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     runs = list((tmp_path / "results" / "runs" / "niah").glob("fox-pro-tiny-easy-*"))

@@ -1,4 +1,4 @@
-"""evalsuite/models/packed.py: several linear maps of one input as one GEMM over rows of a shared buffer (issue #18),
+"""evalsuite/models/packed.py: several linear maps of one input as one GEMM over rows of a shared buffer,
 and the FoX step that uses it: same outputs, no copied weights, and a model that still trains and saves."""
 
 import torch

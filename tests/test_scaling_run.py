@@ -1,4 +1,4 @@
-"""scripts/scaling_run.py (issue #17's scaling run) on the CPU with gloo: a tiny NIAH grid plainly and under torchrun
+"""scripts/scaling_run.py (NIAH scaling over GPUs) on the CPU with gloo: a tiny NIAH grid plainly and under torchrun
 with 1 and 2 ranks; scaling.json's fields, records equality, resume (finished runs keep their time, an unfinished one
 is re-timed from scratch), one-line errors, and which fields the comparison ignores."""
 

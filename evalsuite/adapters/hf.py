@@ -12,8 +12,8 @@ uses ``model.generate`` (KV cache, left padding with an attention mask) under a 
 the model's own sampling defaults (top-k, repetition penalty, ...) never apply; stop strings and EOS are checked
 per row after every step, so a batch ends as soon as every row has finished. On CUDA, ``cache=static`` preallocates
 the KV cache (transformers' ``cache_implementation="static"``) and ``compile=true`` adds transformers' automatic
-``torch.compile`` of the decoding step (mode ``reduce-overhead``: CUDA graphs) (issue #18 point 4); on a CPU both
-are accepted and today's dynamic cache runs.
+``torch.compile`` of the decoding step (mode ``reduce-overhead``: CUDA graphs); on a CPU both
+are accepted and the default dynamic cache runs.
 """
 
 from __future__ import annotations
@@ -372,7 +372,7 @@ class HFAdapter(TokenAdapter):
         return "static+compile" if self.compile else "static"
 
     def _cache_options(self, tf) -> dict:
-        """transformers generation options of :meth:`generation_path` (none for today's dynamic cache)."""
+        """transformers generation options of :meth:`generation_path` (none for the default dynamic cache)."""
         path = self.generation_path()
         if path == "dynamic":
             return {}

@@ -1,4 +1,4 @@
-"""Generation speed against the memory-bandwidth bound (issue #18 point 5): ``evalsuite bench generate``.
+"""Generation speed against the memory-bandwidth bound: ``evalsuite bench generate``.
 
 For each model (a card, by default FoX (Pro) at its 760M shapes with random weights, or ``hf:DIR``), decode path,
 prompt length L and batch B: B random prompts of L tokens go through the adapter's ``generate`` (EOS off, so every

@@ -244,7 +244,7 @@ def check_parity(op, ours, peer=None, T=4096, *, batch=1, n_heads=16, head_dim=6
             o = call()
             o.backward(x["do"])
             grads = {n: x[n].grad for n in ("q", "k", "v", "log_alpha") if n in x}
-            if "fla_s" in x:  # chain rule through s = 1 - exp(g), which fla took as a separate input
+            if "fla_s" in x:  # chain rule through s = 1 - exp(g), which fla takes as a separate input
                 grads["log_alpha"] = grads["log_alpha"] + x["fla_s"].grad.float() * -x["log_alpha"].detach().exp()
             outs.append({"o": o.detach(), **{f"d{n}": g for n, g in grads.items()}})
         errs = {name: rel_error(outs[1][name], outs[0][name]) for name in outs[0]}

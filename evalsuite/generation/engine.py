@@ -1,5 +1,5 @@
 """The decode engine behind :meth:`NativeAdapter.generate <evalsuite.adapters.native.NativeAdapter.generate>`
-(issue #18): one prefill pass over the left-padded prompts, then one token per step with as few host round trips
+(any family): one prefill pass over the left-padded prompts, then one token per step with as few host round trips
 as the stop rules allow, and on CUDA the step replayed as a CUDA graph.
 
 Decode paths (``path``):
@@ -25,7 +25,7 @@ at the new tokens with them (stop strings need text). How each row ends is decid
 > 0) draws on the CPU from a seeded generator, so seeds agree across devices and paths (the graph replays the step
 and the LM head; the draw reads the logits it leaves); it syncs and checks every token.
 
-Also the batch size from free memory (issue #18 point 3): :func:`prompts_per_call`.
+Also the batch size from free memory: :func:`prompts_per_call`.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ GRAPH_WARMUP = 2  # eager steps on a side stream before the capture
 
 # Batch size from memory. ACTIVATION_FACTOR: live prefill activations per prompt token, in float32 vectors of the
 # model width. A prefill that fills a KV cache peaks far above a scoring pass (~7.7): FoX (Pro) 760M, bf16, on an
-# H100 (2026-11-26) peaked at 0.76 / 2.95 GiB beyond its weights and bf16 cache for one 4K / 16K prompt, i.e. 32.4 /
-# 31.5; 12 here sent the NIAH grid's and LongBench's long cells out of memory. 36 leaves room.
+# H100 peaked at 0.76 / 2.95 GiB beyond its weights and bf16 cache for one 4K / 16K prompt, i.e. 32.4 /
+# 31.5; at 12 the NIAH grid's and LongBench's long cells run out of memory. 36 leaves room.
 ACTIVATION_FACTOR = 36
 HEADROOM = 0.85
 MAX_PROMPTS = 256
@@ -360,7 +360,7 @@ def generate(
     return generations
 
 
-# -- batch size from free memory (issue #18 point 3) ------------------------------------------------------------
+# -- batch size from free memory --------------------------------------------------------------------------------
 
 
 def bytes_per_prompt(model, length: int, new_tokens: int, dtype: torch.dtype) -> int:

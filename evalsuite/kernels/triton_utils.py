@@ -1,6 +1,6 @@
 """Host-side helpers that every Triton kernel family under :mod:`evalsuite.kernels` shares.
 
-Each family (``forgetting/`` today) keeps its kernels and launchers in its own package and takes from here:
+Each family (e.g. ``forgetting/``) keeps its kernels and launchers in its own package and takes from here:
 
 * :func:`triton_installed` -- whether ``triton`` can be imported, without importing it. The dispatchers ask this
   on every call (every layer of every decoding step), so it is answered once at import, and this module must stay

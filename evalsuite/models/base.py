@@ -6,7 +6,7 @@
 * :class:`DecodeState`: what a model keeps between decoding steps. It says what kind of state it is (a KV cache
   that grows with the context, a fixed recurrent state, or a chunk memory) and how many bytes it holds.
 * :class:`StaticDecoder`: decoding with fixed shapes (a preallocated state, its length on the device), so one
-  captured CUDA graph replays every step (issue #18); a family offers one through ``CausalLM.static_decoder``.
+  captured CUDA graph replays every step; a family offers one through ``CausalLM.static_decoder``.
 
 Tensor layout: ids ``[B, T]`` long; hidden ``[B, T, D]``; logits ``[B, T, V]``. Left padding: ``start`` ``[B]``
 long marks the first real token of each row; tokens before it are padding and must not change the others.
@@ -176,8 +176,8 @@ class DeviceStepDecoder(StaticDecoder):
 
 
 # One torch.compile per decoder class, of its unbound step, shared by every decoder of the class. Not a compiled bound
-# method kept on the decoder: that reference cycle left each decoder's KV cache (GBs at long context) to the cyclic
-# garbage collector, and NIAH grids ran out of device memory on the H100 (2026-11-26). Each recompiles once, dynamic
+# method kept on the decoder: that reference cycle leaves each decoder's KV cache (GBs at long context) to the cyclic
+# garbage collector, and a NIAH grid runs out of device memory on an H100. Each recompiles once, dynamic
 # in the shapes that changed (FoX's cache size), when a decoder of another size comes.
 _COMPILED_STEPS: dict[type, Callable] = {}
 
@@ -225,7 +225,7 @@ class CausalLM(nn.Module, ABC):
     reference_backend: ClassVar[str] = "auto"  # the plain, obviously-correct implementation the others must match
     # Prompt tokens a decode state is filled with per forward pass (:meth:`prefill`); None: the whole prompt at once.
     # Chunking bounds the prefill's activations (tens of float32 vectors of the width per token) by the chunk, not
-    # the prompt, so long prompts leave the memory to more sequences' caches (issue #18 point 3).
+    # the prompt, so long prompts leave the memory to more sequences' caches.
     prefill_chunk: ClassVar[int | None] = None
     config: object
 

@@ -1,4 +1,4 @@
-"""One GEMM for several linear maps of the same input, without copying their weights (issue #18).
+"""One GEMM for several linear maps of the same input, without copying their weights.
 
 At batch 1 a decode step multiplies one row by every weight matrix, and cuBLAS runs each of these small GEMVs far
 below the memory bandwidth: in the 760M FoX (Pro) the seven maps of a layer's normed input (q, k, v, the two

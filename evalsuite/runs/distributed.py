@@ -15,7 +15,7 @@ and the tasks use a :class:`World`:
 
 Why object collectives go over gloo even on GPUs: what the ranks exchange is small CPU-side data (record keys, a
 claim's outcome, a loss batch's float64 NLL rows), and a rank that finishes early may wait for the others far longer
-than NCCL's watchdog tolerates. The CUDA backend (NCCL) is registered for any GPU tensor collective, unused today.
+than NCCL's watchdog tolerates. The CUDA backend (NCCL) is registered for GPU tensor collectives; the suite makes none.
 """
 
 from __future__ import annotations

@@ -126,7 +126,7 @@ class DrtPasskeyTask(ItemTask):
         }
 
     def legacy_hashed_configs(self, adapter: TokenAdapter, new: dict) -> list[dict]:
-        """The config as the NIAH task hashed it when the 2-hop test was its ``--flavour drt``."""
+        """The legacy schema's config: the NIAH task's, the 2-hop test as its ``--flavour drt``."""
         if self.config.kind != "2hop":
             return []
         old = dict(mode="2hop", flavour="drt", preset=None, lengths=self.lengths, depths=[], samples=self.samples)

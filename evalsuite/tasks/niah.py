@@ -177,7 +177,7 @@ class NiahConfig:
     haystack: str = SYNTHETIC
     max_new_tokens: int | None = None
     stop_newline: bool = False
-    batch_size: int | str = 4  # prompts per generate call; "auto": as many as fit in free memory (issue #18)
+    batch_size: int | str = 4  # prompts per generate call; "auto": as many as fit in free memory
     judge: str | None = None  # openai:MODEL
     seed: int = 0
 
@@ -385,7 +385,7 @@ class NiahTask(ItemTask):
         return {**asdict(self.resolved), "haystack_id": hashed["haystack"]}
 
     def legacy_hashed_configs(self, adapter: TextAdapter, hashed: dict) -> list[dict]:
-        """Before the DRT passkey became its own task, the NIAH config had ``flavour: text``."""
+        """The legacy schema's config: these fields plus ``flavour: text`` (NIAH, as against the DRT passkey)."""
         return [{"task": "niah", **hashed, "flavour": "text"}]
 
     def default_dir(self, adapter: TextAdapter, chash: str) -> Path:

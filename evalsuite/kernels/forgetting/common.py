@@ -54,7 +54,7 @@ BWD_DQ_CONFIGS = {16: (128, 32, 4, 4), 32: (128, 32, 4, 4), 64: (128, 32, 4, 4),
 FWD_TMA = {16: False, 32: False, 64: True, 128: True}
 # Decode: (BLOCK_N, num_warps, num_stages); BLOCK_M follows Tq. From scripts/tune_decode.py on one H100 (24 heads of
 # 64, bf16; results/bench/h100/decode-5/tune_decode.json): (64, 2, 3) was fastest or within 2% at batch 1 and 8 after
-# 4K and 16K keys (batch 1 after 4K: 32.0 us against 34.5 for the earlier (64, 4, 2)).
+# 4K and 16K keys (batch 1 after 4K: 32.0 us against 34.5 for (64, 4, 2)).
 DECODE_CONFIG = (64, 2, 3)
 # Under the interpreter: small blocks, so tests at T <= 256 still cover several diagonal / off-diagonal blocks.
 INTERPRET_FWD = (32, 16, 4, 1)

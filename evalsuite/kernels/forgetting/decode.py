@@ -102,7 +102,7 @@ def _decode_kernel(
     before it, the new row is key ``KL`` (the query's own position), its k/v come from ``KN``/``VN`` ``[B, H, D]``
     and its cumulative log forget is the previous row's plus ``LF`` ``[B, H]`` (0 without ``HAS_LF``). Every
     program takes the new row from registers; the programs of the last split also write it into the cache (K, V,
-    CK), so the step needs no separate cache-append kernels (issue #18: results/bench/h100/decode-6/). ``N_ROWS``
+    CK), so the step needs no separate cache-append kernels (results/bench/h100/decode-6/). ``N_ROWS``
     (0-2) more ``[B, H, D]`` rows are copied by those programs, RS1 -> RD1 and RS2 -> RD2 (FoX (Pro)'s KV-shift
     rows): state the step writes, in the same launch.
     Grid: (B*H, cdiv(Tq, BLOCK_M), n_splits). Split s covers keys [s*keys_per_split, (s+1)*keys_per_split).
@@ -373,7 +373,7 @@ def forgetting_attention_decode_triton(q, k, v, cum_q=None, cum_k=None, *, scale
 
     if num_splits == 1:
         return o_part[0].permute(0, 2, 1, 3).to(q.dtype)  # [B, H, Tq, D] -> [B, Tq, H, D]
-    # one launch for the merge (torch's ops were two kernels a layer in the compiled step: decode-6's profile)
+    # one launch for the merge (torch's ops are two kernels a layer in the compiled step: decode-6's profile)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     rows = B * H * Tq
     _merge_kernel[(rows,)](o_part, lse_part, out, num_splits, rows, H, Tq, out.stride(0), out.stride(1), out.stride(2),

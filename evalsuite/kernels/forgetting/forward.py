@@ -236,7 +236,7 @@ def _fwd(q, k, v, cum, scale, config=None, tma=None):
 
 # The kernels as two operators (torch.library), so that torch.compile (training/train.py, compile=True) keeps a model's
 # forward and backward whole around them instead of breaking its graph there; Inductor runs them as they are (its own
-# rewrite of the Triton kernel failed to compile, torch 2.11 / triton 3.6). The forward returns the fp32 LSE
+# rewrite of the Triton kernel fails to compile, torch 2.11 / triton 3.6). The forward returns the fp32 LSE
 # ``[B, H, T]`` the backward reuses; the backward returns an empty dcum without a gate.
 @torch.library.custom_op("evalsuite::forgetting_attention_fwd", mutates_args=())
 def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cum: torch.Tensor | None, scale: float | None) -> tuple[

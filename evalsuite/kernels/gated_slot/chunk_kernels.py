@@ -12,7 +12,7 @@ or x = v (pass 2, D = dv). Buffers (all contiguous):
 The per-chunk kernels, one program per (chunk, slot or d tile, batch*head), all built from ``[C, C]``, ``[C, BM]``
 and ``[C, BD]`` tiles multiplied with ``tl.dot`` (tensor cores for bf16/fp16). The gate acts on each slot alone,
 so the kernels whose output is over the slots (read, dgate) take BM of them per program, and those that sum over
-the slots (pair, write, write_rev) loop over them BM at a time (whole-m tiles spilled kilobytes of registers):
+the slots (pair, write, write_rev) loop over them BM at a time (whole-m tiles spill kilobytes of registers):
 
 * :func:`_read_kernel` (output over m, contraction over d):
   ``out_r = scale * [exp(b_r) (H0 x_r) + sum_{s<=r} (x_r . y_s) s_s exp(b_r - b_s)]``.
@@ -41,12 +41,12 @@ tiles with the non-pairs masked to 0 (the rows outside the block, or the result)
 ``[C, BM]`` tile; no loops over rows.
 
 Every exponent is ``<= 0`` but the in-micro-block one (``<= 60``) for any log alpha, so the kernels are exact for
-saturated gates (``test_extreme_gates_exact``): the mid-row factoring of 16-row sub-chunks before 2026-11-27
-overflowed to NaN beyond log alpha ~ -11 per token, and its first fix (e816024 .. c4ad80a) summed the pairs of a
-sub-chunk lag by lag in float32, exact but 2.9x slower forward+backward on an H100
-(results/bench/h100/gsa-kernel-fix/). Until 2026-11-27 the write kernels formed A themselves, once per d tile and
-kernel: eight times per layer step where the pair kernel now takes two. fp16 operands still take float32 (tf32) in
-the gate-scaled products (``common.dot_flags(gated=True)``): fp16 would flush the small factors early.
+saturated gates (``test_extreme_gates_exact``). Factoring a 16-row sub-chunk's decays at its middle row instead
+overflows to NaN beyond log alpha ~ -11 per token; summing a sub-chunk's pairs lag by lag in float32 is exact but
+2.9x slower forward+backward on an H100 (results/bench/h100/gsa-kernel-fix/). A is formed by the pair kernel, twice
+per layer step, not by the write kernels once per d tile and kernel (eight times; forward+backward 12.7 against
+18.2 ms there). fp16 operands take float32 (tf32) in the gate-scaled products (``common.dot_flags(gated=True)``):
+fp16 would flush the small factors early.
 """
 
 from __future__ import annotations

@@ -49,8 +49,8 @@ MICRO = tl.constexpr(4)
 # (write, write_rev); *_BM: slots per tile (read, dgate: one program per tile; pair, write: a loop over the tiles);
 # *_WARPS per kernel family. The per-chunk kernels work on ``CHUNK x CHUNK`` and ``CHUNK x BM`` tiles with tl.dot
 # (wgmma on H100). Chosen so that the sm_90 build spills (almost) nothing at dk = dv = m = 128
-# (scripts/gsa_sm90_resources.py: read 328 bytes, pair and write 0, dgate 168; whole-m tiles spilled 2-5 KB, and the
-# kernels ran 2-6x slower than before the exact-gate fix, results/bench/h100/gsa-kernel-fix/). scripts/tune_gsa.py
+# (scripts/gsa_sm90_resources.py: read 328 bytes, pair and write 0, dgate 168; whole-m tiles spill 2-5 KB and take
+# forward+backward 1.7x as long, 31.8 against 18.2 ms, results/bench/h100/gsa-kernel-fix/). scripts/tune_gsa.py
 # sweeps the alternatives on hardware and prints a dict to paste here.
 GPU_CONFIG = {
     "CHUNK": 64,
@@ -59,7 +59,7 @@ GPU_CONFIG = {
     "STATE_WARPS": 4,
     "STATE_STAGES": 2,
     "READ_BD": 64,
-    "READ_BM": 64,  # 32 faults (illegal memory access) on the H100 with triton 3.6, 64 and 128 are exact (2026-11-27)
+    "READ_BM": 64,  # 32 faults (illegal memory access) on an H100 with triton 3.6; 64, 128 exact (gsa-kernel-fix/)
     "READ_WARPS": 4,
     "PAIR_BM": 32,
     "PAIR_WARPS": 8,

@@ -1,4 +1,4 @@
-"""DRT's static decoder (issue #18): the chunk memory's fixed-shape part in static buffers, so the one-token step
+"""DRT's static decoder: the chunk memory's fixed-shape part in static buffers, so the one-token step
 of a text token inside a chunk is CUDA-graph safe, and the chunk boundaries run eagerly outside the graph.
 
 Per step inside a chunk (62 of every 63 text tokens in the released config) the model needs, all of fixed shape:

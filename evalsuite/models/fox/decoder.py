@@ -1,4 +1,4 @@
-"""The FoX family's static decoder (issue #18): the KV cache of :class:`~evalsuite.models.fox.model.KVCache`,
+"""The FoX family's static decoder: the KV cache of :class:`~evalsuite.models.fox.model.KVCache`,
 preallocated for the whole generation, with its filled length kept on the device, so the one-token step has fixed
 shapes and one captured CUDA graph replays it at every position.
 

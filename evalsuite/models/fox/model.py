@@ -41,7 +41,7 @@ FGATE_TYPES = ("full", "bias_only", "fixed", "none")
 # Added to the cumulative log-forget of padding keys, so a real query weights them exp(-2^20) == 0. Not larger: the
 # kernels take exp2(s * log2e - m * log2e) as one fused multiply-add, whose unrounded product differs from the rounded
 # m * log2e by up to half an ulp; a real query whose first key blocks are all padding has m = s ~ -PAD_BIAS, and at
-# 1e30 that half ulp is 6e21, so exp2 overflowed to inf and the row's output to NaN on GPU (generate_check, 760M FoX
+# 1e30 that half ulp is 6e21, so exp2 overflows to inf and the row's output to NaN on GPU (generate_check, 760M FoX
 # (Pro), 3072 padding tokens). At 2^20 the error is below 0.13 (tests/test_forgetting_triton.py).
 PAD_BIAS = 2.0**20
 # Whether the decode kernel writes the step's cache rows itself; False only to measure without
@@ -368,7 +368,7 @@ class ForgettingTransformer(EmbeddingHeadLM):
     """
 
     # A 32K prompt of the 760M shapes holds ~7 GB of prefill activations in one pass, more than its bf16 KV cache
-    # (4.8 GB): 8K-token passes let a batch of 8 such prompts fit an 80 GB GPU (issue #18 point 3).
+    # (4.8 GB): 8K-token passes let a batch of 8 such prompts fit an 80 GB GPU.
     prefill_chunk = 8192
 
     backends = BACKENDS  # "auto" (Triton on CUDA, blocked reference on CPU), "triton", "reference", "dense"

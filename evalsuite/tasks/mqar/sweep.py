@@ -45,7 +45,7 @@ class MQARSweep:
 
     Ablations and seeds: every cell runs once per entry of ``seeds`` (None: once, at ``seed``) and once per recipe
     ``variants`` entry besides the base recipe (``{"untied": {"tie_head": False}, ...}``, any fields but the grid's
-    and the data's), so the differences are measured in one pool of cells (issue #13, part 1).
+    and the data's), so the differences are measured in one pool of cells.
     """
 
     models: list[str] = field(default_factory=lambda: ["all"])
@@ -269,7 +269,7 @@ def data_config(sweep: MQARSweep, seq_len: int, num_kv_pairs: int) -> dict:
 def cell_config(sweep: MQARSweep, cell: Cell, card: ModelCard | None = None) -> dict:
     """Everything that defines a cell's result; its hash keys the cell's record. ``card``: the cell's model
     (:func:`resolve_model`), when the caller has it already. A cell of the base recipe at the sweep's seed hashes
-    as it did before seeds and variants existed."""
+    as the same cell of a sweep without seeds or variants."""
     card = card or resolve_model(cell.model)
     sweep = sweep.for_variant(cell.variant)
     return {
