@@ -125,10 +125,8 @@ def resolve_source(spec: str, gguf_file: str | None = None, revision: str | None
 
 
 def _hub_source(repo: str, gguf_file: str | None, revision: str | None) -> Source:
-    try:
-        import huggingface_hub as hub
-    except ImportError:
-        raise UserError("hf: hub ids need the 'huggingface_hub' package: pip install huggingface_hub") from None
+    import huggingface_hub as hub
+
     offline = hub_offline()
     patterns = ["*.json", "*.model", "*.txt", "*.tiktoken", "*.jinja"]
     try:
