@@ -14,12 +14,14 @@ def main() -> None:
     cuda:0``) are one ``error: ...`` line and exit status 2, as in ``evalsuite``."""
     import sys
 
-    from lm_eval.__main__ import cli_evaluate
-
-    import evalsuite.adapters.lm_eval_bridge  # noqa: F401 - registers the "evalsuite" model with lm-eval
-    from evalsuite.errors import UserError
+    from evalsuite.errors import UserError, require
 
     try:
+        require("lm_eval", "lm-eval", "python -m evalsuite.lm_eval_main")
+        from lm_eval.__main__ import cli_evaluate
+
+        import evalsuite.adapters.lm_eval_bridge  # noqa: F401 - registers the "evalsuite" model with lm-eval
+
         cli_evaluate()
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

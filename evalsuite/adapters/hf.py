@@ -13,7 +13,10 @@ the model's own sampling defaults (top-k, repetition penalty, ...) never apply; 
 per row after every step, so a batch ends as soon as every row has finished. On CUDA, ``cache=static`` preallocates
 the KV cache (transformers' ``cache_implementation="static"``) and ``compile=true`` adds transformers' automatic
 ``torch.compile`` of the decoding step (mode ``reduce-overhead``: CUDA graphs); on a CPU both
-are accepted and the default dynamic cache runs.
+are accepted and the dynamic cache runs.
+
+transformers, gguf and accelerate are the ``hf`` extra (``pip install 'evalsuite[hf]'``); this module imports
+without them and says so in one line when a model is loaded.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import torch
 
 from evalsuite.adapters.base import ModelInfo, TokenAdapter
 from evalsuite.adapters.registry import ADAPTERS, AdapterOptions, parse_options, positive_int_option
-from evalsuite.errors import UserError
+from evalsuite.errors import UserError, require
 from evalsuite.generation.types import Generation, GenerationConfig, apply_stop
 from evalsuite.models.base import LOGIT_BUDGET
 from evalsuite.runs.store import file_sha256
@@ -59,11 +62,7 @@ def smollm2_path() -> Path | None:
 
 
 def _transformers():
-    try:
-        import transformers
-    except ImportError:
-        raise UserError("hf: models need the 'transformers' package: pip install transformers gguf") from None
-    return transformers
+    return require("transformers", "hf", "the hf: adapter")
 
 
 def hub_offline() -> bool:
@@ -126,10 +125,8 @@ def resolve_source(spec: str, gguf_file: str | None = None, revision: str | None
 
 
 def _hub_source(repo: str, gguf_file: str | None, revision: str | None) -> Source:
-    try:
-        import huggingface_hub as hub
-    except ImportError:
-        raise UserError("hf: hub ids need the 'huggingface_hub' package: pip install huggingface_hub") from None
+    import huggingface_hub as hub
+
     offline = hub_offline()
     patterns = ["*.json", "*.model", "*.txt", "*.tiktoken", "*.jinja"]
     try:
@@ -241,6 +238,9 @@ class HFAdapter(TokenAdapter):
         self.dtype = resolve_dtype(dtype)
         self.source = resolve_source(str(source), gguf_file, revision)
         src = self.source
+        if src.gguf_file:  # transformers reads GGUF through both; named here, not deep inside from_pretrained
+            for module in ("gguf", "accelerate"):
+                require(module, "hf", "a GGUF model")
         kwargs = {"gguf_file": src.gguf_file} if src.gguf_file else {}
         model_kwargs = {"dtype": self.dtype, **({} if attention == "auto" else {"attn_implementation": attention})}
         try:
@@ -372,7 +372,7 @@ class HFAdapter(TokenAdapter):
         return "static+compile" if self.compile else "static"
 
     def _cache_options(self, tf) -> dict:
-        """transformers generation options of :meth:`generation_path` (none for the default dynamic cache)."""
+        """transformers generation options of :meth:`generation_path` (none for the dynamic cache)."""
         path = self.generation_path()
         if path == "dynamic":
             return {}

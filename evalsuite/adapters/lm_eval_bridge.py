@@ -21,6 +21,9 @@ The three request types map onto the adapter tiers (:mod:`evalsuite.adapters.bas
 * ``generate_until`` (context, gen_kwargs) -> text: ``until`` -> stop strings, ``max_gen_toks`` -> new tokens
   (default 256), sampling when ``do_sample`` is true or, without ``do_sample``, when ``temperature`` > 0; greedy
   otherwise. Token tier: a prompt is left-truncated so that it and the new tokens fit ``max_length``.
+
+lm-eval is the ``lm-eval`` extra (``pip install 'evalsuite[lm-eval]'``); the two entry points above check for it
+before importing this module, which imports lm-eval at its top.
 """
 
 from __future__ import annotations

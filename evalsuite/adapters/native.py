@@ -61,12 +61,10 @@ def resolve_checkpoint(card: ModelCard) -> Path | None:
         if local is not None:
             return local
         if os.environ.get("HF_HUB_OFFLINE", "0") not in ("1", "true", "True"):
-            try:
-                from huggingface_hub import snapshot_download
+            from huggingface_hub import snapshot_download
 
+            try:
                 return Path(snapshot_download(repo, allow_patterns=["*.json", "*.safetensors", "*.bin"]))
-            except ImportError:
-                pass
             except Exception as e:  # noqa: BLE001 - any hub failure means "not available here"
                 raise UserError(f"model {card.name}: could not download {repo} ({type(e).__name__}: {e})") from None
     raise UserError(

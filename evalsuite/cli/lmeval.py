@@ -21,7 +21,7 @@ from evalsuite.cli.options import (
     _csv_list,
     _note_random_weights,
 )
-from evalsuite.errors import UserError
+from evalsuite.errors import UserError, require
 
 
 @app.command("lm-eval")
@@ -58,24 +58,10 @@ def lm_eval_cmd(
     attention: BackendOpt = "auto",
 ):
     """Run lm-eval tasks on a model (as `lm_eval --model evalsuite --model_args model=M`); print lm-eval's table."""
-    names = _csv_list(tasks, str, "--tasks") or []
-    if not names:
-        raise UserError("--tasks needs at least one lm-eval task name")
-    if limit is not None and limit <= 0:
-        raise UserError("--limit must be positive")
-    if batch_size < 1 or (max_length is not None and max_length < 1):
-        raise UserError("--batch-size and --max-length must be at least 1")
-    for path in include_path or []:
-        if not path.is_dir():
-            raise UserError(f"--include-path {path} is not a directory")
-    if not builtin_tasks and not include_path:
-        raise UserError("--no-builtin-tasks leaves no tasks; give --include-path")
-    try:
-        import lm_eval
-        from lm_eval.tasks import TaskManager
-        from lm_eval.utils import handle_non_serializable, make_table
-    except ImportError:
-        raise UserError("evalsuite lm-eval needs lm-eval: pip install lm-eval") from None
+    names = _check_options(tasks, include_path, builtin_tasks, limit, batch_size, max_length)
+    lm_eval = require("lm_eval", "lm-eval", "evalsuite lm-eval")
+    from lm_eval.tasks import TaskManager
+    from lm_eval.utils import handle_non_serializable, make_table
 
     from evalsuite.adapters.lm_eval_bridge import EvalsuiteLM
 
@@ -110,3 +96,27 @@ def lm_eval_cmd(
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(json.dumps(results, indent=2, default=handle_non_serializable, ensure_ascii=False))
         typer.echo(f"  results: {output}")
+
+
+def _check_options(
+    tasks: str,
+    include_path: list[Path] | None,
+    builtin_tasks: bool,
+    limit: float | None,
+    batch_size: int,
+    max_length: int | None,
+) -> list[str]:
+    """The task names of ``--tasks``; a UserError for any option lm-eval would reject later or not at all."""
+    names = _csv_list(tasks, str, "--tasks") or []
+    if not names:
+        raise UserError("--tasks needs at least one lm-eval task name")
+    if limit is not None and limit <= 0:
+        raise UserError("--limit must be positive")
+    if batch_size < 1 or (max_length is not None and max_length < 1):
+        raise UserError("--batch-size and --max-length must be at least 1")
+    for path in include_path or []:
+        if not path.is_dir():
+            raise UserError(f"--include-path {path} is not a directory")
+    if not builtin_tasks and not include_path:
+        raise UserError("--no-builtin-tasks leaves no tasks; give --include-path")
+    return names

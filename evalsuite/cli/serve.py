@@ -32,9 +32,10 @@ def serve(
     attention: BackendOpt = "auto",
 ):
     """Serve a model as an OpenAI-compatible API: /v1/models, /v1/completions (echo+logprobs), /v1/chat/completions."""
-    from evalsuite.serve import ServeConfig
+    from evalsuite.serve import ServeConfig, require_serve
     from evalsuite.serve import serve as run_server
 
+    require_serve()  # before the model loads
     if max_batch < 1 or batch_window_ms < 0 or not 0 <= port < 65536:
         raise UserError("--max-batch must be at least 1, --batch-window-ms at least 0, --port in 0..65535")
     if log_level not in ("critical", "error", "warning", "info", "debug", "trace"):

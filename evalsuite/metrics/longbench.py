@@ -29,6 +29,10 @@ had python-Levenshtein installed.
 First-line rule (``first_line=``): "upstream" cuts the prediction to ``pred.lstrip('\\n').split('\\n')[0]``
 for trec, triviaqa, samsum and lsht; "fox" (the FoX paper's eval, arXiv:2503.02130) for every task.
 :func:`score_predictions` scores a folder in upstream ``pred.py``'s layout and writes its ``result.json``.
+
+``rouge``, ``jieba`` and python-Levenshtein are the ``longbench`` extra (``pip install 'evalsuite[longbench]'``),
+imported by the metrics that use them, so the English QA, classification, retrieval, counting and difflib code
+metrics need none of them.
 """
 
 from __future__ import annotations
@@ -43,9 +47,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
-from rouge import Rouge
 
-from evalsuite.errors import UserError
+from evalsuite.errors import UserError, require
 from evalsuite.runs.store import atomic_write_bytes
 
 FUZZY_BACKENDS = ("difflib", "levenshtein")
@@ -91,8 +94,7 @@ def _token_f1(prediction: Sequence[str], ground_truth: Sequence[str]) -> float:
 
 
 def _jieba_tokens(text: str) -> list[str]:
-    import jieba  # only the Chinese tasks need it (its import loads a large dictionary)
-
+    jieba = require("jieba", "longbench", "LongBench's Chinese metrics")  # imported here: it loads a large dictionary
     return list(jieba.cut(text, cut_all=False))
 
 
@@ -115,8 +117,9 @@ def qa_f1_zh_score(prediction: str, ground_truth: str, **_: object) -> float:
 
 def rouge_score(prediction: str, ground_truth: str, **_: object) -> float:
     """ROUGE-L F of the ``rouge`` 1.0.1 package (all its default metrics computed, as upstream); 0.0 on error."""
+    rouge = require("rouge", "longbench", "LongBench's ROUGE-L")  # outside the try: a missing extra is no score of 0
     try:
-        return float(Rouge().get_scores([prediction], [ground_truth], avg=True)["rouge-l"]["f"])
+        return float(rouge.Rouge().get_scores([prediction], [ground_truth], avg=True)["rouge-l"]["f"])
     except Exception:  # upstream's bare except; KeyboardInterrupt/SystemExit still propagate here
         return 0.0
 
@@ -194,11 +197,7 @@ def fuzzy_ratio(a: str, b: str, fuzzy: str = DEFAULT_FUZZY) -> int:
     if fuzzy == "difflib":
         ratio = difflib.SequenceMatcher(None, a, b).ratio()
     else:
-        try:
-            import Levenshtein
-        except ImportError:
-            raise UserError("fuzzy='levenshtein' needs python-Levenshtein (pip install python-Levenshtein)") from None
-        ratio = Levenshtein.ratio(a, b)
+        ratio = require("Levenshtein", "longbench", "fuzzy='levenshtein'").ratio(a, b)
     return int(round(100 * ratio))
 
 

@@ -1,4 +1,5 @@
-"""Any adapter as an OpenAI-compatible HTTP API (``evalsuite serve --model M``): a Starlette app under uvicorn.
+"""Any adapter as an OpenAI-compatible HTTP API (``evalsuite serve --model M``): a Starlette app under uvicorn, the
+``serve`` extra (``pip install 'evalsuite[serve]'``; without it this package imports, and serving says what is missing).
 
 Routes: ``GET /v1/models`` (and ``/v1/models/{id}``), ``POST /v1/completions``, ``POST /v1/chat/completions``, and
 ``GET /health`` and ``GET /stats`` (requests, batches, time the model was busy) for operators.
@@ -37,8 +38,18 @@ an unknown model or route, 405 for a wrong method, 500 (logged with its tracebac
 never goes down with a request.
 """
 
-from evalsuite.serve.app import build_app, serve
+from evalsuite.serve.app import build_app, require_serve, serve
 from evalsuite.serve.handlers import OpenAIServer
 from evalsuite.serve.protocol import APIError, ServeConfig, chat_prompt, split_text, token_pieces
 
-__all__ = ["APIError", "OpenAIServer", "ServeConfig", "build_app", "chat_prompt", "serve", "split_text", "token_pieces"]
+__all__ = [
+    "APIError",
+    "OpenAIServer",
+    "ServeConfig",
+    "build_app",
+    "chat_prompt",
+    "require_serve",
+    "serve",
+    "split_text",
+    "token_pieces",
+]
