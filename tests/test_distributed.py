@@ -21,8 +21,8 @@ from evalsuite.data.synthetic import synthetic_text
 from evalsuite.errors import UserError
 from evalsuite.runs.distributed import World
 from evalsuite.runs.rundir import RunDir, ShardFollower, shard_files, shard_path
-from evalsuite.tasks.base import _check_shared
 from evalsuite.tasks.niah import NiahConfig, run_niah
+from evalsuite.tasks.runner import _check_shared
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]

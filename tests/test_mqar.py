@@ -401,22 +401,6 @@ def test_cells_in_threads_match_one_process(tmp_path):
     assert threaded["records"][0]["value"] == pytest.approx(plain["records"][0]["value"], abs=1e-6)
 
 
-def test_pre_manifest_run_dir_resumes(tmp_path):
-    """A directory written before run manifests and record keys (records keyed by ``config_hash`` alone, the old
-    ``results.json``) is adopted: its finished cells are not retrained."""
-    sweep = MQARSweep(**TINY_SWEEP)
-    run_mqar(sweep, tmp_path, device="cpu", progress=False)
-    lines = (tmp_path / "records.jsonl").read_text().splitlines()
-    old = [{k: v for k, v in json.loads(line).items() if k != "key"} for line in lines]
-    (tmp_path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old))
-    (tmp_path / "results.json").write_text(json.dumps({"task": "mqar", "preset": None, "cells": {}, "records": []}))
-    (tmp_path / "config.json").unlink()
-    before = (tmp_path / "records.jsonl").read_text()
-    out = run_mqar(sweep, tmp_path, device="cpu", progress=False)
-    assert (tmp_path / "records.jsonl").read_text() == before and (tmp_path / "config.json").is_file()
-    assert out["summary"]["cells"]["finished"] == 1 and len(out["records"]) == 1
-
-
 # --------------------------------------------------------------------------------------------- report
 
 
