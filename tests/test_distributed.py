@@ -113,6 +113,15 @@ def test_commands_that_do_not_shard_refuse_several_ranks(args, message, tmp_path
     assert_one_line_error(code, err, message)
 
 
+def test_the_commands_that_share_come_from_the_task_registry():
+    from evalsuite.cli.main import command_path, sharing_commands
+
+    assert sharing_commands() == ["longbench", "loss", "mqar", "niah", "passkey", "summarize", "run"]
+    assert command_path(["--debug", "longbench", "--data", "d", "score", "x"]) == ("longbench", "score")
+    assert command_path(["longbench", "--model", "m"]) == ("longbench",) and command_path([]) == ()
+    assert command_path(["bench", "gca", "--out", "b"]) == ("bench", "gca")
+
+
 # -- torchrun ----------------------------------------------------------------------------------------------------
 
 

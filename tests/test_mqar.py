@@ -23,6 +23,7 @@ from evalsuite.report.mqar import _model_styles, best_over_lr, best_table, load_
 from evalsuite.runs.store import config_hash
 from evalsuite.tasks.mqar import (
     MQARSweep,
+    MQARTask,
     cell_config,
     check_best,
     decode_state_size,
@@ -281,6 +282,15 @@ def test_pairing_and_overrides():
         sweep.overrides("gsa", 256)
     with pytest.raises(UserError, match="unknown MQAR preset"):
         load_preset("nope")
+
+
+def test_run_mqar_starts_from_the_commands_preset():
+    """`evalsuite run mqar --set ...` starts from the preset `evalsuite mqar` does (ci), and takes its run options."""
+    task = MQARTask.from_options({"device": "cpu", "max_steps": 7})
+    assert task.preset == "ci" and task.device == "cpu"
+    assert task.config.to_dict() == {**load_preset("ci").to_dict(), "max_steps": 7}
+    with pytest.raises(UserError, match="task mqar: unknown option"):
+        MQARTask.from_options({"bogus": 1})
 
 
 def test_default_run_dir():

@@ -94,7 +94,7 @@ class DrtConfig:
     def __post_init__(self):
         if self.kind not in SUBTASKS:
             raise UserError(f"unknown DRT test {self.kind!r}; choose from {', '.join(SUBTASKS)}")
-        if self.lengths is not None and (not self.lengths or min(int(x) for x in self.lengths) < 1):
+        if self.lengths and min(int(x) for x in self.lengths) < 1:
             raise UserError("DRT passkey lengths must be positive token counts")
         if (self.samples is not None and self.samples < 1) or self.batch_size < 1:
             raise UserError("--samples and --batch-size must be at least 1")

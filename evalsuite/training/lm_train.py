@@ -1,6 +1,6 @@
 """Train a small language model on a text corpus, then fine-tune it on the DRT paper's retrieval tests.
 
-The small-scale version of the GCA paper's protocol (arXiv:2410.01651 §4.1-4.2, issue #14): pre-train on books at a
+The small-scale version of the GCA paper's protocol (arXiv:2410.01651 §4.1-4.2): pre-train on books at a
 short context (PG19 there, the Gutenberg train split here), then fine-tune for a tenth of the pre-training steps on
 synthetic retrieval samples of the evaluation's own format (the token-level passkey of §4.2 and the 2-hop test of
 §4.3: :mod:`evalsuite.tasks.drt_passkey`) at the same length, and evaluate far beyond that length. The same data

@@ -107,7 +107,7 @@ def run_cell(
     batches = shuffled_batches(train_x, train_y, sweep.batch_for(cell.seq_len), order_rng)
     test_batches = fixed_batches(test_x, test_y, sweep.eval_batch_size)
 
-    def evaluate(m):  # accuracy, and how open FoX's and GSA's gates are (issue #13: the gates' role in learning)
+    def evaluate(m):  # accuracy, and how open FoX's and GSA's gates are (the gates' role in learning)
         with autocast(amp_dtype, device):  # as the accuracy is measured (FoX's Triton kernel takes bf16 only)
             gates = forget_gate_stats(m, test_x[:GATE_STATS_EXAMPLES])
         return {**masked_accuracy(m, test_batches(), amp_dtype), **gates}

@@ -2,7 +2,7 @@
 keys each cell's record.
 
 A cell's config hash (:func:`cell_config`) is what a rerun compares against ``records.jsonl``, so its content must
-not change: run directories written before (e.g. ``results/mqar/gsa-paper``) resume on it, training nothing.
+not change: run directories written before (e.g. ``results/mqar/zoology-fig2``) resume on it, training nothing.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class MQARSweep:
 
     Ablations and seeds: every cell runs once per entry of ``seeds`` (None: once, at ``seed``) and once per recipe
     ``variants`` entry besides the base recipe (``{"untied": {"tie_head": False}, ...}``, any fields but the grid's
-    and the data's), so the differences are measured in one pool of cells (issue #13, part 1).
+    and the data's), so the differences are measured in one pool of cells.
     """
 
     models: list[str] = field(default_factory=lambda: ["all"])

@@ -16,7 +16,7 @@ import contextlib
 import functools
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import NamedTuple
 
@@ -109,10 +109,14 @@ class MQARTask(Task):
     def from_options(cls, options: dict) -> MQARTask:
         """``evalsuite run mqar --set KEY=VALUE``: ``preset`` (default ci, as ``evalsuite mqar``), the options of
         :data:`RUN_OPTIONS`, and sweep fields applied over the preset."""
-        fields = dict(options)
-        preset = fields.pop("preset", DEFAULT_PRESET)
-        run_options = {k: fields.pop(k) for k in RUN_OPTIONS if k in fields}
-        return cls(MQARSweep.from_dict({**load_preset(preset).to_dict(), **fields}), preset=preset, **run_options)
+        known = {f.name for f in fields(MQARSweep)} | {"preset", *RUN_OPTIONS}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise UserError(f"task mqar: unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        changes = dict(options)
+        preset = changes.pop("preset", DEFAULT_PRESET)
+        run_options = {k: changes.pop(k) for k in RUN_OPTIONS if k in changes}
+        return cls(MQARSweep.from_dict({**load_preset(preset).to_dict(), **changes}), preset=preset, **run_options)
 
     # -- the plan, validated before the run directory is claimed ---------------------------------------------
 
@@ -122,6 +126,7 @@ class MQARTask(Task):
         device = resolve_device(self.device)
         on_cuda = device.type == "cuda"
         cuda_graph = on_cuda if self.cuda_graph is None else self.cuda_graph
+        compile = on_cuda if self.compile is None else self.compile
         if cuda_graph and not on_cuda:
             raise UserError(f"CUDA graphs need a CUDA device, not {device}")
         sweep = self.config
@@ -136,7 +141,6 @@ class MQARTask(Task):
                 except UserError as e:
                     raise UserError(f"MQAR model {name}: {e}") from None
         hashes = [config_hash(cell_config(sweep, c, cards[c.model])) for c in cells]
-        compile = on_cuda if self.compile is None else self.compile
         return MQARPlan(config={}, device=device, cuda_graph=cuda_graph, compile=compile, cells=cells, hashes=hashes)
 
     def default_dir(self, plan: MQARPlan, adapter, chash: str) -> Path:
