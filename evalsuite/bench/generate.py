@@ -254,7 +254,7 @@ def _load_previous(out: Path, params: dict) -> tuple[RunDir, list[dict]]:
     """The run directory ``out`` (claimed for these settings: an earlier run with other ``RESUME_KEYS`` values is a
     UserError) and the records of the cells it finished; cells that errored are left out so they run again."""
     resume = {k: params[k] for k in RESUME_KEYS}
-    run = RunDir.claim(out, "bench-generate", config_hash(resume), resume)
+    run = RunDir.claim(out, "bench-generate", config_hash(resume), resume, outputs=(JSON_NAME,))
     kept = [r for r in run.latest().values() if not str(r.get("status", "")).startswith("error")]
     return run, [{k: v for k, v in r.items() if k != "key"} for r in kept]
 

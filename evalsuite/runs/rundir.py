@@ -81,9 +81,13 @@ class RunDir:
         self.world = world
 
     @classmethod
-    def claim(cls, path: Path | str, task: str, config_hash: str, config: dict) -> RunDir:
+    def claim(
+        cls, path: Path | str, task: str, config_hash: str, config: dict, outputs: tuple[str, ...] = ()
+    ) -> RunDir:
         """Take ``path`` for a run of ``task`` with ``config_hash`` (``config``: what it hashes, shown when another
-        run's differs), taking in the rank files an interrupted distributed run left there."""
+        run's differs), taking in the rank files an interrupted distributed run left there. ``outputs``: the names
+        of files such a run writes besides records and results (a directory holding one without a manifest is
+        refused too)."""
         path = Path(path)
         check_writable(path)
         manifest = path / MANIFEST_FILE
@@ -95,7 +99,7 @@ class RunDir:
                     "configuration choose another --out"
                 )
             created = False
-        elif any((path / name).exists() for name in (RESULTS_FILE, RECORDS_FILE)):
+        elif any((path / name).exists() for name in (RESULTS_FILE, RECORDS_FILE, *outputs)):
             raise UserError(f"{path} holds run files but no run manifest ({MANIFEST_FILE}); choose another --out")
         else:
             created = not path.exists()
