@@ -103,3 +103,11 @@ def test_each_call_is_repeated_and_timed_by_its_median(tmp_path):
     assert (r["prefill_s"], r["half_s"], r["total_s"]) == tuple(sorted(times[k])[1] for k in ("1", "2", "4"))
     with pytest.raises(UserError, match="repeats"):
         bench.bench_generate(tmp_path / "x", repeats=0, **TINY)
+
+
+def test_a_folder_holding_results_without_a_manifest_is_left_alone(tmp_path):
+    """Its cells cannot be told apart from another run's: the run is refused rather than writing over them."""
+    (tmp_path / bench.JSON_NAME).write_text('{"params": {}, "records": []}')
+    with pytest.raises(UserError, match="holds run files but no run manifest"):
+        bench.bench_generate(tmp_path, **TINY)
+    assert [p.name for p in tmp_path.iterdir()] == [bench.JSON_NAME]

@@ -61,7 +61,7 @@ def write_card(path: Path, **fields) -> Path:
         (["run", "loss", "--set", "lenght=5"], "unknown option(s) lenght"),
         (["run", "loss", "--set", "length"], "--set takes KEY=VALUE"),
         (["niah", "--model", "fox-pro-tiny", "--batch-size", "0"], "--batch-size must be a positive integer or 'auto'"),
-        (["niah", "--model", "fox-pro-tiny", "--mode", "passkey", "--batch-size", "auto"], "the DRT tests take no"),
+        (["passkey", "--model", "fox-pro-tiny", "--batch-size", "auto"], "the DRT tests take no"),
     ],
 )
 def test_errors_are_one_line(args, message, tmp_path, monkeypatch, run_cli):

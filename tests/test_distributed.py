@@ -21,8 +21,8 @@ from evalsuite.data.synthetic import synthetic_text
 from evalsuite.errors import UserError
 from evalsuite.runs.distributed import World
 from evalsuite.runs.rundir import RunDir, ShardFollower, shard_files, shard_path
-from evalsuite.tasks.base import _check_shared
 from evalsuite.tasks.niah import NiahConfig, run_niah
+from evalsuite.tasks.runner import _check_shared
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
@@ -111,6 +111,15 @@ def test_commands_that_do_not_shard_refuse_several_ranks(args, message, tmp_path
         monkeypatch.setenv(name, value)
     code, _, err = run_cli(args, tmp_path)
     assert_one_line_error(code, err, message)
+
+
+def test_the_commands_that_share_come_from_the_task_registry():
+    from evalsuite.cli.main import command_path, sharing_commands
+
+    assert sharing_commands() == ["longbench", "loss", "mqar", "niah", "passkey", "summarize", "run"]
+    assert command_path(["--debug", "longbench", "--data", "d", "score", "x"]) == ("longbench", "score")
+    assert command_path(["longbench", "--model", "m"]) == ("longbench",) and command_path([]) == ()
+    assert command_path(["bench", "gca", "--out", "b"]) == ("bench", "gca")
 
 
 # -- torchrun ----------------------------------------------------------------------------------------------------

@@ -131,3 +131,12 @@ def test_passkey_run(adapter, tmp_path):
     assert "kind" not in run_drt_passkey(adapter, DrtConfig(lengths=[256], samples=1), tmp_path / "2h", False)["config"]
     with pytest.raises(UserError, match="unknown DRT test"):
         run_drt_passkey(adapter, DrtConfig(lengths=[256], samples=1, kind="3hop"), tmp_path / "x", False)
+
+
+def test_passkey_command(tmp_path, run_cli):
+    args = ["passkey", "--model", "fox-pro-tiny", "--device", "cpu", "--kind", "passkey", "--lengths", "256",
+            "--samples", "2", "--out", "pk"]  # fmt: skip
+    code, out, err = run_cli(args, tmp_path)
+    assert code == 0, err
+    rows = [json.loads(x) for x in (tmp_path / "pk" / "records.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and {r["subtask"] for r in rows} == {"passkey-drt"} and "NIAH passkey-drt" in out

@@ -155,17 +155,17 @@ class EchoLengthTask(ItemTask):
     name = "test-echo-length"
     Config = EchoConfig
 
-    def items(self, adapter):
+    def items(self, plan, adapter):
         return [Item((f"len|{n}",), n) for n in self.config.lengths]
 
-    def evaluate(self, adapter, items: Sequence[Item], run) -> Iterator[dict]:
+    def evaluate(self, plan, adapter, items: Sequence[Item], run) -> Iterator[dict]:
         prompts = [" ".join(["word"] * it.data) for it in items]
         gens = adapter.generate_until(prompts, GenerationConfig(max_new_tokens=self.config.new_tokens))
         for it, gen in zip(items, gens, strict=True):
             tokens = len(adapter.tokenizer.encode(gen.text, add_bos=False))
             yield {"key": it.keys[0], "subtask": "echo", "length": it.data, "scores": {"returned_tokens": tokens}}
 
-    def aggregate(self, rows, adapter, run):
+    def aggregate(self, plan, rows, adapter, run):
         return cell_means(rows, adapter.name, self.name), {"items": len(rows)}
 
 

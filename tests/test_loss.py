@@ -141,3 +141,17 @@ def test_killed_run_resumes_to_identical_numbers(tmp_path):
         assert np.array_equal(a, b), name
     ra, rb = (json.loads((tmp_path / d / "results.json").read_text()) for d in ("ref", "run"))
     assert ra["records"] == rb["records"] and ra["config_hash"] == rb["config_hash"]
+
+
+def test_the_default_length_is_the_tasks_on_every_path(tmp_path, run_cli):
+    """`evalsuite run loss` and `evalsuite loss` take the window length from the task (65536, or the model's
+    max_length when shorter), so they name the same run: the second returns the first's results as they are."""
+    base = ["--model", "fox-pro-tiny", "--device", "cpu", "--out", "run"]
+    code, _, err = run_cli(["run", "loss", *base, "--set", "max_docs=1"], tmp_path)
+    assert code == 0, err
+    first = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert first["config"]["length"] == first["max_length"] < 65536
+    code, out, err = run_cli(["loss", *base, "--max-docs", "1"], tmp_path)
+    assert code == 0, err
+    assert f"1 windows of {first['max_length']} tokens" in out
+    assert json.loads((tmp_path / "run" / "results.json").read_text()) == first

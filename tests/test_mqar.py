@@ -23,6 +23,7 @@ from evalsuite.report.mqar import _model_styles, best_over_lr, best_table, load_
 from evalsuite.runs.store import config_hash
 from evalsuite.tasks.mqar import (
     MQARSweep,
+    MQARTask,
     cell_config,
     check_best,
     decode_state_size,
@@ -283,6 +284,15 @@ def test_pairing_and_overrides():
         load_preset("nope")
 
 
+def test_run_mqar_starts_from_the_commands_preset():
+    """`evalsuite run mqar --set ...` starts from the preset `evalsuite mqar` does (ci), and takes its run options."""
+    task = MQARTask.from_options({"device": "cpu", "max_steps": 7})
+    assert task.preset == "ci" and task.device == "cpu"
+    assert task.config.to_dict() == {**load_preset("ci").to_dict(), "max_steps": 7}
+    with pytest.raises(UserError, match="task mqar: unknown option"):
+        MQARTask.from_options({"bogus": 1})
+
+
 def test_default_run_dir():
     assert default_run_dir(load_preset("ci"), "ci") == Path("results/runs/mqar/ci")
     changed = sweep_from_options("ci", lrs=[1e-2])
@@ -399,22 +409,6 @@ def test_cells_in_threads_match_one_process(tmp_path):
 
     assert by_key("threads") == pytest.approx(by_key("plain"), abs=1e-6)
     assert threaded["records"][0]["value"] == pytest.approx(plain["records"][0]["value"], abs=1e-6)
-
-
-def test_pre_manifest_run_dir_resumes(tmp_path):
-    """A directory written before run manifests and record keys (records keyed by ``config_hash`` alone, the old
-    ``results.json``) is adopted: its finished cells are not retrained."""
-    sweep = MQARSweep(**TINY_SWEEP)
-    run_mqar(sweep, tmp_path, device="cpu", progress=False)
-    lines = (tmp_path / "records.jsonl").read_text().splitlines()
-    old = [{k: v for k, v in json.loads(line).items() if k != "key"} for line in lines]
-    (tmp_path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old))
-    (tmp_path / "results.json").write_text(json.dumps({"task": "mqar", "preset": None, "cells": {}, "records": []}))
-    (tmp_path / "config.json").unlink()
-    before = (tmp_path / "records.jsonl").read_text()
-    out = run_mqar(sweep, tmp_path, device="cpu", progress=False)
-    assert (tmp_path / "records.jsonl").read_text() == before and (tmp_path / "config.json").is_file()
-    assert out["summary"]["cells"]["finished"] == 1 and len(out["records"]) == 1
 
 
 # --------------------------------------------------------------------------------------------- report

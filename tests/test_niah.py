@@ -263,13 +263,13 @@ def test_presets_and_config_errors():
     custom = resolve_config(NiahConfig(lengths=[3000, 1000], depths=[50.0, 0, 12.5], max_new_tokens=7))
     assert custom.lengths == [1000, 3000] and custom.depths == [0, 12.5, 50] and custom.max_new_tokens == 7
     for bad, match in [
-        (NiahConfig(mode="hard"), "unknown NIAH mode 'hard'"),
-        (NiahConfig(depths=[120]), "outside 0..100"),
-        (NiahConfig(preset="gpu"), "unknown NIAH preset"),
-        (NiahConfig(samples=3), "2hop only"),
+        ({"mode": "hard"}, "unknown NIAH mode 'hard'"),
+        ({"depths": [120]}, "outside 0..100"),
+        ({"preset": "gpu"}, "unknown NIAH preset"),
+        ({"samples": 3}, "2hop only"),
     ]:
         with pytest.raises(UserError, match=match):
-            resolve_config(bad)
+            resolve_config(NiahConfig(**bad))
 
 
 def test_run_records_results_and_report(adapter, tmp_path):

@@ -25,8 +25,8 @@ from evalsuite.cards import load_card
 from evalsuite.errors import UserError
 from evalsuite.generation.types import GenerationConfig
 from evalsuite.serve import chat_prompt
-from evalsuite.tasks.base import run_task
 from evalsuite.tasks.niah import NiahConfig, NiahTask
+from evalsuite.tasks.runner import run_task
 from evalsuite.tokenizers import get_tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -395,7 +395,7 @@ SPEC = "openai:m,base_url=http://127.0.0.1:9/v1,tokenizer=gpt2"  # never contact
     [
         (["loss", "--model", SPEC, "--length", "64"], "task loss needs token-level access (logits over token ids)"),
         (["run", "drt-passkey", "--model", SPEC], "task drt-passkey needs token-level access"),
-        (["niah", "--model", SPEC, "--mode", "passkey"], "tasks it can run: longbench, niah, summarize)"),
+        (["passkey", "--model", SPEC], "tasks it can run: longbench, niah, summarize)"),
     ],
 )
 def test_token_tasks_refuse_api_models_in_one_line(args, message, tmp_path, run_cli):

@@ -1,4 +1,5 @@
-"""Result-file primitives: atomic writes, durable JSONL appends, tolerant reads, config hashes."""
+"""Result-file primitives: atomic writes, durable JSONL appends, tolerant reads, config hashes; claiming a run
+directory."""
 
 import json
 import os
@@ -7,6 +8,7 @@ import stat
 import pytest
 
 from evalsuite.errors import UserError
+from evalsuite.runs.rundir import RunDir
 from evalsuite.runs.store import append_jsonl, atomic_write_bytes, atomic_write_json, config_hash, read_jsonl
 
 
@@ -106,3 +108,18 @@ def test_jsonl_corruption_names_file_and_line(tmp_path):
 def test_config_hash_is_order_independent():
     assert config_hash({"a": 1, "b": [1, 2]}) == config_hash({"b": [1, 2], "a": 1})
     assert config_hash({"a": 1}) != config_hash({"a": 2})
+
+
+def test_a_run_directory_keeps_one_configuration(tmp_path):
+    """A claim by another configuration names the settings that differ; a directory holding run files but no
+    manifest cannot say whose records they are, and is refused untouched."""
+    run = RunDir.claim(tmp_path / "run", "t", "h1", {"lengths": [512], "seed": 0})
+    run.append({"key": "a"})
+    assert RunDir.claim(tmp_path / "run", "t", "h1", {"lengths": [512], "seed": 0}).latest() == {"a": {"key": "a"}}
+    with pytest.raises(UserError, match=r"other settings \(lengths \[512\] there vs \[1024\]\); for another"):
+        RunDir.claim(tmp_path / "run", "t", "h2", {"lengths": [1024], "seed": 0})
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "records.jsonl").write_text('{"key": "a"}\n')
+    with pytest.raises(UserError, match="holds run files but no run manifest"):
+        RunDir.claim(tmp_path / "old", "t", "h1", {})
+    assert [p.name for p in (tmp_path / "old").iterdir()] == ["records.jsonl"]

@@ -18,7 +18,8 @@ from evalsuite.metrics.rouge import (
     split_sentences,
 )
 from evalsuite.runs.store import read_jsonl
-from evalsuite.tasks.base import TASKS, run_task
+from evalsuite.tasks.base import TASKS
+from evalsuite.tasks.runner import run_task
 from evalsuite.tasks.summarize import (
     DRT_SUFFIX,
     SummarizeConfig,

@@ -22,8 +22,10 @@ Paths: native models ``eager`` (``model.forward`` with a state), ``static`` (the
 and ``graph`` (its step replayed as a CUDA graph) -- :mod:`evalsuite.generation.engine`; ``hf:`` models ``eager``
 (dynamic cache), ``static`` (static cache) and ``graph`` (static cache + ``torch.compile`` reduce-overhead). A path
 that cannot run is recorded as ``unavailable``, a cell that would not fit in memory as ``skipped``, one that runs
-out as ``oom``; nothing stops the sweep. ``generate_bench.json`` is rewritten after every cell and a rerun into
-the same folder resumes (cells that ended in an error run again). Writes ``generate_bench.json``, ``.md``, ``.png``.
+out as ``oom``; nothing stops the sweep. The output folder is a run directory (:class:`~evalsuite.runs.rundir.RunDir`):
+each cell's record is appended to ``records.jsonl`` as it finishes and ``generate_bench.json`` rewritten, and a rerun
+into the same folder with the same settings resumes (cells that ended in an error run again). Writes
+``generate_bench.json``, ``.md``, ``.png``.
 
     python -m evalsuite.bench.generate --out results/bench/h100/generate
 """
@@ -42,6 +44,8 @@ import torch
 from evalsuite.errors import UserError
 from evalsuite.generation.engine import HEADROOM, StepTimer, bytes_per_prompt, free_device_bytes, prompt_bytes
 from evalsuite.generation.types import GenerationConfig
+from evalsuite.runs.rundir import RunDir
+from evalsuite.runs.store import config_hash
 
 PATHS = ("eager", "static", "graph", "compiled")
 DEFAULT_MODELS = ("fox-pro",)  # the 760M FoX (Pro) shapes of the paper
@@ -246,20 +250,13 @@ def _key(r: dict) -> tuple:
     return r["model"], r["path"], r["length"], r["batch"]
 
 
-def _load_previous(path: Path, params: dict) -> list[dict]:
-    """Records of an earlier run in the same folder (same settings, else a UserError); cells that errored are
-    dropped so they run again."""
-    from evalsuite.runs.store import read_json_file
-
-    if not path.exists():
-        return []
-    doc = read_json_file(path, "benchmark file")
-    old = doc.get("params", {})
-    differ = [k for k in RESUME_KEYS if old.get(k) != params[k]]
-    if differ:
-        what = ", ".join(f"{k} {old.get(k)!r} there vs {params[k]!r}" for k in differ)
-        raise UserError(f"{path} holds a run with other settings ({what}); pass another --out")
-    return [r for r in doc.get("records", []) if not str(r.get("status", "")).startswith("error")]
+def _load_previous(out: Path, params: dict) -> tuple[RunDir, list[dict]]:
+    """The run directory ``out`` (claimed for these settings: an earlier run with other ``RESUME_KEYS`` values is a
+    UserError) and the records of the cells it finished; cells that errored are left out so they run again."""
+    resume = {k: params[k] for k in RESUME_KEYS}
+    run = RunDir.claim(out, "bench-generate", config_hash(resume), resume, outputs=(JSON_NAME,))
+    kept = [r for r in run.latest().values() if not str(r.get("status", "")).startswith("error")]
+    return run, [{k: v for k, v in r.items() if k != "key"} for r in kept]
 
 
 def bench_generate(out, *, models=DEFAULT_MODELS, lengths=DEFAULT_LENGTHS, batches=DEFAULT_BATCHES,
@@ -295,8 +292,7 @@ def bench_generate(out, *, models=DEFAULT_MODELS, lengths=DEFAULT_LENGTHS, batch
     params = dict(models=list(models), lengths=sorted(lengths), batches=sorted(batches), new_tokens=new_tokens,
                   paths=list(paths), dtype=dtype, weights=weights, device=env["device"], seed=seed,
                   warmup=warmup, repeats=repeats)  # fmt: skip
-    records = _load_previous(out / JSON_NAME, params)
-    out.mkdir(parents=True, exist_ok=True)
+    run, records = _load_previous(out, params)
     bandwidth = measure_copy_bandwidth(dev, copy_mib)
     if dev.type == "cuda":
         torch.cuda.empty_cache()  # the copy's buffers go back before the models load
@@ -309,6 +305,7 @@ def bench_generate(out, *, models=DEFAULT_MODELS, lengths=DEFAULT_LENGTHS, batch
     def add(rec):
         records[:] = [r for r in records if _key(r) != _key(rec)] + [rec]
         done[_key(rec)] = rec
+        run.append({"key": "|".join(map(str, _key(rec))), **rec})
         save()
         if verbose:
             what = (f"prefill {rec['prefill_tokens_per_s']:10.0f} tok/s  decode {rec['decode_tokens_per_s']:9.1f} tok/s"

@@ -18,6 +18,7 @@ app.add_typer(plot_app, name="plot")
 bench_app = typer.Typer(help="Benchmarks (GPU): kernel timings and memory against the peers.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 
+
 @app.callback()
 def _root(debug: Annotated[bool, typer.Option(help="Show full tracebacks on errors.")] = False):
     """The root options; :func:`evalsuite.cli.main.main` reads ``--debug`` from the arguments itself, since it

@@ -19,7 +19,6 @@ from evalsuite.cli.options import (
     _adapter,
     _key_values,
     _note_random_weights,
-    _only_main,
     _run,
     _seed_everything,
 )
@@ -113,14 +112,13 @@ def loss(
     attention: BackendOpt = "auto",
 ):
     """Per-token loss L(i) and perplexity P(l) over one window per document (FoX §4.2)."""
-    from evalsuite.tasks.loss import LossConfig, run_loss
+    from evalsuite.tasks.loss import LossConfig, LossTask
 
+    config = LossConfig(data=data, length=length, max_docs=max_docs, roll=roll, seed=seed, batch_size=batch_size)
     _seed_everything(seed)
     adapter = _adapter(model, device, dtype, checkpoint, attention)
-    length = length if length is not None else min(65536, adapter.max_length or 65536)
-    config = LossConfig(data=data, length=length, max_docs=max_docs, roll=roll, seed=seed, batch_size=batch_size)
-    results = run_loss(adapter, config, out)
-    _only_main()
+    results = _run(LossTask(config), adapter, out)
+    length = results["config"]["length"]  # the task's default when not given: 65536, or the model's max_length
     docs = results["summary"]["documents"]
     by_len = {r["length"]: r["value"] for r in results["records"] if r["metric"] == "perplexity"}
     shown = [lng for lng in sorted(by_len) if lng >= 64] or sorted(by_len)

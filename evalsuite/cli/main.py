@@ -11,9 +11,6 @@ from evalsuite.cli import bench, core, downstream, lmeval, mqar, niah, serve  # 
 from evalsuite.cli.app import app
 from evalsuite.errors import UserError
 
-# The commands that share their work among torchrun's ranks (`torchrun --nproc-per-node N -m evalsuite CMD ...`).
-SHARDED_COMMANDS = ("loss", "niah", "mqar", "longbench", "summarize", "run")
-
 
 def main() -> None:
     """Console entry point: one line on stderr for every error; status 2 for bad input, 130 for Ctrl-C."""
@@ -72,16 +69,46 @@ def _torchrun_checks(args: list[str]) -> int:
         return 0
     if world.rank:
         sys.stdout = open(os.devnull, "w")  # for the life of the process
-    command = next((a for a in args if not a.startswith("-")), None)
-    if world.size > 1 and command is not None and (command not in SHARDED_COMMANDS or command == "longbench"
-                                                    and "score" in args):  # fmt: skip
-        if world.rank:
-            sys.exit(2)  # rank 0 says why
-        raise UserError(
-            f"`evalsuite {command}{' score' if command == 'longbench' else ''}` does not share its work among "
-            f"ranks; run it without torchrun (commands that do: {', '.join(SHARDED_COMMANDS)})"
-        )
+    path = command_path(args)
+    if world.size > 1 and path:
+        _refuse_unless_shared(path, world.rank)
     return world.rank
+
+
+def _refuse_unless_shared(path: tuple[str, ...], rank: int) -> None:
+    """A UserError on rank 0 (the others exit quietly) when the command ``path`` does not share its work."""
+    sharing = sharing_commands()
+    if " ".join(path) in sharing:
+        return
+    if rank:
+        sys.exit(2)  # rank 0 says why
+    # the shortest form that does not share: `bench`, but `longbench score` (`longbench` itself does)
+    refused = next(" ".join(path[:n]) for n in range(1, len(path) + 1) if " ".join(path[:n]) not in sharing)
+    raise UserError(
+        f"`evalsuite {refused}` does not share its work among ranks; run it without torchrun (commands that do: "
+        f"{', '.join(sharing)})"
+    )
+
+
+def command_path(args: list[str]) -> tuple[str, ...]:
+    """The command ``args`` name: its name, and a subcommand's when it is a group (``bench gca``, ``longbench
+    score``); empty when there is none. The root takes only flags, so its first word is the command."""
+    words = [a for a in args if not a.startswith("-")]
+    if not words:
+        return ()
+    command = typer.main.get_command(app).commands.get(words[0])
+    if hasattr(command, "commands"):  # a group
+        sub = next((w for w in words[1:] if w in command.commands), None)
+        return (words[0], sub) if sub is not None else (words[0],)
+    return (words[0],)
+
+
+def sharing_commands() -> list[str]:
+    """The commands that share their work among torchrun's ranks: those of the tasks that do (the task registry
+    says which command runs each), and ``run``, whose runner refuses a task that does not, naming it."""
+    from evalsuite.tasks.base import TASKS
+
+    return sorted({cls.command for _, cls in TASKS.items() if cls.shards and cls.command}) + ["run"]
 
 
 def _interrupted(rank: int = 0) -> None:

@@ -64,43 +64,31 @@ def mqar(
     ] = None,
 ):
     """Train models on multi-query associative recall (Zoology's MQAR) over a sweep; table and plots."""
-    from evalsuite.report.mqar import best_over_lr, best_table, load_mqar, write_mqar_report
-    from evalsuite.tasks.mqar import MQARSweep, check_best, default_run_dir, run_mqar, sweep_from_options
+    from evalsuite.tasks.mqar import MQARSweep, default_run_dir, run_mqar, sweep_from_options
 
     # the attention backend is checked against each model's family by the task, before anything is written
     sweep = sweep_from_options(
-        preset,
-        models=_csv_list(models, str, "--models"),
-        d_models=_csv_list(d_model, int, "--d-model"),
-        seq_lens=_csv_list(seq_len, int, "--seq-len"),
-        num_kv_pairs=_csv_list(kv_pairs, int, "--kv-pairs"),
-        pairing=pairing,
-        lrs=_csv_list(lr, float, "--lr"),
-        num_layers=layers,
-        num_heads=heads,
-        use_mlp=mlp,
-        max_steps=max_steps,
-        batch_size=batch_size,
-        seed=seed,
-    )
+        preset, models=_csv_list(models, str, "--models"), d_models=_csv_list(d_model, int, "--d-model"),
+        seq_lens=_csv_list(seq_len, int, "--seq-len"), num_kv_pairs=_csv_list(kv_pairs, int, "--kv-pairs"),
+        pairing=pairing, lrs=_csv_list(lr, float, "--lr"), num_layers=layers, num_heads=heads, use_mlp=mlp,
+        max_steps=max_steps, batch_size=batch_size, seed=seed,
+    )  # fmt: skip
     if settings:
         sweep = MQARSweep.from_dict({**sweep.to_dict(), **_key_values(settings)})
     run_dir = out or default_run_dir(sweep, preset)
-    results = run_mqar(
-        sweep,
-        run_dir,
-        device=device,
-        attention=attention,
-        workers=workers,
-        threads=threads,
-        cuda_graph=cuda_graph,
-        compile=compile,
-        time_limit=time_limit,
-        progress=progress,
-        preset=preset,
-        on_record=None if progress else _echo_mqar_cell,
-    )
+    results = run_mqar(sweep, run_dir, device=device, attention=attention, workers=workers, threads=threads,
+                       cuda_graph=cuda_graph, compile=compile, time_limit=time_limit, progress=progress, preset=preset,
+                       on_record=None if progress else _echo_mqar_cell)  # fmt: skip
     _only_main()
+    _show_sweep(results, preset, run_dir, report)
+
+
+def _show_sweep(results: dict, preset: str, run_dir: Path, report: bool) -> None:
+    """The sweep's progress, failed cells and best-accuracy table (and, with ``report``, its tables and plots in the
+    run directory); a UserError when a cell failed or a model's best cell missed the preset's accuracy check."""
+    from evalsuite.report.mqar import best_over_lr, best_table, load_mqar, write_mqar_report
+    from evalsuite.tasks.mqar import check_best
+
     summary = results["summary"]
     cells, errors, threshold = summary["cells"], summary["errors"], summary["sweep"]["check_accuracy"]
     typer.echo(f"mqar {preset}: {cells['finished']}/{cells['total']} cells in {run_dir}")

@@ -1,4 +1,5 @@
-"""``evalsuite niah`` (needle in a haystack: easy, standard, 2-hop, the DRT passkey) and ``evalsuite plot niah``."""
+"""``evalsuite niah`` (needle in a haystack: easy, standard, 2-hop), ``evalsuite passkey`` (the DRT paper's token-level
+tests) and ``evalsuite plot niah``."""
 
 from __future__ import annotations
 
@@ -23,25 +24,23 @@ from evalsuite.cli.options import (
     _run,
     _seed_everything,
 )
-from evalsuite.errors import UserError
+
+PresetOpt = Annotated[
+    str | None, typer.Option(help="Grid preset in tasks/niah.yaml: cpu or fox (default: cpu on a CPU, else fox).")
+]
+LengthsOpt = Annotated[str | None, typer.Option(help="Comma-separated context lengths (tokens, BOS counted).")]
+HaystackOpt = Annotated[str, typer.Option(help="File or directory (.txt, .jsonl[.xz]), or 'synthetic'.")]
 
 
 @app.command()
 def niah(
     model: ModelOpt,
-    mode: Annotated[str, typer.Option(help="easy, standard, 2hop, or passkey (DRT's token-level passkey).")] = "easy",
-    flavour: Annotated[
-        str, typer.Option(help="2hop only: text (chained facts + 1-hop control) or drt (DRT token-level 2-hop).")
-    ] = "text",
-    preset: Annotated[
-        str | None, typer.Option(help="Grid preset in tasks/niah.yaml: cpu or fox (default: cpu on a CPU, else fox).")
-    ] = None,
-    lengths: Annotated[str | None, typer.Option(help="Comma-separated context lengths (tokens, BOS counted).")] = None,
+    mode: Annotated[str, typer.Option(help="easy, standard or 2hop (chained facts + a 1-hop control).")] = "easy",
+    preset: PresetOpt = None,
+    lengths: LengthsOpt = None,
     depths: Annotated[str | None, typer.Option(help="Comma-separated needle depths in percent.")] = None,
     samples: Annotated[int | None, typer.Option(help="2hop: samples per cell (default: from the preset).")] = None,
-    haystack: Annotated[str, typer.Option(help="File or directory (.txt, .jsonl[.xz]), or 'synthetic'.")] = (
-        "synthetic"
-    ),
+    haystack: HaystackOpt = "synthetic",
     max_new_tokens: Annotated[
         int | None, typer.Option(help="Generated tokens per answer (default: the preset's; fox: 1024).")
     ] = None,
@@ -62,43 +61,59 @@ def niah(
 ):
     """Needle in a haystack over lengths x depths (FoX §4.3): easy, standard, or 2-hop; records and a summary."""
     from evalsuite.metrics.judge import OpenAIJudge
+    from evalsuite.tasks.niah import NiahConfig, NiahTask
 
-    lengths_list = [int(x) for x in _csv_list(lengths, float, "--lengths") or []] or None
-    if flavour not in ("text", "drt"):
-        raise UserError(f"unknown --flavour {flavour!r}; use text or drt")
-    if flavour == "drt" and mode != "2hop":
-        raise UserError("--flavour applies to --mode 2hop only")
-    batch_size = _batch_size(batch_size, allow_auto=flavour != "drt" and mode != "passkey")
-    if flavour == "drt" or mode == "passkey":
-        from evalsuite.tasks.drt_passkey import DrtConfig, DrtPasskeyTask
-
-        test = "2-hop test" if mode == "2hop" else "passkey"
-        if judge:
-            raise UserError(f"the DRT {test} is scored teacher-forced; --judge does not apply")
-        if depths:
-            raise UserError(f"the DRT {test} places its needles at random positions; --depths does not apply")
-        config = DrtConfig(preset, lengths_list, samples, haystack, batch_size, seed, kind=mode)
-        task = DrtPasskeyTask(config)
-    else:
-        from evalsuite.tasks.niah import NiahConfig, NiahTask
-
-        config = NiahConfig(
-            mode=mode,
-            preset=preset,
-            lengths=lengths_list,
-            depths=_csv_list(depths, float, "--depths"),
-            samples=samples,
-            haystack=haystack,
-            max_new_tokens=max_new_tokens,
-            stop_newline=stop_newline,
-            batch_size=batch_size,
-            seed=seed,
-        )
-        # a missing API key fails before the model loads
-        task = NiahTask(config, OpenAIJudge.from_spec(judge) if judge else None)
+    config = NiahConfig(
+        mode=mode,
+        preset=preset,
+        lengths=_lengths(lengths),
+        depths=_csv_list(depths, float, "--depths"),
+        samples=samples,
+        haystack=haystack,
+        max_new_tokens=max_new_tokens,
+        stop_newline=stop_newline,
+        batch_size=_batch_size(batch_size, allow_auto=True),
+        seed=seed,
+    )
+    task = NiahTask(config, OpenAIJudge.from_spec(judge) if judge else None)  # a missing API key fails first
     _seed_everything(seed)
     adapter = _adapter(model, device, dtype, checkpoint, attention)
-    results = _run(task, adapter, out)
+    _report(_run(task, adapter, out), adapter)
+
+
+@app.command()
+def passkey(
+    model: ModelOpt,
+    kind: Annotated[str, typer.Option(help="2hop (DRT §4.3: a 2-hop chain of token ids) or passkey (§4.2).")] = "2hop",
+    preset: PresetOpt = None,
+    lengths: LengthsOpt = None,
+    samples: Annotated[int | None, typer.Option(help="Samples per length (default: from the preset).")] = None,
+    haystack: HaystackOpt = "synthetic",
+    batch_size: Annotated[str, typer.Option(help="Samples of one length per forward pass.")] = "4",
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "float32",
+    seed: SeedOpt = 0,
+    out: OutOpt = None,
+    checkpoint: CheckpointOpt = None,
+    attention: BackendOpt = "auto",
+):
+    """The DRT paper's token-level retrieval tests, teacher-forced: the 2-hop passkey or the passkey (arXiv:2410.01651
+    §4.2-4.3), over lengths x samples with needles at random positions."""
+    from evalsuite.tasks.drt_passkey import DrtConfig, DrtPasskeyTask
+
+    size = _batch_size(batch_size, allow_auto=False)
+    config = DrtConfig(preset, _lengths(lengths), samples, haystack, size, seed, kind=kind)
+    _seed_everything(seed)
+    adapter = _adapter(model, device, dtype, checkpoint, attention)
+    _report(_run(DrtPasskeyTask(config), adapter, out), adapter)
+
+
+def _lengths(value: str | None) -> list[int] | None:
+    return [int(x) for x in _csv_list(value, float, "--lengths") or []] or None
+
+
+def _report(results: dict, adapter) -> None:
+    """The lengths skipped, and the scores within and beyond the training length."""
     summary = results["summary"]
     for note in summary["skipped"]:
         typer.echo(f"  note: length {note['length']} skipped ({note['reason']})")

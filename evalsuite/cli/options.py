@@ -88,7 +88,7 @@ def _key_values(pairs: list[str]) -> dict:
 
 def _run(task, adapter, out: Path | None) -> dict:
     """Run a task through the runner; the result carries the run directory it was written to."""
-    from evalsuite.tasks.base import run_task
+    from evalsuite.tasks.runner import run_task
 
     results = run_task(task, adapter, out)
     _only_main()
@@ -99,6 +99,5 @@ def _only_main() -> None:
     """Under torchrun, end every rank but 0 once the run is done: rank 0 alone prints and writes tables and plots."""
     from evalsuite.runs import distributed
 
-    world = distributed.current()
-    if world is not None and not world.is_main:
+    if not distributed.current().is_main:
         raise typer.Exit(0)

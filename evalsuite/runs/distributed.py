@@ -2,11 +2,12 @@
 
 ``torchrun --nproc-per-node N -m evalsuite <task> ...`` starts N copies of the command; each learns its place from
 the variables torchrun sets (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``). This
-module is the only place that talks to :mod:`torch.distributed`; the runner (:func:`evalsuite.tasks.base.run_task`)
-and the tasks use a :class:`World`:
+module is the only place that talks to :mod:`torch.distributed`; the runner (:func:`evalsuite.tasks.runner.run_task`)
+and the tasks use a :class:`World`, the same way in a plain run and under torchrun:
 
 * :func:`setup` joins the process group once (``cpu:gloo,cuda:nccl`` when CUDA exists, else ``gloo``) and returns
-  the :class:`World`, or None for a plain single-process run, which never touches :mod:`torch.distributed`.
+  the :class:`World`; a plain single-process run is :data:`SINGLE`, a world of one rank whose collectives return at
+  once, and never touches :mod:`torch.distributed`.
 * :meth:`World.shard` gives this rank its share of an ordered list of work units, round-robin. Each run shards the
   units still pending *in that run*, so a rerun with another number of ranks simply deals out what is left.
 * :meth:`World.broadcast`, :meth:`World.gather` and :meth:`World.all_gather` move small Python objects between
@@ -53,7 +54,8 @@ class PeerFailed(Exception):
 
 @dataclass(frozen=True)
 class World:
-    """This process's place among ``size`` ranks (``local_rank``: its index on this host, and its GPU)."""
+    """This process's place among ``size`` ranks (``local_rank``: its index on this host, and its GPU). A world of
+    one rank (:data:`SINGLE`) is a plain run: its collectives hand back what they are given."""
 
     rank: int
     size: int
@@ -74,6 +76,8 @@ class World:
 
     def broadcast(self, obj: T) -> T:
         """Rank 0's ``obj``, on every rank (the others pass anything, e.g. None)."""
+        if self.size == 1:
+            return obj
         import torch.distributed as dist
 
         box = [obj if self.is_main else None]
@@ -82,6 +86,8 @@ class World:
 
     def gather(self, obj: T) -> list[T] | None:
         """Every rank's ``obj`` in rank order, on rank 0; None on the others."""
+        if self.size == 1:
+            return [obj]
         import torch.distributed as dist
 
         out = [None] * self.size if self.is_main else None
@@ -90,6 +96,8 @@ class World:
 
     def all_gather(self, obj: T) -> list[T]:
         """Every rank's ``obj`` in rank order, on every rank."""
+        if self.size == 1:
+            return [obj]
         import torch.distributed as dist
 
         out: list = [None] * self.size
@@ -99,6 +107,8 @@ class World:
     def wait(self, interval: float = 0.5) -> None:
         """Return once every rank has called ``wait`` (a barrier that may wait as long as the slowest rank's share
         of the work). Polled rather than blocked on, so this process's other threads (rank 0's progress) run."""
+        if self.size == 1:
+            return
         import torch.distributed as dist
 
         work = dist.barrier(async_op=True)
@@ -142,7 +152,8 @@ class World:
         return value
 
 
-_state: dict = {"world": None, "owned": False}
+SINGLE = World(0, 1, 0)  # a plain run: one rank, collectives that return at once
+_state: dict = {"world": None, "owned": False}  # the process group this process joined: a process-wide fact
 
 
 def launched() -> bool:
@@ -164,8 +175,9 @@ def env_world() -> World | None:
     return World(rank, size, local)
 
 
-def setup() -> World | None:
-    """Join the process group if torchrun started this process (once); the :class:`World`, or None when not launched.
+def setup() -> World:
+    """This process's :class:`World`: joins the process group once if torchrun started it; :data:`SINGLE` for a
+    plain run, whose collectives never reach :mod:`torch.distributed`.
 
     A process group the caller initialised already is used as it is (and left to the caller to destroy).
     """
@@ -173,13 +185,13 @@ def setup() -> World | None:
         return _state["world"]
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
+    if dist.is_available() and dist.is_initialized():  # a query only: a plain run joins, sends or waits for nothing
         local = int(os.environ.get("LOCAL_RANK", dist.get_rank()))
         _state["world"] = World(dist.get_rank(), dist.get_world_size(), local)
         return _state["world"]
     world = env_world()
     if world is None:
-        return None
+        return SINGLE
     if not dist.is_available():
         raise UserError("this PyTorch build has no torch.distributed; run without torchrun")
     cuda = torch.cuda.is_available()
@@ -193,9 +205,9 @@ def setup() -> World | None:
     return world
 
 
-def current() -> World | None:
-    """The world :func:`setup` joined, or None."""
-    return _state["world"]
+def current() -> World:
+    """The world :func:`setup` joined; :data:`SINGLE` when it joined none (a plain run)."""
+    return _state["world"] or SINGLE
 
 
 def teardown() -> None:

@@ -4,17 +4,16 @@ A run directory holds ``config.json`` (the manifest: task, config hash, config),
 finished item, appended as items finish, keyed by ``record["key"]``), ``results.json`` (the aggregate, written
 atomically at the end) and any files a task keeps beside them (e.g. the loss task's ``state.npz``).
 
-* **Claiming.** A directory belongs to one configuration: a run with another config hash is refused with one line.
-  Directories written before manifests existed, or under an older config schema a task still recognises
-  (``legacy_hashes``), are migrated: the manifest is (re)written and a note printed.
+* **Claiming.** A directory belongs to one configuration: a run with another config hash is refused with one line
+  naming the settings that differ, and so is a directory holding run files without a manifest.
 * **Resume.** :meth:`RunDir.latest` gives the records by key, a later line replacing an earlier one (a re-judged
   answer); a rerun skips what is there. Appends repair a torn tail first (:func:`evalsuite.runs.store.append_jsonl`).
 * **No litter.** A run that fails before writing anything removes the directory it created
   (:meth:`RunDir.abandon`), so a failed validation never leaves a claimed directory behind.
-* **Ranks.** Under torchrun (:mod:`evalsuite.runs.distributed`) each rank appends to its own
+* **Ranks.** Under torchrun (:mod:`evalsuite.runs.distributed`) with several ranks each rank appends to its own
   ``records.rank-<r>.jsonl`` (no two processes ever write one file), and rank 0 folds them into ``records.jsonl``
   atomically when the run ends (:meth:`RunDir.merge_shards`). Shards a killed run left behind are folded in when
-  the directory is next claimed, by a run with any number of ranks or none, so nothing a rank finished is lost.
+  the directory is next claimed, by a run with any number of ranks (one included), so nothing a rank finished is lost.
 """
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from evalsuite.errors import UserError
+from evalsuite.runs.distributed import SINGLE, World
 from evalsuite.runs.store import (
     RECORDS_FILE,
     RESULTS_FILE,
@@ -70,70 +70,50 @@ def check_writable(path: Path) -> None:
 class RunDir:
     """One run's directory; create it with :meth:`claim` (under torchrun, rank 0 claims it for all ranks).
 
-    ``world`` (a :class:`evalsuite.runs.distributed.World`, or None for a plain run): set, :meth:`append` writes this
-    rank's own file and :meth:`records` reads ``records.jsonl`` plus that file only, so every rank computes the
-    same pending work from the same records whatever the others are appending meanwhile.
+    ``world``: this process's :class:`~evalsuite.runs.distributed.World`. With several ranks :meth:`append` writes
+    this rank's own file and :meth:`records` reads ``records.jsonl`` plus that file only, so every rank computes the
+    same pending work from the same records whatever the others are appending meanwhile; a plain run (one rank)
+    appends to ``records.jsonl`` itself.
     """
 
-    def __init__(self, path: Path, task: str, config_hash: str, created: bool, world=None):
+    def __init__(self, path: Path, task: str, config_hash: str, created: bool, world: World = SINGLE):
         self.path, self.task, self.config_hash, self._created = Path(path), task, config_hash, created
         self.world = world
 
     @classmethod
     def claim(
-        cls, path: Path | str, task: str, config_hash: str, config: dict, legacy_hashes: tuple[str, ...] = ()
+        cls, path: Path | str, task: str, config_hash: str, config: dict, outputs: tuple[str, ...] = ()
     ) -> RunDir:
-        """Take ``path`` for a run of ``task`` with ``config_hash`` (see the module docstring), taking in the rank
-        files an interrupted distributed run left there."""
-        run = cls._take(Path(path), task, config_hash, config, legacy_hashes)
+        """Take ``path`` for a run of ``task`` with ``config_hash`` (``config``: what it hashes, shown when another
+        run's differs), taking in the rank files an interrupted distributed run left there. ``outputs``: the names
+        of files such a run writes besides records and results (a directory holding one without a manifest is
+        refused too)."""
+        path = Path(path)
+        check_writable(path)
+        manifest = path / MANIFEST_FILE
+        if manifest.exists():
+            old = read_json_file(manifest, "run manifest")
+            if old.get("config_hash") != config_hash:
+                raise UserError(
+                    f"{path} holds a run with other settings ({_differences(old, task, config)}); for another "
+                    "configuration choose another --out"
+                )
+            created = False
+        elif any((path / name).exists() for name in (RESULTS_FILE, RECORDS_FILE, *outputs)):
+            raise UserError(f"{path} holds run files but no run manifest ({MANIFEST_FILE}); choose another --out")
+        else:
+            created = not path.exists()
+            atomic_write_json(manifest, {"task": task, "config_hash": config_hash, "config": config})
+        run = cls(path, task, config_hash, created)
         n = run.merge_shards()
         if n:
             _note(f"{run.path}: took in {n} records the ranks of an interrupted distributed run had finished")
         return run
 
-    @classmethod
-    def _take(cls, path: Path, task: str, config_hash: str, config: dict, legacy_hashes: tuple[str, ...]) -> RunDir:
-        check_writable(path)
-        manifest = path / MANIFEST_FILE
-        body = {"task": task, "config_hash": config_hash, "config": config}
-        if manifest.exists():
-            old = read_json_file(manifest, "run manifest")
-            # the hash covers the task name, so an old hash accepted here is a run of this task's records
-            if old.get("config_hash") not in (config_hash, *legacy_hashes):
-                raise UserError(
-                    f"{path} holds a {old.get('task', 'different')} run with another configuration; "
-                    "choose another --out"
-                )
-            if old.get("config_hash") != config_hash:
-                atomic_write_json(manifest, body)
-                _note(f"migrated {path} to the current config schema (same records, new config hash)")
-            return cls(path, task, config_hash, created=False)
-        if path.exists() and any((path / name).exists() for name in (RESULTS_FILE, RECORDS_FILE)):
-            cls._check_legacy(path, task, (config_hash, *legacy_hashes))
-            atomic_write_json(manifest, body)
-            _note(f"migrated {path}: wrote its run manifest ({MANIFEST_FILE})")
-            return cls(path, task, config_hash, created=False)
-        created = not path.exists()
-        atomic_write_json(manifest, body)
-        return cls(path, task, config_hash, created=created)
-
     @property
     def created(self) -> bool:
         """Whether this claim created the directory (:meth:`abandon` removes only such a one)."""
         return self._created
-
-    @staticmethod
-    def _check_legacy(path: Path, task: str, accepted: tuple[str, ...]) -> None:
-        """A directory from before manifests: its files must be this task's, and of this config when they say."""
-        results = path / RESULTS_FILE
-        if results.exists():
-            old = read_json_file(results, "results file")
-            old_hash = old.get("config_hash")
-            if old_hash not in (None, *accepted) or (old_hash is None and old.get("task") != task):
-                raise UserError(f"{path} holds a finished run with another configuration; choose another --out")
-        rows = read_jsonl(path / RECORDS_FILE)
-        if any(r.get("task") not in (None, task) for r in rows[:1]):
-            raise UserError(f"{path} holds records of another task; choose another --out")
 
     # -- records -----------------------------------------------------------------------------------------------
 
@@ -143,12 +123,12 @@ class RunDir:
 
     @property
     def append_path(self) -> Path:
-        """Where :meth:`append` writes: ``records.jsonl``, or this rank's own file under torchrun."""
-        return self.records_path if self.world is None else shard_path(self.path, self.world.rank)
+        """Where :meth:`append` writes: ``records.jsonl``, or this rank's own file when there are several."""
+        return self.records_path if self.world.size == 1 else shard_path(self.path, self.world.rank)
 
     def records(self) -> list[dict]:
         rows = read_jsonl(self.records_path)
-        return rows if self.world is None else rows + read_jsonl(self.append_path)
+        return rows if self.world.size == 1 else rows + read_jsonl(self.append_path)
 
     def latest(self) -> dict[str, dict]:
         """Records by ``key``; a later line for a key replaces the earlier one."""
@@ -271,6 +251,14 @@ def _record_lines(path: Path) -> list[tuple[str | None, bytes]]:
         if isinstance(row, dict):
             kept.append((row.get("key"), line))
     return kept
+
+
+def _differences(manifest: dict, task: str, config: dict) -> str:
+    """``key X there vs Y`` for each setting in which a manifest's run and this one differ."""
+    before = {"task": manifest.get("task"), **(manifest.get("config") or {})}
+    now = {"task": task, **config}
+    keys = [k for k in dict.fromkeys([*before, *now]) if before.get(k) != now.get(k)]
+    return ", ".join(f"{k} {before.get(k)!r} there vs {now.get(k)!r}" for k in keys) or "another config hash"
 
 
 def _note(message: str) -> None:

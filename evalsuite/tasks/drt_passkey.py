@@ -15,8 +15,9 @@ placed so that "is" starts the last 64-token chunk. ``accuracy`` is DRT's rule h
 passkey position (the released evaluator checks that one token); ``answer_exact`` all five.
 
 Our deviations: seeded generators instead of DRT's global ones, and a BOS-first tokenizer keeps BOS at
-position 0 (needles go after it). Records keep the NIAH shape (task ``niah``, subtask ``2hop-drt``) so the NIAH
-heatmaps and tables show them; the run directory is ``results/runs/niah/<model>-2hop-drt-<hash>``.
+position 0 (needles go after it). Records keep the NIAH shape (task ``niah``, subtask ``2hop-drt`` or
+``passkey-drt``) so the NIAH heatmaps and tables show them; the run directory is
+``results/runs/niah/<model>-<subtask>-<hash>``. The command is ``evalsuite passkey --kind 2hop|passkey``.
 """
 
 from __future__ import annotations
@@ -36,10 +37,12 @@ from evalsuite.data.passkey import DrtSample, drt_sample, passkey_sample
 from evalsuite.errors import UserError
 from evalsuite.metrics.cells import cell_means, within_beyond
 from evalsuite.runs.rundir import RunDir
-from evalsuite.tasks.base import RUNS_ROOT, Item, ItemTask, register_task, run_task
-from evalsuite.tasks.niah import Cell, cells_by_length, items_by_length, preset_for, split_by_max_length
+from evalsuite.tasks.base import RUNS_ROOT, Item, ItemTask, Plan, register_task
+from evalsuite.tasks.niah.grid import Cell, cells_by_length, items_by_length, preset_for, split_by_max_length
+from evalsuite.tasks.runner import run_task
 
 SUBTASKS = {"2hop": "2hop-drt", "passkey": "passkey-drt"}
+
 
 def drt_scores(adapter: TokenAdapter, samples: Sequence[DrtSample]) -> list[dict]:
     """Teacher-forced scores of same-length samples, one forward pass for the batch.
@@ -88,71 +91,78 @@ class DrtConfig:
     seed: int = 0
     kind: str = "2hop"  # 2hop (§4.3) | passkey (§4.2)
 
+    def __post_init__(self):
+        if self.kind not in SUBTASKS:
+            raise UserError(f"unknown DRT test {self.kind!r}; choose from {', '.join(SUBTASKS)}")
+        if self.lengths and min(int(x) for x in self.lengths) < 1:
+            raise UserError("DRT passkey lengths must be positive token counts")
+        if (self.samples is not None and self.samples < 1) or self.batch_size < 1:
+            raise UserError("--samples and --batch-size must be at least 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DrtPlan(Plan):
+    """The test resolved for one model: the preset's name, the records' subtask, the cells the model can take
+    (lengths x samples) and notes on the lengths ``skipped`` beyond its max_length."""
+
+    preset: str
+    subtask: str
+    lengths: list[int]
+    samples: int
+    cells: list[Cell]
+    skipped: list[dict]
+
 
 @register_task
 class DrtPasskeyTask(ItemTask):
     """Teacher-forced DRT 2-hop or passkey test over lengths x samples (needs token-level access)."""
 
     name = "drt-passkey"
+    command = "passkey"
     needs = frozenset({TOKENS})
     Config = DrtConfig
 
     def __init__(self, config: DrtConfig | None = None):
         super().__init__(config)
-        self._haystack = LastHaystack()
+        self._haystack = LastHaystack()  # a cache of the haystack built last (seconds for long windows)
 
-    def hashed_config(self, adapter: TokenAdapter) -> dict:
+    def prepare(self, adapter: TokenAdapter) -> DrtPlan:
         config = self.config
-        self.preset_name, preset = preset_for(config.preset, adapter.device.type)
-        grid = preset["drt"]
-        self.lengths = sorted({int(x) for x in (config.lengths or grid["lengths"])})
-        self.samples = config.samples if config.samples is not None else int(grid.get("samples", 1))
-        self._preset_max_new = int(preset["max_new_tokens"])
-        if config.kind not in SUBTASKS:
-            raise UserError(f"unknown DRT test {config.kind!r}; choose from {', '.join(SUBTASKS)}")
-        self.subtask = SUBTASKS[config.kind]
-        if not self.lengths or min(self.lengths) < 1:
-            raise UserError("DRT passkey lengths must be positive token counts")
-        if self.samples < 1 or config.batch_size < 1:
-            raise UserError("--samples and --batch-size must be at least 1")
-        cells = [Cell(L, None, s) for L in self.lengths for s in range(self.samples)]
-        self.cells, self.skipped = split_by_max_length(cells, adapter.max_length, adapter.name)
-        return {
-            "lengths": self.lengths,
-            "samples": self.samples,
+        preset, spec = preset_for(config.preset, adapter.device.type)
+        lengths = sorted({int(x) for x in (config.lengths or spec["drt"]["lengths"])})
+        samples = config.samples if config.samples is not None else int(spec["drt"].get("samples", 1))
+        cells = [Cell(L, None, s) for L in lengths for s in range(samples)]
+        cells, skipped = split_by_max_length(cells, adapter.max_length, adapter.name)
+        hashed = {
+            "lengths": lengths,
+            "samples": samples,
             "haystack": haystack_identity(config.haystack, config.seed),
             "seed": config.seed,
             **({"kind": config.kind} if config.kind != "2hop" else {}),  # 2-hop runs keep their hashes
         }
+        return DrtPlan(config=hashed, preset=preset, subtask=SUBTASKS[config.kind], lengths=lengths, samples=samples,
+                       cells=cells, skipped=skipped)  # fmt: skip
 
-    def legacy_hashed_configs(self, adapter: TokenAdapter, new: dict) -> list[dict]:
-        """The legacy schema's config: the NIAH task's, the 2-hop test as its ``--flavour drt``."""
-        if self.config.kind != "2hop":
-            return []
-        old = dict(mode="2hop", flavour="drt", preset=None, lengths=self.lengths, depths=[], samples=self.samples)
-        old.update(haystack=new["haystack"], max_new_tokens=self._preset_max_new, stop_newline=False)
-        return [{"task": "niah", **old, "batch_size": None, "judge": None, "seed": self.config.seed}]
+    def default_dir(self, plan: DrtPlan, adapter: TokenAdapter, chash: str) -> Path:
+        return RUNS_ROOT / "niah" / f"{adapter.name}-{plan.subtask}-{chash}"
 
-    def default_dir(self, adapter: TokenAdapter, chash: str) -> Path:
-        return RUNS_ROOT / "niah" / f"{adapter.name}-{self.subtask}-{chash}"
+    def items(self, plan: DrtPlan, adapter: TokenAdapter) -> list[Item]:
+        return [Item((c.key(plan.subtask),), c) for c in plan.cells]
 
-    def items(self, adapter: TokenAdapter) -> list[Item]:
-        return [Item((c.key(self.subtask),), c) for c in self.cells]
-
-    def batches(self, adapter: TokenAdapter, items: Sequence[Item]) -> list[list[Item]]:
+    def batches(self, plan: DrtPlan, adapter: TokenAdapter, items: Sequence[Item]) -> list[list[Item]]:
         """The cells :meth:`evaluate` scores in one forward pass: up to ``batch_size`` of one length."""
         return items_by_length(items, self.config.batch_size)
 
-    def evaluate(self, adapter: TokenAdapter, items: Sequence[Item], run: RunDir) -> Iterator[dict]:
+    def evaluate(self, plan: DrtPlan, adapter: TokenAdapter, items: Sequence[Item], run: RunDir) -> Iterator[dict]:
         if not items:
             return
         # one haystack window per sample
-        haystack = self._haystack.get(self.config.haystack, adapter.tokenizer, max(self.lengths) * self.samples,
+        haystack = self._haystack.get(self.config.haystack, adapter.tokenizer, max(plan.lengths) * plan.samples,
                                       self.config.seed)  # fmt: skip
         for batch in cells_by_length([it.data for it in items], self.config.batch_size):
-            yield from self._records(adapter, batch, haystack, run.config_hash)
+            yield from self._records(plan, adapter, batch, haystack, run.config_hash)
 
-    def _records(self, adapter: TokenAdapter, cells: list[Cell], haystack: Haystack, chash: str) -> Iterator[dict]:
+    def _records(self, plan: DrtPlan, adapter: TokenAdapter, cells: list[Cell], haystack: Haystack, chash: str):
         """Teacher-forced samples for a batch of same-length cells: one forward pass."""
         tok, length = adapter.tokenizer, cells[0].length
         samples = []
@@ -166,9 +176,9 @@ class DrtPasskeyTask(ItemTask):
             samples.append(build(window, tok, rng, keep_prefix=haystack.n_prefix))
         for cell, sample, scores in zip(cells, samples, drt_scores(adapter, samples), strict=True):
             yield {
-                "key": cell.key(self.subtask),
+                "key": cell.key(plan.subtask),
                 "task": "niah",
-                "subtask": self.subtask,
+                "subtask": plan.subtask,
                 "length": length,
                 "depth": None,
                 "sample": cell.sample,
@@ -184,12 +194,12 @@ class DrtPasskeyTask(ItemTask):
                 "config_hash": chash,
             }
 
-    def aggregate(self, rows: list[dict], adapter: TokenAdapter, run: RunDir) -> tuple[list[dict], dict]:
+    def aggregate(self, plan: DrtPlan, rows: list[dict], adapter: TokenAdapter, run: RunDir) -> tuple[list, dict]:
         records = cell_means(rows, adapter.name)
         summary = {
-            "label": self.subtask,
-            "preset": self.preset_name,
-            "skipped": self.skipped,
+            "label": plan.subtask,
+            "preset": plan.preset,
+            "skipped": plan.skipped,
             "within_beyond": within_beyond(records, adapter.train_length),
         }
         return records, summary

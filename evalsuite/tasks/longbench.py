@@ -37,7 +37,8 @@ from evalsuite.metrics import longbench as metrics
 from evalsuite.resources import builtin_dir, read_yaml
 from evalsuite.runs.rundir import RunDir
 from evalsuite.runs.store import file_sha256
-from evalsuite.tasks.base import RUNS_ROOT, Item, ItemTask, register_task, run_task
+from evalsuite.tasks.base import RUNS_ROOT, Item, ItemTask, Plan, register_task
+from evalsuite.tasks.runner import run_task
 
 FIRST_LINE_RULES = ("upstream", "fox")
 
@@ -68,6 +69,33 @@ class LongBenchConfig:
     max_samples: int | None = None  # per task, for quick runs
     batch_size: int = 1
     seed: int = 42  # upstream's seed_everything(42); greedy decoding does not depend on it
+
+    def __post_init__(self):
+        if not self.data:
+            raise UserError(
+                "LongBench needs --data DIR: a folder in the official layout (<task>.jsonl, <task>_e.jsonl)"
+            )
+        if self.first_line not in FIRST_LINE_RULES:
+            raise UserError(f"--first-line must be upstream or fox, got {self.first_line!r}")
+        if self.on_bad_record not in ON_BAD_RECORD:
+            raise UserError(f"--on-bad-record must be error or skip, got {self.on_bad_record!r}")
+        if self.batch_size < 1 or (self.max_samples is not None and self.max_samples < 1):
+            raise UserError("--batch-size and --max-samples must be at least 1")
+        if self.fuzzy is not None and self.fuzzy not in metrics.FUZZY_BACKENDS:
+            raise UserError(f"--fuzzy must be one of {', '.join(metrics.FUZZY_BACKENDS)}, got {self.fuzzy!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LongBenchPlan(Plan):
+    """The run resolved for one model: the task spec, the chosen ``tasks``, the prompt budget ``max_length``, the
+    code-similarity backend, the records to run and the notes on bad records ``skipped``."""
+
+    spec: dict
+    tasks: list[str]
+    max_length: int
+    fuzzy: str
+    records: list[LongBenchRecord]
+    skipped: list
 
 
 def resolve_tasks(names: list[str] | None, spec: dict, e: bool) -> list[str]:
@@ -103,77 +131,67 @@ class LongBenchTask(ItemTask):
     """LongBench v1 / LongBench-E: generate an answer per record, score it with the official metrics."""
 
     name = "longbench"
+    command = "longbench"
     Config = LongBenchConfig
 
-    def hashed_config(self, adapter: TextAdapter) -> dict:
+    def prepare(self, adapter: TextAdapter) -> LongBenchPlan:
         config = self.config
-        if not config.data:
-            raise UserError(
-                "LongBench needs --data DIR: a folder in the official layout (<task>.jsonl, <task>_e.jsonl)"
-            )
         if not Path(config.data).is_dir():
             raise UserError(f"LongBench data directory {config.data} does not exist")
-        if config.first_line not in FIRST_LINE_RULES:
-            raise UserError(f"--first-line must be upstream or fox, got {config.first_line!r}")
-        if config.on_bad_record not in ON_BAD_RECORD:
-            raise UserError(f"--on-bad-record must be error or skip, got {config.on_bad_record!r}")
-        if config.batch_size < 1 or (config.max_samples is not None and config.max_samples < 1):
-            raise UserError("--batch-size and --max-samples must be at least 1")
         if config.chat and not getattr(adapter.tokenizer, "has_chat_template", False):
             raise UserError(f"--chat needs a chat template; model {adapter.name}'s tokenizer has none")
-        self.fuzzy = config.fuzzy or metrics.DEFAULT_FUZZY
-        if self.fuzzy not in metrics.FUZZY_BACKENDS:
-            raise UserError(f"--fuzzy must be one of {', '.join(metrics.FUZZY_BACKENDS)}, got {self.fuzzy!r}")
-        self.spec = load_spec()
-        self.tasks = resolve_tasks(config.tasks, self.spec, config.e)
+        spec = load_spec()
+        tasks = resolve_tasks(config.tasks, spec, config.e)
         if config.max_length is not None:
-            self.max_length = config.max_length
+            max_length = config.max_length
         elif adapter.max_length is not None:
-            self.max_length = default_max_length(adapter.max_length)
+            max_length = default_max_length(adapter.max_length)
         else:
             raise UserError(f"model {adapter.name} has no max_length; pass --max-length")
-        files = [task_file(Path(config.data), t, config.e) for t in self.tasks]
-        self.records, self.skipped = [], []
-        for task in self.tasks:
-            records, bad = read_task(config.data, task, e=config.e, on_bad_record=config.on_bad_record)
-            self.records += records[: config.max_samples]
-            self.skipped += bad
-        hashed = {**asdict(config), "data": file_sha256(files), "tasks": self.tasks, "max_length": self.max_length}
-        return {**hashed, "fuzzy": self.fuzzy, "batch_size": None}
+        records, skipped = [], []
+        for task in tasks:
+            read, bad = read_task(config.data, task, e=config.e, on_bad_record=config.on_bad_record)
+            records += read[: config.max_samples]
+            skipped += bad
+        fuzzy = config.fuzzy or metrics.DEFAULT_FUZZY
+        data_sha256 = file_sha256([task_file(Path(config.data), t, config.e) for t in tasks])
+        hashed = {**asdict(config), "data": data_sha256, "tasks": tasks, "max_length": max_length, "fuzzy": fuzzy,
+                  "batch_size": None}  # fmt: skip
+        shown = {**hashed, "data": config.data, "data_sha256": data_sha256, "batch_size": config.batch_size}
+        return LongBenchPlan(config=hashed, shown=shown, spec=spec, tasks=tasks, max_length=max_length, fuzzy=fuzzy,
+                             records=records, skipped=skipped)  # fmt: skip
 
-    def shown_config(self, hashed: dict) -> dict:
-        return {**hashed, "data": self.config.data, "data_sha256": hashed["data"], "batch_size": self.config.batch_size}
-
-    def default_dir(self, adapter: TextAdapter, chash: str) -> Path:
+    def default_dir(self, plan: LongBenchPlan, adapter: TextAdapter, chash: str) -> Path:
         return RUNS_ROOT / "longbench" / f"{adapter.name}-{'e-' if self.config.e else ''}{chash}"
 
-    def items(self, adapter: TextAdapter) -> list[Item]:
-        return [Item((f"{r.task}|{r.index}|{r.id or ''}",), r) for r in self.records]
+    def items(self, plan: LongBenchPlan, adapter: TextAdapter) -> list[Item]:
+        return [Item((f"{r.task}|{r.index}|{r.id or ''}",), r) for r in plan.records]
 
-    def batches(self, adapter: TextAdapter, items: Sequence[Item]) -> list[list[Item]]:
+    def batches(self, plan: LongBenchPlan, adapter: TextAdapter, items: Sequence[Item]) -> list[list[Item]]:
         """The records :meth:`evaluate` generates for together: up to ``batch_size`` of one task, in order."""
         size = self.config.batch_size
         return [group[i : i + size] for group in _by_task(items).values() for i in range(0, len(group), size)]
 
-    def evaluate(self, adapter: TextAdapter, items: Sequence[Item], run: RunDir) -> Iterator[dict]:
+    def evaluate(self, plan: LongBenchPlan, adapter: TextAdapter, items: Sequence[Item], run: RunDir) -> Iterator[dict]:
         by_task = _by_task(items)
         size = self.config.batch_size
         for task, group in by_task.items():
-            spec = self.spec["tasks"][task]
-            chat = self.config.chat and task not in self.spec["no_chat"]
+            spec = plan.spec["tasks"][task]
+            chat = self.config.chat and task not in plan.spec["no_chat"]
             gen = GenerationConfig(max_new_tokens=int(spec["max_new_tokens"]), temperature=0.0, seed=self.config.seed)
             for start in range(0, len(group), size):
                 batch = group[start : start + size]
-                built = [build_prompt(spec["prompt"], it.data, adapter, self.max_length, chat) for it in batch]
+                built = [build_prompt(spec["prompt"], it.data, adapter, plan.max_length, chat) for it in batch]
                 outputs = adapter.generate_until([p for p, _, _ in built], gen)
                 for item, (_, n_tokens, truncated), out in zip(batch, built, outputs, strict=True):
-                    yield self._record(item, n_tokens, truncated, chat, out.text, run.config_hash)
+                    yield self._record(plan, item, n_tokens, truncated, chat, out.text, run.config_hash)
 
-    def _record(self, item: Item, n_tokens: int, truncated: bool, chat: bool, prediction: str, chash: str) -> dict:
+    def _record(self, plan: LongBenchPlan, item: Item, n_tokens: int, truncated: bool, chat: bool, prediction: str,
+                chash: str) -> dict:  # fmt: skip
         r: LongBenchRecord = item.data
         score = metrics.score_sample(
             r.task, prediction, list(r.answers), list(r.all_classes or []), first_line=self.config.first_line,
-            fuzzy=self.fuzzy,
+            fuzzy=plan.fuzzy,
         )  # fmt: skip
         return {
             "key": item.keys[0],
@@ -189,18 +207,18 @@ class LongBenchTask(ItemTask):
             "answers": list(r.answers),
             "all_classes": None if r.all_classes is None else list(r.all_classes),
             "first_line": self.config.first_line,
-            "fuzzy": self.fuzzy,
+            "fuzzy": plan.fuzzy,
             "scores": {"score": score},
             "config_hash": chash,
         }
 
-    def aggregate(self, rows: list[dict], adapter: TextAdapter, run: RunDir) -> tuple[list[dict], dict]:
+    def aggregate(self, plan: LongBenchPlan, rows: list[dict], adapter: TextAdapter, run: RunDir) -> tuple[list, dict]:
         """Per-task scores (×100, 2 d.p.) as long records, and upstream's ``result.json`` shape in the summary."""
         by_task: dict[str, list[dict]] = defaultdict(list)
         for row in rows:
             by_task[row["subtask"]].append(row)
         records, scores = [], {}
-        for task in self.tasks:
+        for task in plan.tasks:
             task_rows = by_task.get(task, [])
             if not task_rows:
                 continue
@@ -217,10 +235,10 @@ class LongBenchTask(ItemTask):
             "scores": scores,
             "e": self.config.e,
             "first_line": self.config.first_line,
-            "fuzzy": self.fuzzy,
-            "max_length": self.max_length,
+            "fuzzy": plan.fuzzy,
+            "max_length": plan.max_length,
             "truncated": sum(bool(row["truncated"]) for row in rows),
-            "skipped_records": self.skipped,
+            "skipped_records": plan.skipped,
         }
         return records, summary
 

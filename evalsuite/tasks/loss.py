@@ -1,10 +1,10 @@
 """Per-token loss curves (FoX paper, arXiv:2503.02130, §4.2 and Appendix C).
 
-One window of ``length`` tokens per document, BOS first: the model reads ``[BOS, x_0 .. x_{L-2}]`` and
-is scored on ``x_0 .. x_{L-1}``, so position ``i`` predicts ``x_i`` from ``i`` tokens of context (the
-FoX convention ``input_ids = roll(x, 1); input_ids[0] = BOS``). Documents shorter than the window are
-skipped and counted. With ``roll`` each window is rotated by a seeded random shift first (the
-LongCrawl64 convention that removes position bias).
+One window of ``length`` tokens per document (default 65536, or the model's ``max_length`` when shorter), BOS
+first: the model reads ``[BOS, x_0 .. x_{L-2}]`` and is scored on ``x_0 .. x_{L-1}``, so position ``i`` predicts
+``x_i`` from ``i`` tokens of context (the FoX convention ``input_ids = roll(x, 1); input_ids[0] = BOS``). Documents
+shorter than the window are skipped and counted. With ``roll`` each window is rotated by a seeded random shift first
+(the LongCrawl64 convention that removes position bias).
 
 Per-position NLL sums are kept in float64 with counts, accumulated one document at a time in corpus
 order, so the result does not depend on batch size or on where a run was interrupted. The state is
@@ -22,7 +22,7 @@ import itertools
 import math
 import zipfile
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -37,22 +37,39 @@ from evalsuite.runs.distributed import PeerFailed
 from evalsuite.runs.progress import progress_bar
 from evalsuite.runs.rundir import RunDir
 from evalsuite.runs.store import atomic_save_npz
-from evalsuite.tasks.base import Task, register_task, run_task
+from evalsuite.tasks.base import Plan, Task, register_task
+from evalsuite.tasks.runner import run_task
 from evalsuite.tokenizers import Tokenizer
 
 SYNTHETIC = "synthetic"
 LOSS_CURVE_FILE = "loss_per_token.npz"  # the per-position curve (report.records reads it)
 STATE_FILE = "state.npz"  # running sums while a run is in progress
+DEFAULT_LENGTH = 65536  # the FoX paper's evaluation length
 
 
 @dataclass
 class LossConfig:
     data: str = SYNTHETIC  # a file/directory of documents, or "synthetic" (the built-in corpus)
-    length: int = 65536
+    length: int | None = None  # window tokens, BOS included; None: DEFAULT_LENGTH, or the model's max_length if less
     max_docs: int | None = None
     roll: bool = False
     seed: int = 0
     batch_size: int = 1
+
+    def __post_init__(self):
+        if self.length is not None and self.length < 2:
+            raise UserError(f"--length must be at least 2, got {self.length}")
+        if self.max_docs is not None and self.max_docs < 1:
+            raise UserError(f"--max-docs must be at least 1, got {self.max_docs}")
+        if self.batch_size < 1:
+            raise UserError(f"--batch-size must be at least 1, got {self.batch_size}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LossPlan(Plan):
+    """``resolved``: the config with its window length set for the model."""
+
+    resolved: LossConfig
 
 
 def eval_lengths(length: int) -> list[int]:
@@ -208,76 +225,63 @@ class LossTask(Task):
     """Per-token loss over one window per document; keeps its own loop (running sums, resumable state)."""
 
     name = "loss"
+    command = "loss"
     needs = frozenset({TOKENS})
     Config = LossConfig
     reuse_finished = True
     shards = True
 
-    def hashed_config(self, adapter: TokenAdapter) -> dict:
+    def prepare(self, adapter: TokenAdapter) -> LossPlan:
         config = self.config
-        if config.length < 2:
-            raise UserError(f"--length must be at least 2, got {config.length}")
-        if config.max_docs is not None and config.max_docs < 1:
-            raise UserError(f"--max-docs must be at least 1, got {config.max_docs}")
-        if config.batch_size < 1:
-            raise UserError(f"--batch-size must be at least 1, got {config.batch_size}")
-        adapter.check_length(config.length)
+        length = config.length or min(DEFAULT_LENGTH, adapter.max_length or DEFAULT_LENGTH)
+        adapter.check_length(length)
         if adapter.tokenizer.bos_id is None:
             raise UserError(
                 f"tokenizer {adapter.tokenizer.spec} has no BOS token; the loss protocol starts each window with BOS"
             )
         if config.data != SYNTHETIC:
             corpus_files(Path(config.data))  # a bad path fails before the run directory is claimed
-        return asdict(config)
+        resolved = replace(config, length=length)
+        return LossPlan(config=asdict(resolved), resolved=resolved)
 
-    def execute(self, adapter: TokenAdapter, run: RunDir, progress: bool = True) -> list[dict]:
-        """Accumulate the sums (resuming from ``state.npz``); the rows are the long records of the result.
+    def execute(self, plan: LossPlan, adapter: TokenAdapter, run: RunDir, progress: bool = True) -> _State | None:
+        """Accumulate the sums (resuming from ``state.npz``); rank 0 returns them, with the curve written.
 
-        Under torchrun the batches are dealt round-robin, ``world.size`` at a time: each rank scores its batch, rank
-        0 gathers the NLL rows and adds them in corpus order, so the sums are bit for bit those of one process."""
-        finished = run.load_results()
-        if finished is not None and (run.path / LOSS_CURVE_FILE).exists():  # written before the shared shape
-            self._documents = finished["documents"]
-            return finished["records"]
-        config, world = self.config, run.world
+        The batches are dealt round-robin, ``world.size`` at a time: each rank scores its batch, rank 0 gathers the
+        NLL rows and adds them in corpus order, so the sums are bit for bit those of one process."""
+        config, world = plan.resolved, run.world
         state_path = run.path / STATE_FILE
-        main = world is None or world.is_main
-        state = (_State.load(state_path, config.length, run.config_hash) if main else None) or _State(config.length)
-        if world is not None:  # the other ranks walk the corpus from where rank 0's saved sums stop
-            state.next_doc, state.used, state.skipped = world.broadcast((state.next_doc, state.used, state.skipped))
+        saved = _State.load(state_path, config.length, run.config_hash) if world.is_main else None
+        state = saved or _State(config.length)
+        # the other ranks walk the corpus from where rank 0's saved sums stop
+        state.next_doc, state.used, state.skipped = world.broadcast((state.next_doc, state.used, state.skipped))
         n_docs, docs = documents(config)
         walk = _Walk(config, adapter.tokenizer, docs, state)
         total = n_docs if config.max_docs is None else min(config.max_docs, n_docs)  # short documents are skipped
         with progress_bar(total, f"loss {adapter.name}", enabled=progress, completed=state.used) as bar:
-            if world is None:
-                for batch in walk:
-                    state.add(_nll(adapter, batch), batch)
+            batches = iter(walk)
+            while step := list(itertools.islice(batches, world.size)):  # the same step on every rank
+                mine = step[world.rank] if world.rank < len(step) else None
+                rows = world.gather(_nll(adapter, mine) if mine is not None else None)
+                if world.is_main:
+                    for batch, nll in zip(step, rows, strict=False):
+                        state.add(nll, batch)
+                        bar.advance(len(batch.windows))
                     state.save(state_path, run.config_hash)
-                    bar.advance(len(batch.windows))
-            else:
-                batches = iter(walk)
-                while step := list(itertools.islice(batches, world.size)):  # the same step on every rank
-                    mine = step[world.rank] if world.rank < len(step) else None
-                    rows = world.gather(_nll(adapter, mine) if mine is not None else None)
-                    if main:
-                        for batch, nll in zip(step, rows, strict=False):
-                            state.add(nll, batch)
-                            bar.advance(len(batch.windows))
-                        state.save(state_path, run.config_hash)
         state.skipped = walk.skipped
         if walk.used == 0:  # (only rank 0 adds up the sums; every rank walks the same documents)
-            if main:
+            if world.is_main:
                 state_path.unlink(missing_ok=True)
             message = f"no document has at least {config.length} tokens ({state.skipped} too short)"
-            raise UserError(message) if main else PeerFailed(message, user_error=True)
-        if not main:
-            return []
+            raise UserError(message) if world.is_main else PeerFailed(message, user_error=True)
+        if not world.is_main:
+            return None
         atomic_save_npz(run.path / LOSS_CURVE_FILE, loss_per_token=state.sum / state.count, count=state.count)
-        self._documents = {"used": state.used, "skipped_too_short": state.skipped}
-        return summarize(state.sum, state.count, adapter.name, state.used)
+        return state
 
-    def aggregate(self, rows: list[dict], adapter: TokenAdapter, run: RunDir) -> tuple[list[dict], dict]:
-        return rows, {"documents": self._documents}
+    def aggregate(self, plan: LossPlan, state: _State, adapter: TokenAdapter, run: RunDir) -> tuple[list, dict]:
+        records = summarize(state.sum, state.count, adapter.name, state.used)
+        return records, {"documents": {"used": state.used, "skipped_too_short": state.skipped}}
 
     def finished(self, run: RunDir) -> None:
         (run.path / STATE_FILE).unlink(missing_ok=True)  # the sums live on in loss_per_token.npz

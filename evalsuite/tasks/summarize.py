@@ -52,7 +52,8 @@ from evalsuite.metrics.rouge import bootstrap_cis, bpe_rouge, lead_sentence, rou
 from evalsuite.runs.provenance import git_commit
 from evalsuite.runs.rundir import RunDir
 from evalsuite.runs.store import file_sha256
-from evalsuite.tasks.base import RUNS_ROOT, Item, ItemTask, register_task, run_task
+from evalsuite.tasks.base import RUNS_ROOT, Item, ItemTask, Plan, register_task
+from evalsuite.tasks.runner import run_task
 from evalsuite.tokenizers import Tokenizer
 
 TEMPLATES = ("drt", "chat")
@@ -85,6 +86,22 @@ class SummarizeConfig:
     confidence: float = 0.95
     batch_size: int = 4
     seed: int = 0  # sampling and bootstrap
+
+    def __post_init__(self):
+        if not self.data:
+            raise UserError("summarize needs data=FILE.jsonl (one {document, summary} object per line)")
+        if self.template not in TEMPLATES:
+            raise UserError(f"unknown summarization template {self.template!r}; use {', '.join(TEMPLATES)}")
+        if self.max_new_tokens < 1 or self.batch_size < 1 or (self.max_docs is not None and self.max_docs < 1):
+            raise UserError("max_new_tokens, batch_size and max_docs must be at least 1")
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+            raise UserError("temperature must be >= 0, top_p in (0, 1] and top_k >= 0")
+        if self.bootstrap_samples < 0 or not 0 < self.confidence < 1:
+            raise UserError("bootstrap_samples must be >= 0 and confidence in (0, 1)")
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if not all(isinstance(s, str) and s for s in self.stop):
+            raise UserError("stop must be a list of non-empty strings")
 
 
 @dataclass(frozen=True)
@@ -216,21 +233,15 @@ def sample_seed(seed: int, key: str) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-def validate(config: SummarizeConfig) -> None:
-    if not config.data:
-        raise UserError("summarize needs data=FILE.jsonl (one {document, summary} object per line)")
-    if config.template not in TEMPLATES:
-        raise UserError(f"unknown summarization template {config.template!r}; use {', '.join(TEMPLATES)}")
-    if config.max_new_tokens < 1 or config.batch_size < 1 or (config.max_docs is not None and config.max_docs < 1):
-        raise UserError("max_new_tokens, batch_size and max_docs must be at least 1")
-    if config.temperature < 0 or not 0 < config.top_p <= 1 or config.top_k < 0:
-        raise UserError("temperature must be >= 0, top_p in (0, 1] and top_k >= 0")
-    if config.bootstrap_samples < 0 or not 0 < config.confidence < 1:
-        raise UserError("bootstrap_samples must be >= 0 and confidence in (0, 1)")
-    if isinstance(config.stop, str):
-        config.stop = [config.stop]
-    if not all(isinstance(s, str) and s for s in config.stop):
-        raise UserError("stop must be a list of non-empty strings")
+@dataclass(frozen=True, kw_only=True)
+class SummarizePlan(Plan):
+    """The run resolved for one model: the prompt renderer, the prompt token budget, the documents and the data
+    file's sha256."""
+
+    render: Callable[[str], str]
+    budget: int | None
+    docs: list[Doc]
+    data_sha256: str
 
 
 @register_task
@@ -238,35 +249,33 @@ class SummarizeTask(ItemTask):
     """Summaries of a JSONL file's documents, scored with ROUGE; the lead-1 baseline beside them."""
 
     name = "summarize"
+    command = "summarize"
     Config = SummarizeConfig
 
-    def hashed_config(self, adapter: TextAdapter) -> dict:
+    def prepare(self, adapter: TextAdapter) -> SummarizePlan:
         config = self.config
-        validate(config)
-        self.render = renderer(config.template, adapter.tokenizer, config.instruction)
-        self.budget = prompt_budget(config, adapter.max_length)
-        self.docs = load_documents(
-            config.data, config.document_field, config.summary_field, config.id_field, config.max_docs
-        )
-        self.data_sha256 = file_sha256([Path(config.data)])
+        render = renderer(config.template, adapter.tokenizer, config.instruction)
+        budget = prompt_budget(config, adapter.max_length)
+        docs = load_documents(config.data, config.document_field, config.summary_field, config.id_field,
+                              config.max_docs)  # fmt: skip
+        data_sha256 = file_sha256([Path(config.data)])
         hashed = {k: v for k, v in asdict(config).items() if k not in UNHASHED}
-        hashed["data"] = self.data_sha256  # the content, not where it lies
+        hashed["data"] = data_sha256  # the content, not where it lies
         if config.template != "chat":
             hashed["instruction"] = None
-        return hashed
+        shown = {**asdict(config), "data": str(config.data), "data_sha256": data_sha256}
+        return SummarizePlan(config=hashed, shown=shown, render=render, budget=budget, docs=docs,
+                             data_sha256=data_sha256)  # fmt: skip
 
-    def default_dir(self, adapter: TextAdapter, chash: str) -> Path:
+    def default_dir(self, plan: SummarizePlan, adapter: TextAdapter, chash: str) -> Path:
         return RUNS_ROOT / self.name / f"{adapter.name}-{self.config.template}-{chash}"
 
-    def shown_config(self, hashed: dict) -> dict:
-        return {**asdict(self.config), "data": str(self.config.data), "data_sha256": self.data_sha256}
+    def items(self, plan: SummarizePlan, adapter: TextAdapter) -> list[Item]:
+        return [Item((doc.key,), doc) for doc in plan.docs]
 
-    def items(self, adapter: TextAdapter) -> list[Item]:
-        return [Item((doc.key,), doc) for doc in self.docs]
-
-    def batches(self, adapter: TextAdapter, items: Sequence[Item]) -> list[list[Item]]:
+    def batches(self, plan: SummarizePlan, adapter: TextAdapter, items: Sequence[Item]) -> list[list[Item]]:
         """The documents :meth:`evaluate` summarises together (the prompt lengths decide them when greedy)."""
-        jobs = [(it, fit_prompt(it.data.document, self.render, adapter.tokenizer, self.budget)) for it in items]
+        jobs = [(it, fit_prompt(it.data.document, plan.render, adapter.tokenizer, plan.budget)) for it in items]
         return [[it for it, _ in batch] for batch in self._batches(jobs)]
 
     def _batches(self, jobs: list[tuple]) -> list[list[tuple]]:
@@ -278,9 +287,9 @@ class SummarizeTask(ItemTask):
         size = 1 if sampling else self.config.batch_size
         return [jobs[i : i + size] for i in range(0, len(jobs), size)]
 
-    def evaluate(self, adapter: TextAdapter, items: Sequence[Item], run: RunDir) -> Iterator[dict]:
+    def evaluate(self, plan: SummarizePlan, adapter: TextAdapter, items: Sequence[Item], run: RunDir) -> Iterator[dict]:
         config, tok = self.config, adapter.tokenizer
-        jobs = [(it.data, fit_prompt(it.data.document, self.render, tok, self.budget)) for it in items]
+        jobs = [(it.data, fit_prompt(it.data.document, plan.render, tok, plan.budget)) for it in items]
         sampling = config.temperature > 0
         for batch in self._batches(jobs):
             seed = sample_seed(config.seed, batch[0][0].key) if sampling else config.seed
@@ -294,9 +303,9 @@ class SummarizeTask(ItemTask):
             )
             generations = adapter.generate_until([p.text for _, p in batch], gen_config)
             for (doc, prompt), gen in zip(batch, generations, strict=True):
-                yield self._record(adapter, run, doc, prompt, gen, gen_config)
+                yield self._record(plan, adapter, run, doc, prompt, gen, gen_config)
 
-    def _record(self, adapter, run, doc: Doc, prompt: Prompt, gen, gen_config: GenerationConfig) -> dict:
+    def _record(self, plan: SummarizePlan, adapter, run, doc: Doc, prompt: Prompt, gen, gen_config) -> dict:
         prediction = gen.text.strip()
         scores = rouge_scores(prediction, doc.reference)
         if self.config.bpe_rouge:
@@ -329,12 +338,12 @@ class SummarizeTask(ItemTask):
             "provenance": {
                 **adapter.identity(),
                 "data": f"{self.config.data}:{doc.line}",
-                "data_sha256": self.data_sha256,
+                "data_sha256": plan.data_sha256,
                 "git_commit": git_commit(),
             },
         }
 
-    def aggregate(self, rows: list[dict], adapter: TextAdapter, run: RunDir) -> tuple[list[dict], dict]:
+    def aggregate(self, plan: SummarizePlan, rows: list[dict], adapter: TextAdapter, run: RunDir) -> tuple[list, dict]:
         config = self.config
         metrics = list(rows[0]["scores"]) if rows else []
         cis = self._cis({m: [r["scores"][m] for r in rows] for m in metrics})
@@ -355,7 +364,7 @@ class SummarizeTask(ItemTask):
         ]
         lead = None
         if config.lead_baseline and rows:
-            by_key = {d.key: d for d in self.docs}
+            by_key = {d.key: d for d in plan.docs}
             lead_scores = [rouge_scores(lead_sentence(by_key[r["key"]].document), r["reference"]) for r in rows]
             lead = self._cis({m: [s[m] for s in lead_scores] for m in lead_scores[0]})
         summary = {

@@ -241,6 +241,38 @@ def _stage_config(config: LMTrainConfig, steps: int) -> TrainConfig:
     )
 
 
+def _split_held_out(config: LMTrainConfig, tokenizer: Tokenizer, heldout: str | None):
+    """(training tokens, held-out rows ``[eval_rows, seq_len + 1]``, held-out passkey/2-hop rows scored on their
+    answers or None): the held-out text is ``heldout``'s start, or else the training corpus's tail, kept apart."""
+    tokens = corpus_tokens(config.corpus, tokenizer, config.max_tokens)
+    T, n_eval = config.seq_len, config.eval_rows
+    if heldout is None:  # keep the tail for evaluation
+        held, tokens = tokens[-n_eval * (T + 1) :], tokens[: -n_eval * (T + 1)]
+    else:
+        held = corpus_tokens(heldout, tokenizer, n_eval * (T + 1))
+    if len(held) < n_eval * (T + 1):
+        raise UserError(f"held-out corpus too short for {n_eval} rows of {T + 1} tokens")
+    rows = torch.from_numpy(held[: n_eval * (T + 1)].astype(np.int64)).view(n_eval, T + 1)
+    retrieval = None
+    if config.finetune_steps or config.pretrain_retrieval_rows:  # passkey/2-hop rows on the held-out text, answers
+        retrieval = next(retrieval_batches(held, tokenizer, T, n_eval, config.seed + 2, answer_only=True))
+    return tokens, rows, retrieval
+
+
+def _initial_model(card: ModelCard, seed: int, init: Path | str | None) -> torch.nn.Module:
+    """``card``'s model from its random init, or from the checkpoint ``init`` (which must hold that architecture)."""
+    from evalsuite.models.checkpoint import load_checkpoint, read_config
+
+    if init is None:
+        return build_model(card, seed=seed)
+    model, _ = load_checkpoint(Path(init))
+    stored = read_config(Path(init)).get("architecture")  # ours name it; a released layout names its family
+    if stored not in (None, card.architecture) or not isinstance(model, card.family.model_cls):
+        raise UserError(f"checkpoint {init} holds a {stored or type(model).__name__}, not a {card.architecture} "
+                        "model")  # fmt: skip
+    return model
+
+
 def train_lm(
     card: ModelCard,
     config: LMTrainConfig,
@@ -257,32 +289,13 @@ def train_lm(
     ``save_dtype``), ``out_dir/pretrained`` (the same, when pre-training is followed by fine-tuning),
     ``out_dir/train.json`` (config, history, held-out scores, provenance) and return the latter.
     ``heldout``: a corpus for the held-out rows (default: the training corpus's last windows, not trained on)."""
-    from evalsuite.models.checkpoint import load_checkpoint, read_config, save_checkpoint
+    from evalsuite.models.checkpoint import save_checkpoint
 
     device = torch.device(device)
     tokenizer = get_tokenizer(card.tokenizer)
-    tokens = corpus_tokens(config.corpus, tokenizer, config.max_tokens)
-    T, n_eval = config.seq_len, config.eval_rows
-    if heldout is None:  # keep the tail for evaluation
-        held, tokens = tokens[-n_eval * (T + 1) :], tokens[: -n_eval * (T + 1)]
-    else:
-        held = corpus_tokens(heldout, tokenizer, n_eval * (T + 1))
-    if len(held) < n_eval * (T + 1):
-        raise UserError(f"held-out corpus too short for {n_eval} rows of {T + 1} tokens")
-    rows = torch.from_numpy(held[: n_eval * (T + 1)].astype(np.int64)).view(n_eval, T + 1)
-    retrieval = None
-    if config.finetune_steps or config.pretrain_retrieval_rows:  # passkey/2-hop rows on the held-out text, answers
-        retrieval = next(retrieval_batches(held, tokenizer, T, n_eval, config.seed + 2, answer_only=True))
-
-    if init is None:
-        model = build_model(card, seed=config.seed)
-    else:
-        model, _ = load_checkpoint(Path(init))
-        stored = read_config(Path(init)).get("architecture")  # ours name it; a released layout names its family
-        if stored not in (None, card.architecture) or not isinstance(model, card.family.model_cls):
-            raise UserError(f"checkpoint {init} holds a {stored or type(model).__name__}, not a {card.architecture} "
-                            "model")  # fmt: skip
-    model = model.to(device).train()
+    tokens, rows, retrieval = _split_held_out(config, tokenizer, heldout)
+    T = config.seq_len
+    model = _initial_model(card, config.seed, init).to(device).train()
     answer_only = config.finetune_loss == "answer"
     mixed = config.pretrain_retrieval_rows
     batches = lm_batches(tokens, T, config.batch_size - mixed, config.seed)

@@ -326,18 +326,7 @@ def train(
     start = saved - resumed  # so that times count the resumed run's seconds too
     snapshot_every = SNAPSHOT_EVERY_S if snapshot_every_s is None else snapshot_every_s
     loss_count = 0
-    metric = config.early_stop_metric
     model.train()
-
-    def run_eval(step: int, entry: dict) -> bool:
-        """Evaluate, note it in ``entry``; True when the early-stop threshold is crossed."""
-        scores = evaluate(model)
-        result.final_eval = {"step": step, **scores}
-        if result.best_eval is None or scores[metric] > result.best_eval[metric]:
-            result.best_eval = {"step": step, **scores}
-        entry.update({f"eval_{k}": v for k, v in scores.items()})
-        return config.early_stop is not None and scores[metric] > config.early_stop
-
     for step in range(result.steps, config.max_steps):
         lr = lr_at(step, config)
         inputs, labels = next(batches)
@@ -351,16 +340,9 @@ def train(
         do_eval = evaluate is not None and ((step + 1) % config.eval_every == 0 or last)
         if not ((step + 1) % config.log_every == 0 or do_eval or last):
             continue
-        mean_loss = (stepper.loss_sum / loss_count).item()  # the one host-device sync per log step
-        entry = {"step": step + 1, "lr": lr, "loss": mean_loss, "grad_norm": float(stepper.grad_norm)}
-        stepper.loss_sum.zero_()
+        entry = {"step": step + 1, "lr": lr, **_mean_loss(stepper, loss_count)}
         loss_count = 0
-        stop = False
-        if not math.isfinite(mean_loss):
-            result.diverged = stop = True
-        if evaluate is not None and (do_eval or stop):
-            stop = run_eval(step + 1, entry) or stop
-            result.stopped_early = stop and not result.diverged
+        stop = _check_step(model, evaluate, do_eval, config, result, entry)
         entry["seconds"] = time.perf_counter() - start
         result.history.append(entry)
         if stop:
@@ -370,11 +352,43 @@ def train(
             _save(snapshot, model, optimizer, result)
             saved = time.perf_counter()
     if evaluate is not None and result.final_eval is None:
-        run_eval(result.steps, {})
+        _evaluate(model, evaluate, config, result, {"step": result.steps})
     result.seconds = time.perf_counter() - start
     if snapshot is not None:
         snapshot.unlink(missing_ok=True)
     return result
+
+
+def _mean_loss(stepper, count: int) -> dict:
+    """The mean training loss of the last ``count`` steps and the last gradient norm; restarts the loss sum."""
+    loss = (stepper.loss_sum / count).item()  # the one host-device sync per log step
+    stepper.loss_sum.zero_()
+    return {"loss": loss, "grad_norm": float(stepper.grad_norm)}
+
+
+def _check_step(model: nn.Module, evaluate, do_eval: bool, config: TrainConfig, result: TrainResult,
+                entry: dict) -> bool:  # fmt: skip
+    """At a log step (``entry``: its step, loss, ...): note divergence, evaluate when due (or diverged); True when
+    training stops (diverged, or the early-stop threshold crossed)."""
+    stop = False
+    if not math.isfinite(entry["loss"]):
+        result.diverged = stop = True
+    if evaluate is not None and (do_eval or stop):
+        stop = _evaluate(model, evaluate, config, result, entry) or stop
+        result.stopped_early = stop and not result.diverged
+    return stop
+
+
+def _evaluate(model: nn.Module, evaluate, config: TrainConfig, result: TrainResult, entry: dict) -> bool:
+    """Evaluate at ``entry["step"]``, note it in ``result`` and ``entry``; True when the early-stop threshold is
+    crossed."""
+    metric, step = config.early_stop_metric, entry["step"]
+    scores = evaluate(model)
+    result.final_eval = {"step": step, **scores}
+    if result.best_eval is None or scores[metric] > result.best_eval[metric]:
+        result.best_eval = {"step": step, **scores}
+    entry.update({f"eval_{k}": v for k, v in scores.items()})
+    return config.early_stop is not None and scores[metric] > config.early_stop
 
 
 def _save(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, result: TrainResult) -> None:

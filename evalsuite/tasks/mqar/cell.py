@@ -23,6 +23,7 @@ from evalsuite.runs.store import config_hash
 from evalsuite.tasks.mqar.sweep import Cell, MQARSweep, cell_config, data_config, resolve_model
 from evalsuite.training.train import (
     IGNORE_INDEX,
+    TrainResult,
     autocast,
     autocast_dtype,
     build_model,
@@ -95,10 +96,8 @@ def run_cell(
     where its last snapshot left it instead of from step 0."""
     card = resolve_model(cell.model)
     config = cell_config(sweep, cell, card)
-    sweep, seed = sweep.for_variant(cell.variant), cell.training_seed(sweep)
-    chash = config_hash(config)
-    overrides = config["model"]["overrides"]
-    model = build_model(card, overrides, seed=seed).to(device)
+    sweep, seed = sweep.for_variant(cell.variant), config["init_seed"]
+    model = build_model(card, config["model"]["overrides"], seed=seed).to(device)
     model.set_attention_backend(attention)
     tcfg = sweep.train_config(cell.lr, cell.seq_len)
     amp_dtype = autocast_dtype(tcfg.amp, device)
@@ -108,17 +107,30 @@ def run_cell(
     batches = shuffled_batches(train_x, train_y, sweep.batch_for(cell.seq_len), order_rng)
     test_batches = fixed_batches(test_x, test_y, sweep.eval_batch_size)
 
-    def evaluate(m):  # accuracy, and how open FoX's and GSA's gates are (for the gates' role in learning)
+    def evaluate(m):  # accuracy, and how open FoX's and GSA's gates are (the gates' role in learning)
         with autocast(amp_dtype, device):  # as the accuracy is measured (FoX's Triton kernel takes bf16 only)
             gates = forget_gate_stats(m, test_x[:GATE_STATS_EXAMPLES])
         return {**masked_accuracy(m, test_batches(), amp_dtype), **gates}
 
     # Static shapes for the graph: every MQAR row has its kv pairs' queries labelled, the same count per setting.
     loss_fn = functools.partial(gathered_cross_entropy, labels_per_row=int((train_y != IGNORE_INDEX).sum(1).max()))
-    snapshot = None if snapshot_dir is None else Path(snapshot_dir) / f"{chash}.pt"
+    snapshot = None if snapshot_dir is None else Path(snapshot_dir) / f"{config_hash(config)}.pt"
     result = train(model, batches, tcfg, evaluate=evaluate, loss_fn=loss_fn, on_step=on_step,
                    cuda_graph=cuda_graph, compile=compile, snapshot=snapshot)  # fmt: skip
     state = decode_state_size(model, cell.seq_len, amp_dtype or torch.float32)
+    dtype = "bfloat16 autocast" if amp_dtype is not None else "float32"
+    prov = provenance(device=device_name(device), dtype=dtype, attention=attention, seed=seed, cuda_graph=cuda_graph,
+                      compile=compile)  # fmt: skip
+    return cell_record(cell, config, card.architecture, model, result, state, prov)
+
+
+def cell_record(cell: Cell, config: dict, architecture: str, model: torch.nn.Module, result: TrainResult,
+                state: dict | None, prov: dict) -> dict:  # fmt: skip
+    """The long-format record of a trained cell (``config``: :func:`cell_config`'s, whose hash keys it), with the
+    MQAR fields the report plots and the training history; ``state``: the model's decode state size or None."""
+    chash = config_hash(config)
+    overrides = config["model"]["overrides"]
+    seed = config["init_seed"]
     final = result.final_eval or {}
     return {
         "model": cell.model,
@@ -130,7 +142,7 @@ def run_cell(
         "metric": "accuracy",
         "value": final.get("accuracy"),
         "n": final.get("n"),
-        "architecture": card.architecture,
+        "architecture": architecture,
         "variant": cell.variant or None,
         "seed": seed,
         "d_model": cell.d_model,
@@ -154,14 +166,7 @@ def run_cell(
         "key": chash,
         "config_hash": chash,
         "config": config,
-        "provenance": provenance(
-            device=device_name(device),
-            dtype="bfloat16 autocast" if amp_dtype is not None else "float32",
-            attention=attention,
-            seed=seed,
-            cuda_graph=cuda_graph,
-            compile=compile,
-        ),
+        "provenance": prov,
     }
 
 

@@ -2,7 +2,7 @@
 keys each cell's record.
 
 A cell's config hash (:func:`cell_config`) is what a rerun compares against ``records.jsonl``, so its content must
-not change: run directories written before (e.g. ``results/mqar/gsa-paper``) resume on it, training nothing.
+not change: run directories written before (e.g. ``results/mqar/zoology-fig2``) resume on it, training nothing.
 """
 
 from __future__ import annotations

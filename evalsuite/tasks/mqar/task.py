@@ -1,4 +1,4 @@
-"""The MQAR task on the runner (:func:`evalsuite.tasks.base.run_task`): train every pending cell of a sweep.
+"""The MQAR task on the runner (:func:`evalsuite.tasks.runner.run_task`): train every pending cell of a sweep.
 
 MQAR needs no adapter: it trains its own models (``needs`` is empty, ``run_task(task, None, out_dir)``). A run
 directory is a collection of cells from any sweep: rerunning a preset after a new architecture lands adds its rows,
@@ -16,8 +16,9 @@ import contextlib
 import functools
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -27,7 +28,7 @@ from evalsuite.runs.provenance import device_name, provenance
 from evalsuite.runs.rundir import RunDir, ShardFollower
 from evalsuite.runs.store import config_hash
 from evalsuite.runtime import resolve_device
-from evalsuite.tasks.base import Task, register_task, run_task
+from evalsuite.tasks.base import Plan, Task, register_task
 from evalsuite.tasks.mqar.cell import cell_handler
 from evalsuite.tasks.mqar.sweep import (
     Cell,
@@ -35,13 +36,38 @@ from evalsuite.tasks.mqar.sweep import (
     cell_config,
     default_run_dir,
     hashes_at_smaller_budgets,
+    load_preset,
     resolve_model,
     sweep_cells,
 )
 from evalsuite.tasks.mqar_summary import best_records, cell_key, finished_keys, latest_cells, shared_provenance
+from evalsuite.tasks.runner import run_task
 from evalsuite.training.pool import run_pool
 
 SNAPSHOT_DIR = "partial"  # in the run directory: snapshots of cells in training (training.train.train's snapshot)
+DEFAULT_PRESET = "ci"  # the sweep `evalsuite mqar` and `evalsuite run mqar` start from
+# MQARTask's options besides the sweep (``evalsuite run mqar --set device=cpu``)
+RUN_OPTIONS = ("device", "attention", "workers", "threads", "cuda_graph", "compile", "time_limit")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MQARPlan(Plan):
+    """The sweep resolved for this machine: the device, whether steps are CUDA graphs and compiled, every cell in
+    run order and its config hash (a cell's record key)."""
+
+    device: torch.device
+    cuda_graph: bool
+    compile: bool
+    cells: list[Cell]
+    hashes: list[str]
+
+
+class SweepOutcome(NamedTuple):
+    """What a run of the sweep leaves for the aggregate: the latest record of every cell in the directory, and the
+    error messages of the cells that failed (every rank's)."""
+
+    rows: list[dict]
+    errors: list[str]
 
 
 @register_task
@@ -54,6 +80,7 @@ class MQARTask(Task):
     for the default directory and the summary) and ``on_record(record)`` (called after each finished cell)."""
 
     name = "mqar"
+    command = "mqar"
     needs = frozenset()
     Config = MQARSweep
     shards = True  # under torchrun each rank trains its own cells (its device: cuda:LOCAL_RANK)
@@ -77,23 +104,34 @@ class MQARTask(Task):
         self.device, self.attention, self.workers, self.threads = device, attention, workers, threads
         self.cuda_graph, self.compile = cuda_graph, compile
         self.time_limit, self.preset, self.on_record = time_limit, preset, on_record
-        self._errors: list[str] = []
-        self._shared: dict = {}
+
+    @classmethod
+    def from_options(cls, options: dict) -> MQARTask:
+        """``evalsuite run mqar --set KEY=VALUE``: ``preset`` (default ci, as ``evalsuite mqar``), the options of
+        :data:`RUN_OPTIONS`, and sweep fields applied over the preset."""
+        known = {f.name for f in fields(MQARSweep)} | {"preset", *RUN_OPTIONS}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise UserError(f"task mqar: unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        changes = dict(options)
+        preset = changes.pop("preset", DEFAULT_PRESET)
+        run_options = {k: changes.pop(k) for k in RUN_OPTIONS if k in changes}
+        return cls(MQARSweep.from_dict({**load_preset(preset).to_dict(), **changes}), preset=preset, **run_options)
 
     # -- the plan, validated before the run directory is claimed ---------------------------------------------
 
-    def hashed_config(self, adapter) -> dict:
-        """``{}``: a run directory collects cells of any sweep (see the module docstring). Validates the plan: the
-        device, every model (a meta-device build at each width) and the attention backend of each family."""
-        self._device = resolve_device(self.device)
-        on_cuda = self._device.type == "cuda"
-        self.cuda_graph = on_cuda if self.cuda_graph is None else self.cuda_graph
-        self.compile = on_cuda if self.compile is None else self.compile
-        if self.cuda_graph and not on_cuda:
-            raise UserError(f"CUDA graphs need a CUDA device, not {self._device}")
+    def prepare(self, adapter) -> MQARPlan:
+        """Config ``{}``: a run directory collects cells of any sweep (see the module docstring). Checks the device,
+        every model (a meta-device build at each width) and the attention backend of each family."""
+        device = resolve_device(self.device)
+        on_cuda = device.type == "cuda"
+        cuda_graph = on_cuda if self.cuda_graph is None else self.cuda_graph
+        compile = on_cuda if self.compile is None else self.compile
+        if cuda_graph and not on_cuda:
+            raise UserError(f"CUDA graphs need a CUDA device, not {device}")
         sweep = self.config
-        self._cells = sweep_cells(sweep)
-        cards = {name: resolve_model(name) for name in dict.fromkeys(c.model for c in self._cells)}
+        cells = sweep_cells(sweep)
+        cards = {name: resolve_model(name) for name in dict.fromkeys(c.model for c in cells)}
         for name, card in cards.items():
             for d in sweep.d_models:
                 with torch.device("meta"):
@@ -102,44 +140,44 @@ class MQARTask(Task):
                     module.set_attention_backend(self.attention)
                 except UserError as e:
                     raise UserError(f"MQAR model {name}: {e}") from None
-        self._hashes = [config_hash(cell_config(sweep, c, cards[c.model])) for c in self._cells]
-        return {}
+        hashes = [config_hash(cell_config(sweep, c, cards[c.model])) for c in cells]
+        return MQARPlan(config={}, device=device, cuda_graph=cuda_graph, compile=compile, cells=cells, hashes=hashes)
 
-    def default_dir(self, adapter, chash: str) -> Path:
+    def default_dir(self, plan: MQARPlan, adapter, chash: str) -> Path:
         return default_run_dir(self.config, self.preset)
 
-    def provenance_extra(self) -> dict:
-        return {**self._shared, "summary": provenance(device=device_name(self._device))}
+    def provenance_extra(self, plan: MQARPlan, outcome: SweepOutcome) -> dict:
+        # the numbers come from the records: what they all share
+        return {**shared_provenance(outcome.rows), "summary": provenance(device=device_name(plan.device))}
 
     # -- the work ----------------------------------------------------------------------------------------------
 
-    def execute(self, adapter, run: RunDir, progress: bool = True) -> list[dict]:
-        """Train the cells not in ``run`` yet, appending each record as it finishes; the rows are the latest record
-        of every cell in the directory (this sweep's and any other's)."""
+    def execute(self, plan: MQARPlan, adapter, run: RunDir, progress: bool = True) -> SweepOutcome | None:
+        """Train this rank's share of the cells not in ``run`` yet, appending each record as it finishes; rank 0
+        returns the latest record of every cell in the directory (this sweep's and any other's) and every rank's
+        failed cells."""
         world = run.world
         # every rank works out the same reuses from records.jsonl; one writes them
-        reused = self._reuse_early_stops(run, write=world is None or world.is_main)
+        reused = self._reuse_early_stops(plan, run, write=world.is_main)
         done = finished_keys(run.records()) | reused
-        pending = [(i, c) for i, (c, h) in enumerate(zip(self._cells, self._hashes, strict=True)) if h not in done]
+        pending = [(i, c) for i, (c, h) in enumerate(zip(plan.cells, plan.hashes, strict=True)) if h not in done]
         deadline = None if self.time_limit is None else time.time() + self.time_limit
         threads = torch.get_num_threads()
-        if self._device.type == "cpu" and self.config.cpu_threads:
+        if plan.device.type == "cpu" and self.config.cpu_threads:
             # Tiny models gain little from more threads, and OpenMP threads that wait on each other slow to a
             # crawl when other processes share the cores.
             torch.set_num_threads(self.config.cpu_threads)
         try:
-            self._errors = self._train(run, pending, deadline, progress)
+            errors = self._train(plan, run, pending, deadline, progress)
         finally:
             torch.set_num_threads(threads)
-        if world is not None:  # every rank's failed cells, and their records in records.jsonl, on rank 0
-            errors = world.gather(self._errors)
-            if not world.is_main:
-                return []
-            self._errors = [e for rank_errors in errors for e in rank_errors]
-            run.merge_shards(order=self._hashes)
-        return latest_cells(run.records())
+        errors = world.gather(errors)  # every rank's failed cells, and their records in records.jsonl, on rank 0
+        if not world.is_main:
+            return None
+        run.merge_shards(order=plan.hashes)
+        return SweepOutcome(latest_cells(run.records()), [e for rank_errors in errors for e in rank_errors])
 
-    def _reuse_early_stops(self, run: RunDir, write: bool = True) -> set[str]:
+    def _reuse_early_stops(self, plan: MQARPlan, run: RunDir, write: bool = True) -> set[str]:
         """Record, for each pending cell, a run of it under a smaller step budget that stopped early (solved), as
         :func:`hashes_at_smaller_budgets` allows; the copy names its origin (``reused_from``). Returns the keys of
         the cells so recorded (``write=False``: only works them out)."""
@@ -149,7 +187,7 @@ class MQARTask(Task):
         keys: set[str] = set()
         if not budgets:
             return keys
-        for cell, chash in zip(self._cells, self._hashes, strict=True):
+        for cell, chash in zip(plan.cells, plan.hashes, strict=True):
             if chash in records:
                 continue
             for old, budget in hashes_at_smaller_budgets(self.config, cell, budgets).items():
@@ -163,17 +201,18 @@ class MQARTask(Task):
                     break
         return keys
 
-    def _train(self, run: RunDir, pending: list[tuple[int, Cell]], deadline: float | None, progress: bool) -> list:
-        """Run the pending cells (under torchrun: this rank's share) through the worker pool; the parent appends
-        every record (no file locking). Returns the error messages of failed cells (in subprocesses; in-process a
-        failure raises). Rank 0's bar counts the steps of its own cells as they go and the cells other ranks
-        finish, from their record files."""
+    def _train(self, plan: MQARPlan, run: RunDir, pending: list[tuple[int, Cell]], deadline: float | None,
+               progress: bool) -> list[str]:  # fmt: skip
+        """Run this rank's share of the pending cells through the worker pool; the parent appends every record (no
+        file locking). Returns the error messages of failed cells (in subprocesses; in-process a failure raises).
+        Rank 0's bar counts the steps of its own cells as they go and the cells other ranks finish, from their
+        record files."""
         world = run.world
-        steps, cells = self.config.max_steps, self._cells
+        steps, cells = self.config.max_steps, plan.cells
         advanced: dict[int, int] = {}
         finished = (len(cells) - len(pending)) * steps
-        mine = world.shard(pending) if world is not None else pending
-        others = {self._hashes[i] for i, _ in pending} - {self._hashes[i] for i, _ in mine}
+        mine = world.shard(pending)
+        others = {plan.hashes[i] for i, _ in pending} - {plan.hashes[i] for i, _ in mine}
         with progress_bar(len(cells) * steps, "mqar", enabled=progress, completed=finished) as bar:
             heartbeat = {"last": time.time(), "steps": finished}
 
@@ -208,17 +247,17 @@ class MQARTask(Task):
                 c = cells[index]
                 bar.update(description=f"mqar {cell_label(c)}: {record['value']:.3f}")
 
-            following = world is not None and world.is_main
+            following = world.size > 1 and world.is_main
             with ShardFollower(run.path, credit) if following else contextlib.nullcontext():
                 errors = run_pool(
                     mine,
                     functools.partial(
                         cell_handler,
                         self.config.to_dict(),
-                        str(self._device),
+                        str(plan.device),
                         self.attention,
-                        self.cuda_graph,
-                        self.compile,
+                        plan.cuda_graph,
+                        plan.compile,
                         str(run.path / SNAPSHOT_DIR),
                     ),
                     workers=self.workers,
@@ -230,22 +269,20 @@ class MQARTask(Task):
                     on_result=on_result,
                     on_error=lambda index, _message: index is not None and advanced.pop(index, None),
                 )
-                if world is not None:  # wait for the other ranks' cells, the bar still moving
-                    world.wait()
+                world.wait()  # for the other ranks' cells, the bar still moving
             return errors
 
-    def aggregate(self, rows: list[dict], adapter, run: RunDir) -> tuple[list[dict], dict]:
-        done = finished_keys(rows)
-        pending = [asdict(c) for c, h in zip(self._cells, self._hashes, strict=True) if h not in done]
-        total = len(self._cells)
-        self._shared = shared_provenance(rows)  # the numbers come from the records: what they all share
+    def aggregate(self, plan: MQARPlan, outcome: SweepOutcome, adapter, run: RunDir) -> tuple[list[dict], dict]:
+        done = finished_keys(outcome.rows)
+        pending = [asdict(c) for c, h in zip(plan.cells, plan.hashes, strict=True) if h not in done]
+        total = len(plan.cells)
         summary = {
             "preset": self.preset,
             "sweep": self.config.to_dict(),
             "cells": {"total": total, "finished": total - len(pending), "pending": pending},
-            "errors": self._errors,
+            "errors": outcome.errors,
         }
-        return best_records(rows), summary
+        return best_records(outcome.rows), summary
 
 
 def cell_label(c: Cell) -> str:
