@@ -171,6 +171,7 @@ def longbench_predictions(folder: Path) -> Path:
         (["niah", "--model", "fox-pro-tiny", "--judge", "openai:gpt-4o"], "the judge", "openai"),
         (["lm-eval", "--model", "fox-pro-tiny", "--tasks", "arc_easy"], "evalsuite lm-eval", "lm-eval"),
         (["longbench", "score", "preds"], "LongBench's ROUGE-L", "longbench"),
+        (["longbench", "--model", "fox-pro-tiny", "--data", "preds"], "evalsuite longbench", "longbench"),
     ],
 )
 def test_missing_extra_is_one_line(argv, who, extra, tmp_path):

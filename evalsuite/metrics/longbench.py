@@ -73,6 +73,20 @@ _INTEGER = re.compile(r"\d+")
 # --- normalisation and token F1 --------------------------------------------------------------------------
 
 
+# The packages of the ``longbench`` extra the metrics import where they score (rouge: ROUGE-L; jieba: the _zh
+# metrics; Levenshtein: fuzzy="levenshtein").
+EXTRA_MODULES = ("rouge", "jieba", "Levenshtein")
+
+
+def check_metrics_installed(user: str) -> None:
+    """A UserError naming the ``longbench`` extra unless its packages are installed, before a run generates anything
+    (found, not imported: jieba loads a large dictionary)."""
+    import importlib.util
+
+    if any(importlib.util.find_spec(module) is None for module in EXTRA_MODULES):
+        raise UserError(f"{user} needs the 'longbench' extra: pip install 'evalsuite[longbench]'")
+
+
 def normalize_answer(s: str) -> str:
     """Lower case -> drop ASCII punctuation -> each article (a/an/the, whole word) to a space -> single spaces."""
     text = "".join(ch for ch in s.lower() if ch not in _EN_PUNCT)

@@ -136,6 +136,7 @@ class LongBenchTask(ItemTask):
 
     def prepare(self, adapter: TextAdapter) -> LongBenchPlan:
         config = self.config
+        metrics.check_metrics_installed("evalsuite longbench")
         if not Path(config.data).is_dir():
             raise UserError(f"LongBench data directory {config.data} does not exist")
         if config.chat and not getattr(adapter.tokenizer, "has_chat_template", False):
