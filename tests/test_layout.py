@@ -99,6 +99,37 @@ def test_cycle_finder_finds_a_circle():
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
+# The floors of docs/architecture.md: a part imports only from its own floor and the floors below.
+FLOORS = (
+    ("errors", "registry", "resources", "tokenizers", "openai_client"),
+    ("runs", "runtime", "kernels"),
+    ("models", "cards", "data", "generation"),
+    ("adapters", "metrics", "training"),
+    ("tasks",),
+    ("report", "bench", "serve"),
+    ("cli", "lm_eval_main", "__main__"),
+)
+
+
+def test_parts_import_only_from_their_floor_and_below():
+    floor_of = {f"evalsuite.{part}": level for level, parts in enumerate(FLOORS) for part in parts}
+    floor_of["evalsuite"] = 0  # the package's __init__: its version
+    graph = import_graph()
+    assert set(floor_of) == {part_of(m) for m in graph}, "a part is missing from FLOORS (and docs/architecture.md)"
+    upward = sorted(
+        f"{m} -> {t}" for m, targets in graph.items() for t in targets if floor_of[part_of(t)] > floor_of[part_of(m)]
+    )
+    assert upward == []
+
+
+def test_floors_match_the_architecture_page():
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    for level, parts in enumerate(FLOORS):
+        row = next(line for line in page.splitlines() if line.startswith(f"| {level} |"))
+        named = {name.strip().strip("`/") for name in row.split("|")[2].split(",")}
+        assert named == set(parts), f"floor {level}: docs/architecture.md names {sorted(named)}"
+
+
 def test_package_root_holds_few_modules():
     """The root keeps the package's small shared pieces; everything else lives in a part of its own."""
     root_modules = sorted(p.name for p in PACKAGE.glob("*.py"))
