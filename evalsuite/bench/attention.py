@@ -284,12 +284,11 @@ def bench_attention(
     dtype: str = "bfloat16",
     parity_seq_lens=(1024, 2048, 4096, 8192, 16384),
     tune: bool = False,
-    tune_only: bool = False,
 ) -> list[dict]:
     """The whole benchmark run (optional config sweep, timings, parity); writes JSON and PNG under ``out``.
 
     ``tune``: first sweep the kernels' block configs (:func:`evalsuite.bench.tune.forgetting.tune_block_configs`,
-    written to ``tune.json``) and time with the fastest; ``tune_only``: the sweep alone.
+    written to ``tune.json``) and time with the fastest (the sweep alone: ``evalsuite bench tune forgetting``).
     """
     if not torch.cuda.is_available():
         from evalsuite.errors import UserError
@@ -299,14 +298,12 @@ def bench_attention(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     configs = None
-    if tune or tune_only:
+    if tune:
         from evalsuite.bench.tune.forgetting import best_block_configs, tune_block_configs
 
         tuned = tune_block_configs(head_dims=head_dims, n_heads=n_heads, tokens_per_call=tokens_per_call,
                                    dtype=torch_dtype)  # fmt: skip
         (out / "tune.json").write_text(json.dumps(tuned, indent=1))
-        if tune_only:
-            return tuned
         configs = best_block_configs(tuned)
         print("using tuned configs:", {D: c.flat() for D, c in configs.items()}, flush=True)
     return run_attention_bench(

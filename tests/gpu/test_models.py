@@ -33,7 +33,7 @@ def test_gpu_paths_agree(arch):
             state = model.new_state(2, 1500)
             steps = [model.logits(model(ids[:, :1400].cuda(), state=state)).float()]
             steps += [model.logits(model(ids[:, t : t + 1].cuda(), state=state)).float() for t in range(1400, 1500)]
-    assert rel_error(gpu_ref, cpu) < 1e-4
+    assert rel_error(gpu_ref.cpu(), cpu) < 1e-4
     assert rel_error(gpu_bf16, gpu_ref) < 2e-2
     assert rel_error(torch.cat(steps, 1), gpu_bf16) < 5e-3
 
