@@ -1,13 +1,14 @@
 """Fold the records of MQAR sweeps run elsewhere into a committed sweep directory.
 
-A GPU session runs a preset with ``RESUME=<committed dir>`` into its own ``$OUT`` (``scripts/mqar_gpu.sh``), often
-as several sweeps side by side (a model subset per GPU, torchrun ranks writing ``records.rank-N.jsonl``). Each
-source holds the committed records it started from plus its new cells; this appends to the target's
-``records.jsonl`` every source record whose cell (``config_hash``) the target does not have yet, in the sources'
-order, and prints what it took. Draw the tables and plots afterwards with ``evalsuite plot mqar DIR --out DIR``.
-With ``--replace`` a source record also takes the place of the target's record of the same cell (the file rewritten
-atomically): for cells rerun after a fix outside their config (GSA's cells after its kernels' overflow fix,
-results/mqar/gsa-d512-probe/); every record's provenance names the commit it ran on.
+A GPU session runs a preset (``evalsuite mqar --preset NAME``) into its own folder, starting from a copy of the
+committed ``records.jsonl``, often as several sweeps side by side (a model subset per GPU, torchrun ranks writing
+``records.rank-N.jsonl``). Each source holds the committed records it started from plus its new cells; this
+appends to the target's ``records.jsonl`` every source record whose cell (``config_hash``) the target does not have
+yet, in the sources' order, and prints what it took. Draw the tables and plots afterwards with
+``evalsuite plot mqar DIR --out DIR``. With ``--replace`` a source record also takes the place of the target's
+record of the same cell (the file rewritten atomically): for cells rerun after a fix outside their config (GSA's
+cells after its kernels' overflow fix, results/mqar/gsa-d512-probe/); every record's provenance names the commit it
+ran on.
 
 Usage: python scripts/merge_mqar_records.py [--replace] results/mqar/zoology-fig2 /tmp/res/mqar/zooA/zoology-fig2 [...]
 """

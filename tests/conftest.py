@@ -9,10 +9,14 @@ import threading
 
 import pytest
 
-# The kernel tests run the Triton kernels under the interpreter. Set here, before any test module imports triton:
-# triton's own jit'd library functions (tl.sum's combine, ...) and our kernels follow the setting when they are
-# built, and importing a model family's package builds its one-token Triton step (interpreted_kernel_modules checks).
-os.environ["TRITON_INTERPRET"] = "1"
+
+def pytest_configure(config):
+    """The kernel tests run the Triton kernels under the interpreter, set here before any test module imports triton:
+    triton's own jit'd library functions (tl.sum's combine, ...) and our kernels follow the setting when they are
+    built, and importing a model family's package builds its one-token Triton step (interpreted_kernel_modules
+    checks). A run of the GPU tests alone (``pytest -m gpu``, tests/gpu) compiles the kernels for the GPU instead."""
+    if config.getoption("markexpr").strip() != "gpu":
+        os.environ["TRITON_INTERPRET"] = "1"
 
 
 @pytest.fixture

@@ -38,11 +38,11 @@ def test_records_table_and_plot(monkeypatch, tmp_path, interpreted):
     records = []
     for provider in gca.PROVIDERS:
 
-        def timed(fn, leaves, warmup, rep, provider=provider):
+        def timed(fn, leaves, device, warmup, rep, provider=provider):
             fn()
             return fake_ms[provider], 0.9 * fake_ms[provider], 1.1 * fake_ms[provider]
 
-        monkeypatch.setattr(gca, "timed_median", timed)
+        monkeypatch.setattr(gca, "time_ms", timed)
         for mode in gca.MODES:
             records.append(gca.bench_one(provider, mode, 1, 32, True, dtype=torch.float32, shape=TINY, device="cpu"))
     assert all(r["status"] == "ok" for r in records), records

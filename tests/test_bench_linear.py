@@ -11,7 +11,7 @@ import torch
 from conftest import assert_one_line_error
 
 from evalsuite.bench import decode as dec
-from evalsuite.bench import linear, linear_report
+from evalsuite.bench import linear, linear_ops, linear_report
 from evalsuite.kernels.lightning import lightning_recurrent
 
 TINY = dict(n_heads=2, head_dim=16, n_slots=8, tokens_per_call=256, decode_batches=(1, 2), rep=1, verbose=False)
@@ -58,7 +58,7 @@ def _ok(records, kind):
 
 def test_op_bench_writes_json_png_and_records(tmp_path):
     records = linear.bench_linear(
-        tmp_path, providers=linear.CPU_PROVIDERS, modes=OPS_ONLY, seq_lens=(64, 128), parity_T=64, **TINY
+        tmp_path, providers=linear_ops.CPU_PROVIDERS, modes=OPS_ONLY, seq_lens=(64, 128), parity_T=64, **TINY
     )
     doc = json.loads((tmp_path / linear.JSON_NAME).read_text())
     assert doc["records"] == json.loads(json.dumps(records, default=str))

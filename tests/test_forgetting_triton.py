@@ -5,6 +5,7 @@ float64 on the same (rounded) inputs, by relative error ``|out - ref| / |ref|``.
 before each launch, so an element the kernel never writes fails the check.
 """
 
+import dataclasses
 import importlib
 import importlib.util
 import math
@@ -56,14 +57,14 @@ def make_inputs(B, T, H, D, dtype, gate, seed=0):
     return q, k, v, logf
 
 
-def run_kernel(q, k, v, logf, do, fwd_config=None, dkdv_config=None, dq_config=None):
+def run_kernel(q, k, v, logf, do, fwd_config=None, dkdv_config=None, dq_config=None, config=None):
     """Forward + backward through the kernel; gradients w.r.t. q, k, v and log f (through the cumsum)."""
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     if logf is not None:
         leaves.append(logf.clone().requires_grad_())
     cum = None if logf is None else leaves[3].cumsum(1)
     if fwd_config is None and dkdv_config is None and dq_config is None:
-        o = forward.forgetting_attention_triton(*leaves[:3], cum)
+        o = forward.forgetting_attention_triton(*leaves[:3], cum, config=config)
     else:
         fwd, bwd = forward._fwd, backward._bwd
 
@@ -155,16 +156,16 @@ def test_gpu_like_block_ratios():
 
 
 @pytest.mark.parametrize("tma", [True, False])
-def test_tma_and_pointer_loads(monkeypatch, tma):
+def test_tma_and_pointer_loads(tma):
     """The forward reads K/V through TMA tensor descriptors or through pointers: the same function either way."""
-    monkeypatch.setitem(common.FWD_TMA, 32, tma)
-    check_full(2, 50, 2, 32, torch.bfloat16, "strong")
-    check_full(1, 40, 2, 32, torch.float16, None)
+    config = dataclasses.replace(common.block_config(32), tma=tma)
+    check_full(2, 50, 2, 32, torch.bfloat16, "strong", config=config)
+    check_full(1, 40, 2, 32, torch.float16, None, config=config)
 
 
-def test_tma_falls_back_on_misaligned_strides(monkeypatch):
+def test_tma_falls_back_on_misaligned_strides():
     """Rows that are not 16-byte aligned cannot go through TMA: the launcher takes the pointer path instead."""
-    monkeypatch.setitem(common.FWD_TMA, 32, True)
+    tma = dataclasses.replace(common.block_config(32), tma=True)
     B, T, H, D = 1, 40, 3, 32
     row = H * D + 4  # 200 bytes in bf16: not a multiple of 16
     g = torch.Generator().manual_seed(5)
@@ -173,10 +174,10 @@ def test_tma_falls_back_on_misaligned_strides(monkeypatch):
     aligned = [x.contiguous() for x in (q, k, v)]
     assert not common._tma_usable(k, v) and common._tma_usable(*aligned[1:])
     cum = torch.nn.functional.logsigmoid(torch.randn(B, T, H, generator=g)).cumsum(1)
-    out = forward.forgetting_attention_triton(q, k, v, cum)
+    out = forward.forgetting_attention_triton(q, k, v, cum, config=tma)
     ref = reference.attention_dense(q.double(), k.double(), v.double(), cum.double(), cum.double())
     assert rel_err(out, ref) < TOL[torch.bfloat16][0]
-    assert torch.equal(out, forward.forgetting_attention_triton(*aligned, cum))
+    assert torch.equal(out, forward.forgetting_attention_triton(*aligned, cum, config=tma))
 
 
 def test_cumsum_over_time():
@@ -516,7 +517,7 @@ def test_pick_config_follows_the_interpreter(monkeypatch):
     assert triton_utils.pick_config(gpu, 64, common.INTERPRET_FWD) == common.INTERPRET_FWD
     monkeypatch.delenv("TRITON_INTERPRET")
     assert not triton_utils.interpreting()
-    gpu[64] = (256, 64, 8, 3)  # tuned in place, as the benchmark does
+    gpu[64] = (256, 64, 8, 3)  # the table as it is at the call
     assert triton_utils.pick_config(gpu, 64, common.INTERPRET_FWD) == (256, 64, 8, 3)
 
 

@@ -18,7 +18,8 @@ from conftest import interpreted_kernel_modules, rel_err
 from evalsuite.kernels.gated_slot import gated_slot_attention, reference
 
 # One kernel per module (None: binds the others'), checked to be interpreted (conftest.interpreted_kernel_modules).
-_KERNELS = {"common": "_load_u", "chunk_kernels": "_read_kernel", "chunk": None, "decode": "_decode_kernel"}
+_KERNELS = {"common": "_load_u", "state_kernels": "_state_fwd_kernel", "chunk_kernels": "_read_kernel", "chunk": None,
+            "decode": "_decode_kernel"}  # fmt: skip
 _modules = interpreted_kernel_modules("evalsuite.kernels.gated_slot", _KERNELS)
 common, chunk, decode = _modules["common"], _modules["chunk"], _modules["decode"]
 
@@ -57,7 +58,7 @@ def make_inputs(B, T, H, dk, dv, m, dtype, gate, init, seed=0):
     return q, k, v, log_alpha, state
 
 
-def check(B, T, H, dk, dv, m, dtype, gate, init, scale=0.5, grads=True, seed=0):
+def check(B, T, H, dk, dv, m, dtype, gate, init, scale=0.5, grads=True, seed=0, config=None):
     q, k, v, log_alpha, state = make_inputs(B, T, H, dk, dv, m, dtype, gate, init, seed)
     gen = torch.Generator().manual_seed(seed + 1)
     do = torch.randn(B, T, H, dv, generator=gen).to(dtype)
@@ -65,7 +66,7 @@ def check(B, T, H, dk, dv, m, dtype, gate, init, scale=0.5, grads=True, seed=0):
     inputs = (q, k, v, log_alpha) + (state if init else ())
 
     leaves = [x.clone().requires_grad_(grads) for x in inputs]
-    o, final = chunk.gsa_chunk_triton(*leaves[:4], scale, tuple(leaves[4:]) if init else None, True)
+    o, final = chunk.gsa_chunk_triton(*leaves[:4], scale, tuple(leaves[4:]) if init else None, True, config=config)
     assert o.shape == (B, T, H, dv) and o.dtype == dtype
     assert final[0].shape == (B, H, dk, m) and final[1].shape == (B, H, m, dv)
     assert final[0].dtype == final[1].dtype == torch.float32
@@ -102,13 +103,12 @@ def test_chunk_forward_backward(dtype, T, dk, dv, m, gate, init):
 
 
 @pytest.mark.parametrize("sub", [16, 8])
-def test_chunk_gpu_paths(monkeypatch, sub):
+def test_chunk_gpu_paths(sub):
     """The GPU's block shapes under the interpreter: chunks of 64 in sub-chunks of 16 (the default) or 8 (a choice
-    of tune_gsa's sweep), d tiles of 64/32, two slot tiles of 16; three chunks, a ragged tail, saturated gates."""
+    of the tuner's sweep), d tiles of 64/32, two slot tiles of 16; three chunks, a ragged tail, saturated gates."""
     cfg = dict(common.INTERPRET_CONFIG, CHUNK=64, SUB=sub, STATE_BD=32, READ_BD=64, WRITE_BD=64, DGATE_BD=64,
                READ_BM=16, PAIR_BM=16, WRITE_BM=16, DGATE_BM=16)  # fmt: skip
-    monkeypatch.setattr(common, "INTERPRET_CONFIG", cfg)
-    check(1, 140, 1, 64, 32, 32, torch.float32, "extreme", True, scale=0.125)
+    check(1, 140, 1, 64, 32, 32, torch.float32, "extreme", True, scale=0.125, config=cfg)
 
 
 def test_chunk_forward_only_shapes():

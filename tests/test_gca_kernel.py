@@ -3,7 +3,7 @@
 Forward and all four gradients (q, k, v, w) are compared with ``gca_reference`` run in float64 on the same (rounded)
 inputs, by relative error ``|out - ref| / |ref|``. Every kernel output buffer starts as NaN between NaN guard bands
 (conftest ``poisoned_kernel_outputs``), so an element a kernel never writes fails the finiteness check of
-``rel_err``. Interpreter blocks (``common.INTERPRET_*``): forward 16 query rows x 16 keys, backward the whole query
+``rel_err``. Interpreter blocks (``common.INTERPRET_CONFIG``): forward 16 query rows x 16 keys, backward the whole query
 chunk x 16 keys, so Sq, Skv in {5, 7, 33, 64, 65} cover one and several blocks and ragged tails of both;
 ``test_gpu_block_shapes`` runs the GPU's one-key-block path (64-key blocks, whole-chunk query tiles).
 """
@@ -50,11 +50,11 @@ def make_inputs(B, C, Sq, K, Skv, H, D, dtype=torch.float32, zero_slots=False, s
     return q, k, v, w, do
 
 
-def check(B, C, Sq, K, Skv, H, D, *, softmax_one, dtype=torch.float32, scale=None, **kw):
+def check(B, C, Sq, K, Skv, H, D, *, softmax_one, dtype=torch.float32, scale=None, config=None, **kw):
     """Kernel vs float64 reference: forward and the gradients of q, k, v, w. Returns the relative errors."""
     q, k, v, w, do = make_inputs(B, C, Sq, K, Skv, H, D, dtype, **kw)
     leaves = [x.clone().requires_grad_() for x in (q, k, v, w)]
-    o = forward.gca_triton(*leaves, softmax_one=softmax_one, scale=scale)
+    o = forward.gca_triton(*leaves, softmax_one=softmax_one, scale=scale, config=config)
     assert o.shape == q.shape and o.dtype == dtype
     grads = torch.autograd.grad(o, leaves, do)
     ref_leaves = [x.detach().double().requires_grad_() for x in (q, k, v, w)]
@@ -90,13 +90,12 @@ def test_parity_bf16():
 
 
 @pytest.mark.parametrize("Skv", [64, 40])
-def test_gpu_block_shapes(monkeypatch, Skv):
+def test_gpu_block_shapes(Skv):
     """The GPU's blocks: one 64-key block per retrieved chunk (D from registers), a 128-row query tile for Sq = 65."""
-    monkeypatch.setattr(common, "INTERPRET_FWD", (128, 64, 1))
-    monkeypatch.setattr(common, "INTERPRET_BWD", (64, 1))
-    assert common.fwd_config(65, 64)[:2] == (128, 64) and common.kv_blocks(Skv, 64)[0] == 1
-    check(1, 1, 65, 3, Skv, 2, 64, softmax_one=True, zero_slots=True)
-    check(1, 1, 64, 2, Skv, 1, 64, softmax_one=False)
+    gpu = common.BlockConfig((128, 64, 1), (64, 1))
+    assert common.fwd_config(65, 64, config=gpu)[:2] == (128, 64) and common.kv_blocks(Skv, 64)[0] == 1
+    check(1, 1, 65, 3, Skv, 2, 64, softmax_one=True, zero_slots=True, config=gpu)
+    check(1, 1, 64, 2, Skv, 1, 64, softmax_one=False, config=gpu)
 
 
 def test_every_output_element_is_written():
@@ -141,8 +140,9 @@ def test_dispatcher_and_input_rules():
 
 
 def test_auto_keeps_fp32_backward_within_shared_memory():
-    """H100 measurement (scripts/gpu_gca_check.py): the fp32 backward of a 65-row chunk needs 246-288 KB of shared
-    memory, over the 227 KB there; "auto" sends fp32 chunks of more than 64 rows with a gradient to the reference."""
+    """H100 measurement (the GPU parity test, tests/gpu/test_gca.py): the fp32 backward of a 65-row chunk needs
+    246-288 KB of shared memory, over the 227 KB there; "auto" sends fp32 chunks of more than 64 rows with a gradient
+    to the reference."""
     from evalsuite.kernels.grouped_cross import _fits_triton
 
     def fits(Sq, D, dtype, grad=True):

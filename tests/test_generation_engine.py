@@ -381,65 +381,41 @@ def test_static_decoders_free_their_cache_without_the_cycle_collector():
         gc.enable()
 
 
-def test_compile_breaks_script_finds_the_reference_cache_slice(tmp_path):
-    """scripts/gpu_compile_breaks.py on a CPU: the reference attention slices the cache at ``int(key_length)``, a
-    host sync, so torch.compile must report breaks there (on CUDA the Triton kernel reads the length itself)."""
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
+def test_compile_breaks_on_cpu_find_the_reference_cache_slice():
+    """The GPU test's compile check (tests/gpu/test_compile.py) on a CPU: the reference attention slices the cache at
+    ``int(key_length)``, a host sync, so torch.compile must report breaks there (on CUDA the Triton kernel reads the
+    length itself)."""
+    from gpu.compile_check import decode_step_breaks
 
-    script = Path(__file__).resolve().parent.parent / "scripts" / "gpu_compile_breaks.py"
-    run = [sys.executable, str(script), "--out", str(tmp_path), "--model", "fox-pro-tiny", "--device", "cpu",
-           "--dtype", "float32", "--prompt", "16"]  # fmt: skip
-    subprocess.run(run, check=True, capture_output=True, timeout=300)
-    report = json.loads((tmp_path / "compile_breaks.json").read_text())
+    report = decode_step_breaks("fox-pro-tiny", "cpu", "float32", prompt=16)
     assert report["graph_breaks"] >= 1 and report["graphs"] == report["graph_breaks"] + 1
     assert all("cached_attention" in "".join(b["user_stack"]) for b in report["breaks"])
 
 
-def test_profile_decode_script_reports_the_step(tmp_path):
-    """scripts/profile_decode.py on a CPU (static path, fox-pro-tiny): the step's ops add up to its device time."""
+def test_profile_decode_reports_the_step(tmp_path):
+    """``bench profile-decode`` on a CPU (static path, fox-pro-tiny): the step's ops add up to its device time."""
     import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
-    run = [sys.executable, str(root / "scripts" / "profile_decode.py"), "--card", "fox-pro-tiny", "--device", "cpu",
-           "--path", "static", "--length", "32", "--steps", "3", "--out", str(tmp_path)]  # fmt: skip
-    subprocess.run(run, check=True, capture_output=True, timeout=300, env={**os.environ, "PYTHONPATH": str(root)})
-    report = json.loads((tmp_path / "profile_static_32_b1.json").read_text())
+    from evalsuite.bench.profile_decode import profile_decode
+
+    run = dict(card="fox-pro-tiny", device="cpu", path="static", length=32, steps=3)
+    report = profile_decode(tmp_path, **run)
+    assert report == json.loads((tmp_path / "profile_static_32_b1.json").read_text())
     assert report["path"] == "static" and report["ms_per_step"] > 0 and report["device_ms_per_step"] > 0
     assert report["packed"] is True  # the FoX static decoder stacks its step's GEMVs
-    subprocess.run([*run, "--no-pack"], check=True, capture_output=True, timeout=300,
-                   env={**os.environ, "PYTHONPATH": str(root)})  # fmt: skip
-    assert json.loads((tmp_path / "profile_static_32_b1_unpacked.json").read_text())["packed"] is False
-    subprocess.run([*run, "--other-capacity"], check=True, capture_output=True, timeout=300,
-                   env={**os.environ, "PYTHONPATH": str(root)})  # fmt: skip
+    profile_decode(tmp_path, other_capacity=True, **run)
     assert json.loads((tmp_path / "profile_static_32_b1_other_capacity.json").read_text())["other_capacity"] is True
-    subprocess.run([*run, "--separate-append"], check=True, capture_output=True, timeout=300,
-                   env={**os.environ, "PYTHONPATH": str(root)})  # fmt: skip
-    separate = json.loads((tmp_path / "profile_static_32_b1_separate_append.json").read_text())
-    assert report["append_in_kernel"] is True and separate["append_in_kernel"] is False
     assert sum(t["us_per_step"] for t in report["top"]) <= report["device_ms_per_step"] * 1e3 * 1.0001
     assert any(t["kernel"] == "aten::mm" for t in report["top"])  # the projections
     assert "ms of device kernels per step" in (tmp_path / "profile_static_32_b1.txt").read_text()
 
 
-def test_tune_decode_script_checks_every_split_against_the_reference(tmp_path):
-    """scripts/tune_decode.py under the Triton interpreter (tiny shapes, the interpreter's config): every split
-    count's output agrees with the PyTorch reference."""
+def test_tune_decode_checks_every_split_against_the_reference(tmp_path, run_cli):
+    """``bench tune forgetting-decode`` under the Triton interpreter (tiny shapes, the interpreter's config): every
+    split count's output agrees with the PyTorch reference."""
     import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
-    env = {**os.environ, "PYTHONPATH": str(root), "TRITON_INTERPRET": "1"}
-    subprocess.run([sys.executable, str(root / "scripts" / "tune_decode.py"), "--out", str(tmp_path)], check=True,
-                   capture_output=True, timeout=300, env=env)  # fmt: skip
-    rows = json.loads((tmp_path / "tune_decode.json").read_text())["rows"]
+    code, _, err = run_cli(["bench", "tune", "forgetting-decode", "--out", tmp_path], tmp_path)
+    assert code == 0, err
+    rows = json.loads((tmp_path / "tune_forgetting_decode.json").read_text())["records"]
     assert len({r["splits"] for r in rows}) >= 3 and all(r["max_error"] < 2e-2 for r in rows)

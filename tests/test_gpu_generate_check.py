@@ -1,28 +1,16 @@
-"""scripts/gpu_generate_check.py's logic on a CPU: the logits each sampled draw read are recorded per path, and a
-sampled float32 difference counts as a failure unless those logits agreed (a near-tie)."""
+"""The GPU test of the decode paths (tests/gpu/test_generate.py) on a CPU: the logits each sampled draw read are
+recorded per path, and a sampled float32 difference counts as a failure unless those logits agreed (a near-tie)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
+from gpu import generate_check as check
 
 from evalsuite.cards import load_card
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gpu_generate_check.py"
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("gpu_generate_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 def test_sampled_records_carry_the_logit_gap_and_cpu_paths_agree():
-    check = _script()
     records = check.check_model(load_card("fox-pro-tiny"), "float32", [9, 4], new_tokens=6, device="cpu")
     sampled = [r for r in records if r["ending"] == "sampled" and r["path"] == "static"]
     assert len(sampled) == 1 and sampled[0]["equal_eager"]
@@ -32,7 +20,6 @@ def test_sampled_records_carry_the_logit_gap_and_cpu_paths_agree():
 
 
 def test_logit_gaps_stop_at_the_first_difference():
-    check = _script()
     ref = [torch.zeros(2, 5) for _ in range(4)]
     got = [torch.zeros(2, 5) for _ in range(4)]
     got[1][0, 2] = 1e-5  # row 0: a small gap before its difference at step 2
@@ -42,7 +29,6 @@ def test_logit_gaps_stop_at_the_first_difference():
 
 
 def test_a_sampled_float32_difference_fails_unless_it_is_a_near_tie():
-    check = _script()
     base = {"dtype": "float32", "path": "graph", "ending": "sampled", "equal_eager": False, "equal_static": True}
     assert check.failures([{**base, "logit_gap_eager": [0.0, 2e-6]}]) == []
     assert len(check.failures([{**base, "logit_gap_eager": [0.0, 0.05]}])) == 1

@@ -1,26 +1,15 @@
-"""scripts/gsa_score_scale_check.py (the GSA kernels' error against the slot-score scale,
-results/linear-kernels/gsa-score-scale/) runs here under the Triton interpreter at a small shape: the float32 kernels
-stay exact at large scores, and the bf16 kernels' gradient error sits at the order of one bf16 rounding of the
-scores."""
+"""The GPU test of the GSA kernels' error against the slot-score scale (tests/gpu/test_gated_slot.py,
+results/linear-kernels/gsa-score-scale/) runs its computation here under the Triton interpreter at a small shape:
+the float32 kernels stay exact at large scores, and the bf16 kernels' gradient error sits at the order of one bf16
+rounding of the scores."""
 
-from __future__ import annotations
+from gpu.gsa_checks import score_scale_rows
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
 GRADS = ("dq", "dk", "dlog_alpha")
 
 
-def test_score_scale_script_on_cpu():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    args = ["--shape", "1,48,1,16", "--scales", "1,30"]
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "gsa_score_scale_check.py"), *args], env=env,
-                          check=True, capture_output=True, text=True, timeout=600)  # fmt: skip
-    rows = {(r["scale"], r["variant"]): r for r in map(json.loads, done.stdout.splitlines())}
+def test_score_scale_on_cpu():
+    rows = {(r["scale"], r["variant"]): r for r in score_scale_rows(shape=(1, 48, 1, 16), scales=(1, 30), device="cpu")}
     assert len(rows) == 6
     for scale in (1.0, 30.0):
         assert max(rows[scale, "kernel-fp32"][k] for k in ("o", *GRADS)) < 1e-3

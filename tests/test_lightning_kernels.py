@@ -21,6 +21,7 @@ import importlib
 import importlib.util
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -82,7 +83,7 @@ def make_inputs(B, T, H, dk, dv, dtype, seed=0, packed=False):
     return q, k, v
 
 
-def check_full(B, T, H, dk, dv, dtype, slopes, *, h0=False, final=True, packed=False, seed=0):
+def check_full(B, T, H, dk, dv, dtype, slopes, *, h0=False, final=True, packed=False, seed=0, config=None):
     """Forward (o, final state) and gradients (q, k, v, h0) of the chunk kernels against the float64 reference."""
     q, k, v = make_inputs(B, T, H, dk, dv, dtype, seed, packed)
     slope = torch.tensor(slopes, dtype=torch.float32)
@@ -92,7 +93,7 @@ def check_full(B, T, H, dk, dv, dtype, slopes, *, h0=False, final=True, packed=F
     dht = torch.randn(B, H, dk, dv, generator=g) if final else None
 
     leaves = [x.clone().requires_grad_() for x in (q, k, v)] + ([init.clone().requires_grad_()] if h0 else [])
-    o, ht = chunk.lightning_chunk_triton(*leaves[:3], slope, leaves[3] if h0 else None, final)
+    o, ht = chunk.lightning_chunk_triton(*leaves[:3], slope, leaves[3] if h0 else None, final, config=config)
     assert o.shape == (B, T, H, dv) and o.dtype == dtype
     assert (ht is not None) == final
     outs, grads_out = [o], [do]
@@ -132,8 +133,8 @@ FULL_CASES = [
 
 
 def test_shapes_cover_several_chunks_segments_and_scan_steps():
-    BT, G = common.chunking(100, 1)
-    SB = common.INTERPRET_SCAN[0]
+    BT, G = common.chunking(100, 1, common.launch_config())
+    SB = common.launch_config().scan[0]
     assert (BT, G, SB) == (16, 2, 2)
     n_segments = []
     for T in [c[2] for c in FULL_CASES]:
@@ -149,8 +150,8 @@ def test_full_forward_backward(dtype, B, T, H, dk, dv, slopes, h0, final):
 
 
 # GPU shapes (B, T, H) and, for each, a shape (B, T, H) plus a target of (batch, head, segment) programs and a scan
-# step (segments per scan step: 16 on GPU) with which common.segment_rule, at interpreter scale (chunks of 16, not
-# 64), gives the same segment layout (see _layout) at a size the interpreter runs in seconds.
+# step (segments per scan step: 16 on GPU) with which the GPU's segmenting rule, at interpreter scale (chunks of 16,
+# not 64), gives the same segment layout (see _layout) at a size the interpreter runs in seconds.
 GPU_SCALED = {
     # the parity shape: segments halved to 4 chunks, one segment past a full scan step (a scan block with one live
     # lane), a last segment of one chunk and a last chunk of one row
@@ -170,14 +171,14 @@ def _layout(T, chunks, SB):
 
 
 @pytest.mark.parametrize("gpu_shape,shape,min_programs,SB", GPU_SCALED.values(), ids=GPU_SCALED.keys())
-def test_gpu_segmenting_matches_recurrent(monkeypatch, gpu_shape, shape, min_programs, SB):
+def test_gpu_segmenting_matches_recurrent(gpu_shape, shape, min_programs, SB):
     """Forward and every gradient with the GPU's segmenting rule, against the float64 token loop (autograd)."""
     (B0, T0, H0), (B, T, H) = gpu_shape, shape
-    gpu = common.segment_rule(T0, B0 * H0, common.CHUNK, common.SEG_CHUNKS, common.MIN_SEGMENT_PROGRAMS)
-    rule = lambda T_, BH_: common.segment_rule(T_, BH_, 16, common.SEG_CHUNKS, min_programs)  # noqa: E731
-    assert _layout(T, rule(T, B * H), SB) == _layout(T0, gpu, common.SCAN_CONFIG[0])
-    monkeypatch.setattr(common, "chunking", rule)
-    monkeypatch.setattr(common, "INTERPRET_SCAN", (SB, *common.INTERPRET_SCAN[1:]))
+    gpu = common.chunking(T0, B0 * H0, common.GPU_CONFIG)
+    config = replace(common.INTERPRET_CONFIG, seg_chunks=common.GPU_CONFIG.seg_chunks, min_programs=min_programs,
+                     scan=(SB, *common.INTERPRET_CONFIG.scan[1:]))  # fmt: skip
+    assert config.chunk == 16
+    assert _layout(T, common.chunking(T, B * H, config), SB) == _layout(T0, gpu, common.GPU_CONFIG.scan[0])
 
     dk, dv = 16, 16
     q, k, v = make_inputs(B, T, H, dk, dv, torch.float32, seed=21)
@@ -186,7 +187,7 @@ def test_gpu_segmenting_matches_recurrent(monkeypatch, gpu_shape, shape, min_pro
     h0, dht = (torch.randn(B, H, dk, dv, generator=g) for _ in range(2))
     do = torch.randn(B, T, H, dv, generator=g)
     leaves = [x.clone().requires_grad_() for x in (q, k, v, h0)]
-    o, ht = chunk.lightning_chunk_triton(*leaves[:3], slope, leaves[3], True)
+    o, ht = chunk.lightning_chunk_triton(*leaves[:3], slope, leaves[3], True, config=config)
     grads = torch.autograd.grad([o, ht], leaves, [do, dht])
 
     ref_leaves = [x.double().requires_grad_() for x in (q, k, v, h0)]
@@ -201,11 +202,11 @@ def test_gpu_segmenting_matches_recurrent(monkeypatch, gpu_shape, shape, min_pro
 def test_gpu_launch_geometry(B, T, H):
     """On GPU (no kernel runs): the segments tile the chunks exactly and every grid fits CUDA's limits (grid y and z
     at most 65535: walks (tiles, segments, B*H), scan (tiles, B*H))."""
-    chunks = common.segment_rule(T, B * H, common.CHUNK, common.SEG_CHUNKS, common.MIN_SEGMENT_PROGRAMS)
+    chunks = common.chunking(T, B * H, common.GPU_CONFIG)
     BT, G, NT, NSEG = common.geometry(T, chunks)
-    assert BT == common.CHUNK and G in (1, 2, 4, 8, 16)
+    assert BT == common.GPU_CONFIG.chunk and G in (1, 2, 4, 8, 16)
     assert (NT - 1) * BT < T <= NT * BT and (NSEG - 1) * G < NT <= NSEG * G  # no empty chunk or segment
-    assert B * H * NSEG >= common.MIN_SEGMENT_PROGRAMS or G == 1
+    assert B * H * NSEG >= common.GPU_CONFIG.min_programs or G == 1
     assert max(NSEG, B * H) <= 65535
 
 
@@ -234,11 +235,11 @@ def test_short_and_block_aligned_lengths(T):
 
 
 @pytest.mark.parametrize("seg_chunks", [1, 4])
-def test_other_segment_sizes(monkeypatch, seg_chunks):
+def test_other_segment_sizes(seg_chunks):
     """Segments of one chunk (every walk one step long) and of four (the GPU shrinks G for short inputs)."""
-    monkeypatch.setattr(common, "INTERPRET_SEG_CHUNKS", seg_chunks)
-    assert common.chunking(50, 1) == (16, seg_chunks)
-    check_full(1, 50, 1, 16, 16, torch.float32, [0.4], h0=True, final=True)
+    config = replace(common.INTERPRET_CONFIG, seg_chunks=seg_chunks)
+    assert common.chunking(50, 1, config) == (16, seg_chunks)
+    check_full(1, 50, 1, 16, 16, torch.float32, [0.4], h0=True, final=True, config=config)
 
 
 def test_packed_strided_inputs():
@@ -246,11 +247,11 @@ def test_packed_strided_inputs():
     check_full(1, 50, 2, 16, 16, torch.bfloat16, [0.0, 2.0], packed=True, final=False)
 
 
-def test_lrpe_head_sizes(monkeypatch):
+def test_lrpe_head_sizes():
     """dk = 256, dv = 128 (TNL's first layer: LRPE doubles the key size). Wider interpreter state slices keep it
     quick; still several per walk (dv / 64 and dk / 64)."""
-    monkeypatch.setattr(common, "INTERPRET_WALK_BC", 64)
-    check_full(1, 20, 1, 256, 128, torch.float32, [0.05], h0=True, final=True)
+    config = replace(common.INTERPRET_CONFIG, walk_columns=64)
+    check_full(1, 20, 1, 256, 128, torch.float32, [0.05], h0=True, final=True, config=config)
 
 
 def test_matches_recurrent_ground_truth():
@@ -372,21 +373,21 @@ def test_input_validation():
         decode.lightning_decode_triton(x[:, :1], x[:, :1], x[:, :1], torch.ones(1), state.to(torch.bfloat16))
 
 
-def test_gpu_configs(monkeypatch):
+def test_gpu_configs():
     """Every supported (dk, dv) and dtype has GPU walk and decode configs whose tiles divide the heads, fit tl.dot
     (>= 16) and keep the walk's state slice within the register budget."""
-    monkeypatch.setattr(common, "interpreting", lambda: False)  # the GPU branch of walk_config
+    gpu = common.GPU_CONFIG
     for da in common.HEAD_DIMS:
         for dc in common.HEAD_DIMS:
             for dtype in common.DTYPES:
-                bc, warps, stages = common.walk_config(da, dc, dtype)
+                bc, warps, stages = common.walk_config(da, dc, dtype, gpu)
                 assert dc % bc == 0 and bc >= 16 and warps in (4, 8) and stages in (1, 2, 3)
-                assert da * bc <= common.WALK_STATE_ELEMS or bc == 16
+                assert da * bc <= gpu.walk_state_elems or bc == 16
             bk, bv = common.DECODE_CONFIGS[(da, dc)][:2]
             assert da % bk == 0 and dc % bv == 0 and bk >= 16 and bv >= 16
-    sb, be, _ = common.SCAN_CONFIG
+    sb, be, _ = gpu.scan
     assert sb >= 16 and all(dk * dv % min(be, dk * dv) == 0 for dk in common.HEAD_DIMS for dv in common.HEAD_DIMS)
-    assert (common.CHUNK, common.SEG_CHUNKS) == (64, 16)
+    assert (gpu.chunk, gpu.seg_chunks) == (64, 16)
 
 
 def test_dispatcher_imports_without_triton(monkeypatch):

@@ -1,11 +1,13 @@
 """The four FoX-paper architectures: dense-reference parity, cached decoding, gate variants, sizes."""
 
+import functools
 import math
 
 import pytest
 import torch
 
 from evalsuite.cards import count_params, load_card
+from evalsuite.kernels import forgetting
 from evalsuite.kernels.forgetting import reference
 from evalsuite.models.fox import ARCHITECTURES, ForgettingTransformer, FoxConfig, decay_time_bias
 
@@ -60,7 +62,8 @@ def test_memory_efficient_model_matches_dense_softmax(arch, monkeypatch):
     ids = torch.randint(0, 97, (2, 70), generator=torch.Generator().manual_seed(2))
     model.set_attention_backend("dense")
     dense = model.logits(model(ids))
-    monkeypatch.setattr(reference, "_TILE_BUDGET", 2 * 4 * 70 * 16)  # force 16-row query blocks
+    # 16-row query blocks: the attention the model's reference backend calls, with an explicit block
+    monkeypatch.setattr(forgetting, "attention_blocked", functools.partial(reference.attention_blocked, block=16))
     model.set_attention_backend("reference")
     blocked = model.logits(model(ids))
     torch.testing.assert_close(blocked, dense, rtol=1e-5, atol=1e-5)

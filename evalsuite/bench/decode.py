@@ -17,7 +17,8 @@ from dataclasses import fields
 
 import torch
 
-from evalsuite.bench.linear import DECODE_PROVIDERS, Unavailable, _fla, alibi_slopes, time_ms
+from evalsuite.bench.common import Unavailable, fla_op, time_ms
+from evalsuite.bench.linear_ops import DECODE_PROVIDERS, alibi_slopes
 from evalsuite.models.base import skip_random_init
 
 DEFAULT_ARCHS = ("gsa", "tnl", "fox-pro")
@@ -55,7 +56,7 @@ def decode_call(provider, batch, n_heads=16, head_dim=64, n_slots=64, dtype=torc
                                             backend=backend)  # fmt: skip
 
         else:
-            fn = _fla("gsa.fused_recurrent_gsa")
+            fn = fla_op("gsa.fused_recurrent_gsa")
             if fn is None:
                 raise Unavailable("fla not installed")
             s = (-torch.expm1(g)).to(dtype)
@@ -74,7 +75,7 @@ def decode_call(provider, batch, n_heads=16, head_dim=64, n_slots=64, dtype=torc
                                            backend=backend)  # fmt: skip
 
         else:
-            fn = _fla("simple_gla.fused_recurrent_simple_gla")
+            fn = fla_op("simple_gla.fused_recurrent_simple_gla")
             if fn is None:
                 raise Unavailable("fla not installed")
             g_gamma = -slope

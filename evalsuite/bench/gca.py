@@ -1,4 +1,5 @@
-"""Grouped Cross Attention benchmark: our Triton GCA kernel against its PyTorch reference and per-chunk SDPA.
+"""Grouped Cross Attention benchmark (``evalsuite bench gca``): our Triton GCA kernel against its PyTorch reference
+and per-chunk SDPA.
 
 DRT's shapes: sequences of T tokens cut into C = T / 64 query chunks of Sq = 64 rows, each attending to K = 8
 retrieved chunks of Skv = 64 keys, H = 12 heads of D = 64, bf16, batch B. For each (mode, softmax_one, B, T,
@@ -18,21 +19,18 @@ after that, fusion by w included; fwdbwd: forward + backward to every input, w i
 
 Also :func:`check_parity`: max abs / relative error of ours (and SDPA's forward) against the reference run in
 float32 on the same rounded inputs. The run writes ``gca_bench.json`` (env, params, records), ``gca_bench.md``
-(the tables) and ``gca_bench.png``. On a GPU machine:
-
-    python -m evalsuite.bench.gca --out results/bench/h100/gca
+(the tables) and ``gca_bench.png``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from evalsuite.bench.attention import env_info, peak_memory_mib, timed_median
+from evalsuite.bench.common import env_info, errors, peak_memory_mib, time_ms
 
 PROVIDERS = ("gca_triton", "gca_reference", "sdpa_chunks")
 MODES = ("fwd", "fwdbwd")
@@ -125,7 +123,7 @@ def bench_one(provider, mode, B, T, softmax_one, *, dtype=torch.bfloat16, shape=
 
         fn()  # compile / warm up outside the timing
         peak = peak_memory_mib(fn, leaves)
-        ms, lo, hi = timed_median(fn, leaves, warmup, rep)
+        ms, lo, hi = time_ms(fn, leaves, device, warmup, rep)
         rec.update(status="ok", ms=ms, ms_p20=lo, ms_p80=hi, peak_mem_mib=peak)
         rec["tflops"] = gca_flops(B, T, mode, **shape) / (ms * 1e-3) / 1e12
     except torch.cuda.OutOfMemoryError:
@@ -150,13 +148,6 @@ def add_ratios(records) -> None:
                 r[f"ratio_to_{peer}"] = r["ms"] / base
 
 
-def _errors(out, ref) -> dict:
-    out, ref = out.detach().double(), ref.detach().double()
-    den = ref.norm().item()
-    rel = (out - ref).norm().item() / den if den > 0 else (out - ref).norm().item()
-    return {"max_abs": (out - ref).abs().max().item(), "rel": rel}
-
-
 def check_parity(B=1, T=4096, *, dtype=torch.bfloat16, softmax_one=True, device="cuda", shape=None) -> dict:
     """Ours (forward and dq, dk, dv, dw) and SDPA's forward against the reference in float32 on the same rounded
     inputs: max abs and relative (Frobenius) errors."""
@@ -175,7 +166,7 @@ def check_parity(B=1, T=4096, *, dtype=torch.bfloat16, softmax_one=True, device=
            "reference": "gca_reference in float32 on the same inputs", **shape}  # fmt: skip
     for name, a, b in zip(("o", "dq", "dk", "dv", "dw", "o_sdpa"), (o, *grads, o_sdpa), (o_ref, *ref_grads, o_ref),
                           strict=True):  # fmt: skip
-        errs = _errors(a, b)
+        errs = errors(a, b)
         rec[f"max_abs_err_{name}"], rec[f"rel_err_{name}"] = errs["max_abs"], errs["rel"]
     return rec
 
@@ -296,24 +287,3 @@ def bench_gca(out, *, seq_lens=DEFAULT_SEQ_LENS, batches=DEFAULT_BATCHES, provid
     if verbose:
         print(table)
     return records
-
-
-def main(argv=None) -> None:
-    """``python -m evalsuite.bench.gca``: the same run without the CLI's dependencies (GPU machines)."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, help="output folder for the JSON, markdown and PNG")
-    parser.add_argument("--seq-lens", type=int, nargs="+", default=list(DEFAULT_SEQ_LENS))
-    parser.add_argument("--batches", type=int, nargs="+", default=list(DEFAULT_BATCHES))
-    parser.add_argument("--providers", nargs="+", default=list(PROVIDERS), choices=PROVIDERS)
-    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
-    parser.add_argument("--softmax-one", nargs="+", default=["off", "on"], choices=("off", "on"))
-    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
-    parser.add_argument("--parity-T", type=int, default=4096, help="T of the parity check (0: skip)")
-    args = parser.parse_args(argv)
-    one = [s == "on" for s in args.softmax_one]
-    bench_gca(args.out, seq_lens=args.seq_lens, batches=args.batches, providers=args.providers, modes=args.modes,
-              softmax_one=one, dtype=args.dtype, parity_T=args.parity_T or None)  # fmt: skip
-
-
-if __name__ == "__main__":
-    main()

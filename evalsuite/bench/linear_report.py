@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from evalsuite.bench.linear import OP_PROVIDERS, OPS, PEERS, PROVIDERS, SDPA
+from evalsuite.bench.linear_ops import OP_PROVIDERS, OPS, PEERS, PROVIDERS, SDPA
 
 
 def _get(records, **match):

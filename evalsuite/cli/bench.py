@@ -1,5 +1,6 @@
-"""The benchmark commands, ``evalsuite bench attention|linear|gca|generate``: thin layers over
-:mod:`evalsuite.bench`. Registered on the ``bench`` group when :mod:`evalsuite.cli.main` imports this module."""
+"""The benchmark commands, ``evalsuite bench attention|linear|gca|generate|tune|profile-decode|drt-memory|step-time``:
+thin layers over :mod:`evalsuite.bench`. Registered on the ``bench`` group when :mod:`evalsuite.cli.main` imports this
+module."""
 
 from __future__ import annotations
 
@@ -156,3 +157,98 @@ def bench_generate_cmd(
                        paths=_csv_list(paths, str, "--paths"), device=device, dtype=dtype, weights=weights,
                        copy_mib=copy_mib, warmup=warmup, repeats=repeats)  # fmt: skip
     typer.echo(f"wrote {out}/{gen.JSON_NAME}, .md and .png")
+
+
+@bench_app.command("tune")
+def bench_tune_cmd(
+    kernel: Annotated[str, typer.Argument(help="forgetting, forgetting-decode, gsa, lightning, gca or fla.")],
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Folder for tune_<kernel>.json.")] = None,
+    seq_len: Annotated[int | None, typer.Option(help="T of the sweep (forgetting, lightning, gca).", min=1)] = None,
+    head_dims: Annotated[str | None, typer.Option(help="Comma-separated head dims (forgetting).")] = None,
+    shape: Annotated[str | None, typer.Option(help="B,T,H,D of the sweep (gsa; dk = dv = m = D).")] = None,
+    configs: Annotated[str | None, typer.Option(help="JSON list of GPU_CONFIG overrides to time (gsa).")] = None,
+    lengths: Annotated[str | None, typer.Option(help="Comma-separated cache lengths (forgetting-decode).")] = None,
+    seq_lens: Annotated[str | None, typer.Option(help="Comma-separated T values (fla).")] = None,
+    batches: Annotated[str | None, typer.Option(help="Comma-separated batches (forgetting-decode, fla).")] = None,
+):
+    """Sweep a Triton kernel's launch configs on this GPU (or warm fla's autotuning); print the best, write JSON."""
+    import json
+
+    from evalsuite.bench.tune import run_tune
+
+    options = {"seq_len": seq_len, "head_dims": _csv_list(head_dims, int, "--head-dims"),
+               "lengths": _csv_list(lengths, int, "--lengths"), "seq_lens": _csv_list(seq_lens, int, "--seq-lens"),
+               "batches": _csv_list(batches, int, "--batches")}  # fmt: skip
+    if shape is not None:
+        options["shape"] = tuple(_csv_list(shape, int, "--shape"))
+        if len(options["shape"]) != 4:
+            raise UserError("--shape takes B,T,H,D")
+    if configs is not None:
+        try:
+            options["configs"] = json.loads(configs)
+        except ValueError:
+            raise UserError(f"--configs takes a JSON list of objects, got {configs!r}") from None
+    report = run_tune(kernel, out, **{k: v for k, v in options.items() if v is not None})
+    if "path" in report:
+        typer.echo(f"wrote {report['path']}")
+
+
+@bench_app.command("profile-decode")
+def bench_profile_decode_cmd(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (.txt and .json).")],
+    card: Annotated[str, typer.Option(help="A model card (random weights of its shapes).")] = "fox-pro",
+    path: Annotated[str, typer.Option(help="Decode path: eager, static, graph or compiled.")] = "compiled",
+    length: Annotated[int, typer.Option(help="Prompt tokens before the profiled steps.", min=1)] = 4096,
+    batch: Annotated[int, typer.Option(help="Sequences per step.", min=1)] = 1,
+    steps: Annotated[int, typer.Option(help="Steps timed, then steps profiled.", min=1)] = 64,
+    device: DeviceOpt = "cuda",
+    other_capacity: Annotated[
+        bool, typer.Option(help="First step a decoder of another cache size (recompiles the compiled step).")
+    ] = False,
+):
+    """Profile one decode step of a model: ms per step, device kernel time and the kernels it runs."""
+    from evalsuite.bench.profile_decode import profile_decode
+
+    profile_decode(out, card=card, path=path, length=length, batch=batch, steps=steps, device=device,
+                   other_capacity=other_capacity)  # fmt: skip
+
+
+@bench_app.command("drt-memory")
+def bench_drt_memory_cmd(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (JSON, Markdown).")],
+    lengths: Annotated[str, typer.Option(help="Comma-separated context lengths.")] = "16384,65536,262144",
+    new_tokens: Annotated[int, typer.Option(help="Tokens decoded after the prefill.", min=1)] = 128,
+    model: Annotated[str, typer.Option(help="A DRT card (drt-tiny for a CPU run).")] = "drt",
+    device: DeviceOpt = "cuda",
+):
+    """DRT's chunk memory at long context: device memory and decode speed, chunk store on the device vs in CPU RAM."""
+    from evalsuite.bench.drt_memory import drt_memory
+
+    drt_memory(out, lengths=_csv_list(lengths, int, "--lengths"), new_tokens=new_tokens, model=model, device=device)
+    typer.echo(f"wrote {out}/drt_memory.json and .md")
+
+
+@bench_app.command("step-time")
+def bench_step_time_cmd(
+    out: Annotated[Path, typer.Option("--out", "-o", help="JSON file, rewritten after every combination.")],
+    models: Annotated[str, typer.Option(help="Comma-separated model names of the preset.")] = (
+        "fox-pro,fox-llama,transformer-llama,transformer-pro,gsa,tnl"
+    ),
+    preset: Annotated[str, typer.Option(help="The MQAR preset whose first cell is timed.")] = "gsa-paper",
+    d_model: Annotated[int, typer.Option(help="Model width.", min=1)] = 128,
+    amp: Annotated[str, typer.Option(help="Comma-separated: none, tf32, auto.")] = "none,auto",
+    attention: Annotated[str, typer.Option(help="Comma-separated backends (skipped where not offered).")] = "auto",
+    graph: Annotated[str, typer.Option(help="Comma-separated: eager, graph, compile.")] = "eager,graph",
+    cells: Annotated[str, typer.Option(help="Comma-separated numbers of cells training at once.")] = "1",
+    steps: Annotated[int, typer.Option(help="Timed steps per cell.", min=1)] = 30,
+    warmup: Annotated[int, typer.Option(help="Steps before the timing.", min=1)] = 5,
+    profile: Annotated[int, typer.Option(help="Record the N kernels with most GPU time.", min=0)] = 0,
+):
+    """Milliseconds per MQAR training step per model, precision, backend, CUDA graph and cells at once."""
+    from evalsuite.bench.step_time import step_time
+
+    step_time(out, models=_csv_list(models, str, "--models"), preset=preset, d_model=d_model,
+              amps=_csv_list(amp, str, "--amp"), attention=_csv_list(attention, str, "--attention"),
+              graphs=_csv_list(graph, str, "--graph"), cells=_csv_list(cells, int, "--cells"), steps=steps,
+              warmup=warmup, profile=profile)  # fmt: skip
+    typer.echo(f"wrote {out}")

@@ -11,8 +11,8 @@ Each family (e.g. ``forgetting/``) keeps its kernels and launchers in its own pa
   so that small test shapes still cover several blocks and a ragged tail, and skip autotuning (every config
   would be interpreted, slowly, for nothing).
 * :func:`pick_config` -- that choice of block configuration: the family's interpreter config, or its tuned GPU
-  config for the head dim. It reads the caller's table at call time, so benchmarks that retune a table in place
-  change what the next launch uses.
+  config for the head dim, from a table that nothing writes to (a caller with other settings passes them to the
+  launcher instead).
 * :func:`empty` -- the one allocator for kernel outputs. Launchers look it up on this module at call time
   (``triton_utils.empty(...)``), so tests can monkeypatch it to fill every output with NaN and catch any
   element a kernel forgets to write.
@@ -55,10 +55,7 @@ def triton_installed() -> bool:
 
 
 def pick_config(gpu_configs_by_head_dim: Mapping[int, Config], head_dim: int, interpret_config: Config) -> Config:
-    """``interpret_config`` under the interpreter, else the tuned ``gpu_configs_by_head_dim[head_dim]``.
-
-    Pass the table itself (not a copy): it is read on every launch, so tuning it in place takes effect.
-    """
+    """``interpret_config`` under the interpreter, else the tuned ``gpu_configs_by_head_dim[head_dim]``."""
     return interpret_config if interpreting() else gpu_configs_by_head_dim[head_dim]
 
 

@@ -105,7 +105,7 @@ def cached_attention(q, k_cache, v_cache, cum_q, cum_cache, key_length, *, key_s
 
 
 def append_and_attend(q, k, v, log_f, k_cache, v_cache, cum_cache, length, *, key_start=None, copy_rows=(),
-                      backend: str = "auto", in_kernel: bool = True):  # fmt: skip
+                      backend: str = "auto"):  # fmt: skip
     """One decoding step: write this step's key row at ``length`` (a one-element integer tensor on q's device, the
     rows cached before it) and attend the query over the ``length + 1`` cached keys.
 
@@ -114,11 +114,10 @@ def append_and_attend(q, k, v, log_f, k_cache, v_cache, cum_cache, length, *, ke
     The new row's cumulative log forget is the previous row's plus log_f. ``copy_rows``: up to two ``(src, dst)``
     pairs of ``[B, H, D]`` rows the step also writes (``dst.copy_(src)``: FoX (Pro)'s KV-shift rows). The Triton
     decode kernel does all the writes itself (one launch, CUDA-graph safe); every other backend writes with
-    ``index_copy_``/``copy_`` and calls :func:`cached_attention` (the twin the tests compare it with; also the
-    Triton path with ``in_kernel=False``: separate writes, then the kernel, to measure the difference).
+    ``index_copy_``/``copy_`` and calls :func:`cached_attention` (the twin the tests compare it with).
     """
     q, k, v = _autocast_inputs(q, k, v)  # the caches are written in place: never cast
-    if in_kernel and cached_attention_graph_safe(q, backend) and q.dtype == k_cache.dtype == v_cache.dtype:
+    if cached_attention_graph_safe(q, backend) and q.dtype == k_cache.dtype == v_cache.dtype:
         appended = {"append": (k, v, log_f), "copy_rows": copy_rows, "key_length": length, "key_start": key_start}
         return forgetting_attention_decode_triton(q, k_cache, v_cache, None, cum_cache, **appended)
     cum = None

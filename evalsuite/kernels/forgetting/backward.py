@@ -21,8 +21,8 @@ from evalsuite.kernels import triton_utils
 from evalsuite.kernels.forgetting import common
 from evalsuite.kernels.forgetting.backward_dkdv import _bwd_dkdv_kernel
 from evalsuite.kernels.forgetting.backward_dq import _bwd_dq_kernel
-from evalsuite.kernels.forgetting.common import INTERPRET_DKDV, INTERPRET_DQ, _scales, _strides4, _upcast
-from evalsuite.kernels.triton_utils import interpreting, pick_config
+from evalsuite.kernels.forgetting.common import _scales, _strides4, _upcast
+from evalsuite.kernels.triton_utils import interpreting
 
 
 @triton.jit
@@ -65,8 +65,8 @@ def _bwd(do, q, k, v, cum, o, lse, scale, dkdv_config=None, dq_config=None):
     """Launch the backward. Returns dq, dk, dv (q dtype, [B, T, H, D]) and dcum ([B, T, H] fp32, or None).
 
     do: ``[B, T, H, D]`` output gradient (any strides; made unit-stride on D); q, k, v, cum, o, lse, scale as
-    saved by the forward (lse ``[B, H, T]`` fp32, log2 units). ``dkdv_config`` / ``dq_config`` override the
-    block configs ``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` (tuning, tests).
+    saved by the forward (lse ``[B, H, T]`` fp32, log2 units). ``dkdv_config`` / ``dq_config``: the block configs
+    ``(BLOCK_M, BLOCK_N, num_warps, num_stages)``, default :func:`common.block_config`'s (tuning, tests).
     """
     B, T, H, D = q.shape
     has_c = cum is not None
@@ -89,8 +89,9 @@ def _bwd(do, q, k, v, cum, o, lse, scale, dkdv_config=None, dq_config=None):
     dc = dcum if has_c else delta
     dc_strides = dcum.stride() if has_c else (0, 0, 0)
     upcast = _upcast(q.dtype)
+    shipped = common.block_config(D)
 
-    BM, BN, nw, ns = dkdv_config or pick_config(common.BWD_DKDV_CONFIGS, D, INTERPRET_DKDV)
+    BM, BN, nw, ns = dkdv_config or shipped.dkdv
     assert BN % BM == 0, "dK/dV kernel needs BLOCK_N % BLOCK_M == 0"
     _bwd_dkdv_kernel[(B * H, triton.cdiv(T, BN))](
         q, k, v, c, do, lse, delta, dk, dv, dc,
@@ -99,7 +100,7 @@ def _bwd(do, q, k, v, cum, o, lse, scale, dkdv_config=None, dq_config=None):
         HAS_C=has_c, HEAD_DIM=D, BLOCK_M=BM, BLOCK_N=BN, UPCAST=upcast, num_warps=nw, num_stages=ns,
     )  # fmt: skip
 
-    BM, BN, nw, ns = dq_config or pick_config(common.BWD_DQ_CONFIGS, D, INTERPRET_DQ)
+    BM, BN, nw, ns = dq_config or shipped.dq
     assert BM % BN == 0, "dQ kernel needs BLOCK_M % BLOCK_N == 0"
     _bwd_dq_kernel[(B * H, triton.cdiv(T, BM))](
         q, k, v, c, do, lse, delta, dq, dc,

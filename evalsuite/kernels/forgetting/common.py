@@ -21,13 +21,15 @@ Design notes shared by all kernels (FoX paper, Algorithms 1-2):
   multiplies the raw uint16 storage), so under the interpreter bf16 dot operands are upcast to float32 first
   (``UPCAST``, :func:`_mm`); the products of bf16 values are exact in float32, so the result is the same function.
 
-The config tables live here and only here: the launchers read them at every launch, and the benchmark's tuning
-(:mod:`evalsuite.bench.attention`, ``scripts/tune_fwd.py``) writes into these same dicts.
+The config tables live here and only here, and nothing writes to them: :func:`block_config` and
+:func:`decode_config` read the shipped settings, and a caller with other settings (``evalsuite bench tune``, tests)
+passes them to the launchers as arguments.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -40,8 +42,8 @@ LOG2E = 1.4426950408889634
 # Block configurations, per head dim: (BLOCK_M, BLOCK_N, num_warps, num_stages).
 # Forward and dQ: one program per BLOCK_M query rows, stepping over keys BLOCK_N at a time.
 # dK/dV: one program per BLOCK_N keys, stepping over queries BLOCK_M at a time.
-# Tuned at T=16384, B*T=65536, H=16 (evalsuite/bench/attention.py --tune, scripts/tune_fwd.py; the top forward configs
-# swap places run to run); D=16/32 use configs checked for correctness but not tuned. Measurements:
+# Tuned at T=16384, B*T=65536, H=16 (``evalsuite bench tune forgetting``; the top forward configs swap places run to
+# run); D=16/32 use configs checked for correctness but not tuned. Measurements:
 # results/bench/h100/README.md and its fwd-sweep/, fwd-variants/.
 # The constraints (BLOCK_M % BLOCK_N == 0 forward/dQ, BLOCK_N % BLOCK_M == 0 dK/dV) are asserted at launch.
 FWD_CONFIGS = {16: (256, 64, 8, 3), 32: (256, 64, 8, 3), 64: (128, 64, 4, 4), 128: (128, 64, 8, 4)}
@@ -52,9 +54,9 @@ BWD_DQ_CONFIGS = {16: (128, 32, 4, 4), 32: (128, 32, 4, 4), 64: (128, 32, 4, 4),
 # cumsum folded into the LSE, key cumsums through a 1-D descriptor, q.k issued a block early, lazy rescaling) are in
 # results/bench/h100/fwd-variants/README.md.
 FWD_TMA = {16: False, 32: False, 64: True, 128: True}
-# Decode: (BLOCK_N, num_warps, num_stages); BLOCK_M follows Tq. From scripts/tune_decode.py on one H100 (24 heads of
-# 64, bf16; results/bench/h100/decode-5/tune_decode.json): (64, 2, 3) was fastest or within 2% at batch 1 and 8 after
-# 4K and 16K keys (batch 1 after 4K: 32.0 us against 34.5 for (64, 4, 2)).
+# Decode: (BLOCK_N, num_warps, num_stages); BLOCK_M follows Tq. From the decode sweep (``evalsuite bench tune
+# forgetting-decode``) on one H100 (24 heads of 64, bf16; results/bench/h100/decode-5/tune_decode.json): (64, 2, 3) was
+# fastest or within 2% at batch 1 and 8 after 4K and 16K keys (32.0 us at batch 1 after 4K; (64, 4, 2): 34.5 us).
 DECODE_CONFIG = (64, 2, 3)
 # Under the interpreter: small blocks, so tests at T <= 256 still cover several diagonal / off-diagonal blocks.
 INTERPRET_FWD = (32, 16, 4, 1)
@@ -63,6 +65,43 @@ INTERPRET_DQ = (32, 16, 4, 1)
 INTERPRET_DECODE = (16, 4, 1)
 
 HEAD_DIMS = (16, 32, 64, 128)
+
+
+@dataclass(frozen=True)
+class BlockConfig:
+    """The full-sequence kernels' launch settings at one head dim: ``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of
+    the forward, the dK/dV and the dQ kernels, and whether the forward reads K/V through TMA descriptors (where
+    :func:`_tma_usable` allows it)."""
+
+    fwd: tuple[int, int, int, int]
+    dkdv: tuple[int, int, int, int]
+    dq: tuple[int, int, int, int]
+    tma: bool
+
+    def flat(self) -> list[int]:
+        """The 13 integers the custom operators carry (a torch.library schema takes no dataclass)."""
+        return [*self.fwd, *self.dkdv, *self.dq, int(self.tma)]
+
+    @classmethod
+    def unflat(cls, values) -> BlockConfig:
+        """The inverse of :meth:`flat`."""
+        v = [int(x) for x in values]
+        return cls(tuple(v[0:4]), tuple(v[4:8]), tuple(v[8:12]), bool(v[12]))
+
+
+def block_config(head_dim: int) -> BlockConfig:
+    """The shipped settings for ``head_dim``: the GPU tables, or the interpreter's small blocks (TMA as on a GPU,
+    emulated)."""
+    tma = FWD_TMA.get(head_dim, False)
+    if interpreting():
+        return BlockConfig(INTERPRET_FWD, INTERPRET_DKDV, INTERPRET_DQ, tma)
+    return BlockConfig(FWD_CONFIGS[head_dim], BWD_DKDV_CONFIGS[head_dim], BWD_DQ_CONFIGS[head_dim], tma)
+
+
+def decode_config() -> tuple[int, int, int]:
+    """The decode kernel's shipped ``(BLOCK_N, num_warps, num_stages)``: the GPU's, or the interpreter's."""
+    return INTERPRET_DECODE if interpreting() else DECODE_CONFIG
+
 
 # The strides of c are left unspecialised, so one compiled kernel serves c in [B, T, H] storage (the natural
 # result of a cumsum) and in time-major storage (see cumsum_over_time); measured as fast as specialised strides.

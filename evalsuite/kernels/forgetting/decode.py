@@ -22,7 +22,7 @@ import triton.language as tl
 
 from evalsuite.kernels import triton_utils
 from evalsuite.kernels.forgetting import common
-from evalsuite.kernels.forgetting.common import INTERPRET_DECODE, _check_inputs, _mm, _scales, _strides4, _upcast
+from evalsuite.kernels.forgetting.common import _check_inputs, _mm, _scales, _strides4, _upcast
 from evalsuite.kernels.triton_utils import interpreting
 
 
@@ -273,8 +273,50 @@ def _append_rows(append, B: int, H: int, D: int, dtype: torch.dtype):
     return rows[0], rows[1], log_f[:, 0].float()
 
 
+def _check_decode_args(q, k, v, cum_q, cum_k, key_start, key_length, append, copy_rows):
+    """The decode call's arguments checked and normalised: ``(cum_q, cum_k, key_start, key_length, (kn, vn, lf))``
+    with the cumulative gates float32, key_start int32 ``[B]``, key_length ``[1]`` and the append rows as
+    :func:`_append_rows` gives them (all None without append). Raises ValueError on shapes that do not fit."""
+    _check_inputs(q, k, v)
+    B, Tq, H, D = q.shape
+    Tk = k.shape[1]
+    if k.shape != v.shape or k.shape[0] != B or k.shape[2] != H or k.shape[3] != D or Tk < Tq:
+        raise ValueError(f"k/v shape {tuple(k.shape)} does not fit q shape {tuple(q.shape)}")
+    rows = (None, None, None)
+    if append is not None:
+        if Tq != 1 or key_length is None or cum_q is not None:
+            raise ValueError("append needs one query, key_length, and cum_q None (the new row's cum is computed)")
+        if cum_k is not None and cum_k.dtype != torch.float32:
+            raise ValueError("append writes into cum_k: it must be float32")
+        rows = _append_rows(append, B, H, D, k.dtype)
+    elif (cum_q is None) != (cum_k is None):
+        raise ValueError("give both cum_q and cum_k, or neither")
+    if copy_rows and (append is None or len(copy_rows) > 2):
+        raise ValueError("copy_rows needs append, and at most two (src, dst) pairs")
+    for src, dst in copy_rows:
+        unit = src.stride(-1) == dst.stride(-1) == 1
+        if src.shape != (B, H, D) or dst.shape != src.shape or dst.dtype != src.dtype or not unit:
+            raise ValueError(f"copy_rows pairs must be [B, H, D] = {(B, H, D)}, one dtype, unit stride over D")
+    if cum_k is not None:
+        if cum_k.shape != (B, Tk, H) or (cum_q is not None and cum_q.shape != (B, Tq, H)):
+            got = (None if cum_q is None else tuple(cum_q.shape), tuple(cum_k.shape))
+            raise ValueError(f"cum_q/cum_k must be [B, Tq, H]/[B, Tk, H]; got {got[0]}/{got[1]}")
+        cum_k = cum_k.float()  # with append already float32: the kernel writes into it
+        cum_q = None if cum_q is None else cum_q.float()
+    if key_start is not None:
+        if key_start.shape != (B,):
+            raise ValueError(f"key_start must be [B]; got {tuple(key_start.shape)}")
+        key_start = key_start.to(device=q.device, dtype=torch.int32).contiguous()
+    if key_length is not None:
+        if key_length.numel() != 1 or key_length.device != q.device:
+            raise ValueError(f"key_length must be one integer on {q.device}; got {tuple(key_length.shape)}")
+        key_length = key_length.reshape(1)
+    return cum_q, cum_k, key_start, key_length, rows
+
+
 def forgetting_attention_decode_triton(q, k, v, cum_q=None, cum_k=None, *, scale=None, key_start=None,
-                                       key_length=None, num_splits=None, append=None, copy_rows=()):  # fmt: skip
+                                       key_length=None, num_splits=None, append=None, copy_rows=(),
+                                       config=None):  # fmt: skip
     """Forgetting Attention for queries that are the last ``Tq`` positions of ``Tk`` keys (forward only).
 
     Args:
@@ -293,58 +335,26 @@ def forgetting_attention_decode_triton(q, k, v, cum_q=None, cum_k=None, *, scale
             query's own cumulative value is the new row's). The cache must have room for the row.
         copy_rows: with append, up to two ``(src, dst)`` pairs of ``[B, H, D]`` tensors (D contiguous) copied in
             the same launch (``dst.copy_(src)``; the KV-shift rows of FoX (Pro)).
+        config: ``(BLOCK_N, num_warps, num_stages)``, default :func:`common.decode_config` (tuning).
     Returns:
         ``[B, Tq, H, D]`` in q's dtype; rows that see no key are 0 (as in the reference).
     """
-    _check_inputs(q, k, v)
+    cum_q, cum_k, key_start, key_length, (kn, vn, lf) = _check_decode_args(
+        q, k, v, cum_q, cum_k, key_start, key_length, append, copy_rows
+    )
     B, Tq, H, D = q.shape
     Tk = k.shape[1]
-    if k.shape != v.shape or k.shape[0] != B or k.shape[2] != H or k.shape[3] != D or Tk < Tq:
-        raise ValueError(f"k/v shape {tuple(k.shape)} does not fit q shape {tuple(q.shape)}")
-    kn = vn = lf = None
-    if append is not None:
-        if Tq != 1 or key_length is None or cum_q is not None:
-            raise ValueError("append needs one query, key_length, and cum_q None (the new row's cum is computed)")
-        if cum_k is not None and cum_k.dtype != torch.float32:
-            raise ValueError("append writes into cum_k: it must be float32")
-        kn, vn, lf = _append_rows(append, B, H, D, k.dtype)
-    elif (cum_q is None) != (cum_k is None):
-        raise ValueError("give both cum_q and cum_k, or neither")
-    if copy_rows and (append is None or len(copy_rows) > 2):
-        raise ValueError("copy_rows needs append, and at most two (src, dst) pairs")
-    for src, dst in copy_rows:
-        unit = src.stride(-1) == dst.stride(-1) == 1
-        if src.shape != (B, H, D) or dst.shape != src.shape or dst.dtype != src.dtype or not unit:
-            raise ValueError(f"copy_rows pairs must be [B, H, D] = {(B, H, D)}, one dtype, unit stride over D")
-    has_c = cum_k is not None
-    if has_c:
-        if cum_k.shape != (B, Tk, H) or (cum_q is not None and cum_q.shape != (B, Tq, H)):
-            got = (None if cum_q is None else tuple(cum_q.shape), tuple(cum_k.shape))
-            raise ValueError(f"cum_q/cum_k must be [B, Tq, H]/[B, Tk, H]; got {got[0]}/{got[1]}")
-        cum_k = cum_k.float()  # with append already float32: the kernel writes into it
-        cum_q = None if cum_q is None else cum_q.float()
-    has_ks = key_start is not None
-    if has_ks:
-        if key_start.shape != (B,):
-            raise ValueError(f"key_start must be [B]; got {tuple(key_start.shape)}")
-        key_start = key_start.to(device=q.device, dtype=torch.int32).contiguous()
-    has_kl = key_length is not None
-    if has_kl:
-        if key_length.numel() != 1 or key_length.device != q.device:
-            raise ValueError(f"key_length must be one integer on {q.device}; got {tuple(key_length.shape)}")
-        key_length = key_length.reshape(1)
     if Tq == 0:
         return q.new_empty(q.shape)
-
-    interp = interpreting()
-    BLOCK_N, num_warps, num_stages = INTERPRET_DECODE if interp else common.DECODE_CONFIG
-    BLOCK_M = 16 if Tq <= 16 else (32 if (interp or Tq <= 32) else 64)
+    BLOCK_N, num_warps, num_stages = config or common.decode_config()
+    BLOCK_M = 16 if Tq <= 16 else (32 if (interpreting() or Tq <= 32) else 64)
     n_m = triton.cdiv(Tq, BLOCK_M)
     if num_splits is None:
         num_splits = _num_splits(B * H * n_m, Tk, BLOCK_N, q.device)
     keys_per_split = triton.cdiv(triton.cdiv(Tk, num_splits), BLOCK_N) * BLOCK_N
     num_splits = triton.cdiv(Tk, keys_per_split)
 
+    has_c = cum_k is not None
     sm_scale, mult = _scales(scale, D, has_c)
     o_part = triton_utils.empty((num_splits, B, H, Tq, D), torch.float32, q.device)
     lse_part = triton_utils.empty((num_splits, B, H, Tq), torch.float32, q.device)
@@ -353,8 +363,8 @@ def forgetting_attention_decode_triton(q, k, v, cum_q=None, cum_k=None, *, scale
     ck = cum_k if has_c else unused
     cq_strides = cum_q.stride() if cum_q is not None else (0, 0, 0)
     ck_strides = cum_k.stride() if has_c else (0, 0, 0)
-    ks = key_start if has_ks else unused
-    kl = key_length if has_kl else unused
+    ks = key_start if key_start is not None else unused
+    kl = key_length if key_length is not None else unused
     has_lf = lf is not None
     kn, vn, lf = (unused if t is None else t for t in (kn, vn, lf))
     new_strides = (*kn.stride()[:2], *vn.stride()[:2], *lf.stride()[:2])
@@ -365,8 +375,8 @@ def forgetting_attention_decode_triton(q, k, v, cum_q=None, cum_k=None, *, scale
         q, k, v, cq, ck, ks, kl, kn, vn, lf, *row_args, o_part, lse_part,
         *_strides4(q), *_strides4(k), *_strides4(v), *cq_strides, *ck_strides, *new_strides, *row_strides,
         Tq, Tk, H, keys_per_split, sm_scale, mult,
-        HAS_C=has_c, HAS_KS=has_ks, HAS_KL=has_kl, APPEND=append is not None, HAS_LF=has_lf, N_ROWS=len(copy_rows),
-        HEAD_DIM=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+        HAS_C=has_c, HAS_KS=key_start is not None, HAS_KL=key_length is not None, APPEND=append is not None,
+        HAS_LF=has_lf, N_ROWS=len(copy_rows), HEAD_DIM=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
         UPCAST=_upcast(q.dtype),
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip

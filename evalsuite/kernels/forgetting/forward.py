@@ -9,7 +9,7 @@ Design notes:
   it writes O and the row log-sum-exp (LSE, base 2) that the backward reuses.
 * Causal block skipping: a query block visits only the key blocks at or left of its diagonal, and only the
   diagonal blocks pay for masking. Ragged tails (T not a multiple of the block) are masked on load.
-* On Hopper and newer the forward reads K/V tiles through per-(batch, head) TMA tensor descriptors (``FWD_TMA``;
+* On Hopper and newer the forward reads K/V tiles through per-(batch, head) TMA tensor descriptors (``BlockConfig.tma``;
   rows past T come back as zeros); pointer loads elsewhere, and for strides TMA cannot take.
 """
 
@@ -23,8 +23,8 @@ from evalsuite.kernels import triton_utils
 from evalsuite.kernels.forgetting import common
 from evalsuite.kernels.forgetting.backward import _bwd
 from evalsuite.kernels.forgetting.common import (
-    INTERPRET_FWD,
     VECTOR_STRIDES,
+    BlockConfig,
     _check_inputs,
     _mm,
     _scales,
@@ -33,7 +33,7 @@ from evalsuite.kernels.forgetting.common import (
     _tma_usable,
     _upcast,
 )
-from evalsuite.kernels.triton_utils import install_tma_allocator, interpreting, pick_config
+from evalsuite.kernels.triton_utils import install_tma_allocator, interpreting
 
 
 @triton.jit
@@ -206,18 +206,19 @@ def _fwd_kernel(
 def _fwd(q, k, v, cum, scale, config=None, tma=None):
     """Launch the forward. Returns o [B, T, H, D] (q dtype) and lse [B, H, T] fp32 (log2 units).
 
-    q, k, v ``[B, T, H, D]``, cum ``[B, T, H]`` fp32 or None (inputs checked by the caller). ``config`` overrides
-    the block config ``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` and ``tma`` the ``FWD_TMA`` entry (tuning,
-    tests); TMA is still used only where :func:`_tma_usable` allows it.
+    q, k, v ``[B, T, H, D]``, cum ``[B, T, H]`` fp32 or None (inputs checked by the caller). ``config`` is the
+    block config ``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` and ``tma`` whether to read K/V through TMA
+    (default: :func:`common.block_config`'s); TMA is still used only where :func:`_tma_usable` allows it.
     """
     B, T, H, D = q.shape
-    BLOCK_M, BLOCK_N, num_warps, num_stages = config or pick_config(common.FWD_CONFIGS, D, INTERPRET_FWD)
+    shipped = common.block_config(D)
+    BLOCK_M, BLOCK_N, num_warps, num_stages = config or shipped.fwd
     assert BLOCK_M % BLOCK_N == 0, "forward needs BLOCK_M % BLOCK_N == 0"
     has_c = cum is not None
     sm_scale, mult = _scales(scale, D, has_c)
     o = triton_utils.empty((B, T, H, D), q.dtype, q.device)
     lse = triton_utils.empty((B, H, T), torch.float32, q.device)
-    use_tma = common.FWD_TMA.get(D, False) if tma is None else tma
+    use_tma = shipped.tma if tma is None else tma
     use_tma = use_tma and _tma_usable(k, v)
     if use_tma and not interpreting():
         install_tma_allocator()
@@ -237,16 +238,21 @@ def _fwd(q, k, v, cum, scale, config=None, tma=None):
 # The kernels as two operators (torch.library), so that torch.compile (training/train.py, compile=True) keeps a model's
 # forward and backward whole around them instead of breaking its graph there; Inductor runs them as they are (its own
 # rewrite of the Triton kernel fails to compile, torch 2.11 / triton 3.6). The forward returns the fp32 LSE
-# ``[B, H, T]`` the backward reuses; the backward returns an empty dcum without a gate.
+# ``[B, H, T]`` the backward reuses; the backward returns an empty dcum without a gate. ``config``: a
+# :class:`BlockConfig` as :meth:`BlockConfig.flat`, or None for the shipped one.
 @torch.library.custom_op("evalsuite::forgetting_attention_fwd", mutates_args=())
-def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cum: torch.Tensor | None, scale: float | None) -> tuple[
-    torch.Tensor, torch.Tensor
-]:  # fmt: skip
-    return _fwd(q, k, v, cum, scale)
+def _fwd_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cum: torch.Tensor | None, scale: float | None,
+    config: list[int] | None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    if config is None:
+        return _fwd(q, k, v, cum, scale)
+    cfg = BlockConfig.unflat(config)
+    return _fwd(q, k, v, cum, scale, config=cfg.fwd, tma=cfg.tma)
 
 
 @_fwd_op.register_fake
-def _(q, k, v, cum, scale):
+def _(q, k, v, cum, scale, config):
     B, T, H, _ = q.shape
     return q.new_empty(q.shape), q.new_empty((B, H, T), dtype=torch.float32)
 
@@ -254,35 +260,36 @@ def _(q, k, v, cum, scale):
 @torch.library.custom_op("evalsuite::forgetting_attention_bwd", mutates_args=())
 def _bwd_op(
     do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cum: torch.Tensor | None, o: torch.Tensor,
-    lse: torch.Tensor, scale: float | None,
+    lse: torch.Tensor, scale: float | None, config: list[int] | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-    dq, dk, dv, dcum = _bwd(do, q, k, v, cum, o, lse, scale)
+    cfg = None if config is None else BlockConfig.unflat(config)
+    dq, dk, dv, dcum = _bwd(do, q, k, v, cum, o, lse, scale, dkdv_config=cfg and cfg.dkdv, dq_config=cfg and cfg.dq)
     return dq, dk, dv, lse.new_empty(0) if dcum is None else dcum
 
 
 @_bwd_op.register_fake
-def _(do, q, k, v, cum, o, lse, scale):
+def _(do, q, k, v, cum, o, lse, scale, config):
     dcum = lse.new_empty(0) if cum is None else lse.new_empty(cum.shape)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dcum
 
 
 def _save_for_backward(ctx, inputs, output):
-    q, k, v, cum, scale = inputs
+    q, k, v, cum, scale, config = inputs
     o, lse = output
     ctx.save_for_backward(q, k, v, cum, o, lse)
-    ctx.scale = scale
+    ctx.scale, ctx.config = scale, config
 
 
 def _backward(ctx, do, _dlse):
     q, k, v, cum, o, lse = ctx.saved_tensors
-    dq, dk, dv, dcum = _bwd_op(do, q, k, v, cum, o, lse, ctx.scale)
-    return dq, dk, dv, None if cum is None else dcum, None
+    dq, dk, dv, dcum = _bwd_op(do, q, k, v, cum, o, lse, ctx.scale, ctx.config)
+    return dq, dk, dv, None if cum is None else dcum, None, None
 
 
 _fwd_op.register_autograd(_backward, setup_context=_save_for_backward)
 
 
-def forgetting_attention_triton(q, k, v, cum=None, *, scale=None):
+def forgetting_attention_triton(q, k, v, cum=None, *, scale=None, config: BlockConfig | None = None):
     """Causal Forgetting Attention (full sequence), differentiable.
 
     Args:
@@ -292,6 +299,7 @@ def forgetting_attention_triton(q, k, v, cum=None, *, scale=None):
             attention. Gradients flow to ``cum`` (``dcum_i = sum_j dS_ij - sum_j dS_ji``); autograd through the
             caller's cumsum turns them into ``d log f``.
         scale: logit scale, default ``1/sqrt(D)``.
+        config: the forward's and backward's launch settings, default :func:`common.block_config` (tuning, tests).
     Returns:
         o: ``[B, T, H, D]`` in q's dtype (contiguous).
     """
@@ -303,4 +311,5 @@ def forgetting_attention_triton(q, k, v, cum=None, *, scale=None):
         if cum.shape != (B, T, H):
             raise ValueError(f"cum must be [B, T, H] = {(B, T, H)}; got {tuple(cum.shape)}")
         cum = cum.float()
-    return _fwd_op(q, k, v, cum, None if scale is None else float(scale))[0]
+    flat = None if config is None else config.flat()
+    return _fwd_op(q, k, v, cum, None if scale is None else float(scale), flat)[0]

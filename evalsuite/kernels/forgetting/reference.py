@@ -24,7 +24,7 @@ import math
 import torch
 
 # Elements of one query-block score tile (B * H * block * keys). 2**24 fp32 = 64 MiB.
-_TILE_BUDGET = 2**24
+TILE_BUDGET = 2**24
 
 
 def _check_shapes(q, k, v, cum_q, cum_k, key_start):
@@ -85,7 +85,7 @@ def attention_blocked(q, k, v, cum_q=None, cum_k=None, *, scale=None, key_start=
     """Memory-efficient Forgetting Attention: exact, but never holds more than one query block's scores.
 
     Same arguments and result as :func:`attention_dense`. ``block`` (query rows per step) defaults to
-    the largest power of two whose score tile fits a fixed budget. Each block only reads the keys it can
+    the largest power of two whose score tile fits :data:`TILE_BUDGET`. Each block only reads the keys it can
     see (causal), so a full pass costs about half the dense FLOPs. Differentiable through autograd.
     """
     _check_shapes(q, k, v, cum_q, cum_k, key_start)
@@ -93,7 +93,7 @@ def attention_blocked(q, k, v, cum_q=None, cum_k=None, *, scale=None, key_start=
     Tk = k.shape[1]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     if block is None:
-        block = 1 << max(4, int(math.log2(max(1, _TILE_BUDGET // max(1, B * H * Tk)))))
+        block = 1 << max(4, int(math.log2(max(1, TILE_BUDGET // max(1, B * H * Tk)))))
     offset = Tk - Tq  # absolute position of query 0
     k_pos_all = torch.arange(Tk, device=q.device)
     out = []

@@ -4,7 +4,7 @@ Entry point: :func:`gsa_chunk_triton` ``(q, k, v, log_alpha, scale, initial_stat
 with the shapes and semantics of :func:`evalsuite.kernels.gated_slot.reference.gsa_recurrent`. Differentiable in
 q, k, v, log_alpha and the initial state, and through the returned final state.
 
-Design (kernels in :mod:`.chunk_kernels`, helpers and block configs in :mod:`.common`):
+Design (kernels in :mod:`.state_kernels` and :mod:`.chunk_kernels`, helpers and block configs in :mod:`.common`):
 
 * Chunks of ``CHUNK`` rows (64 on GPU, 32 under the interpreter), sub-chunks of ``SUB`` = 16, micro-blocks of 4.
   The log-gate cumsums within a chunk are taken in registers (float32) by every kernel that needs them; nothing
@@ -42,13 +42,12 @@ from evalsuite.kernels.gated_slot.chunk_kernels import (
     _dgate_kernel,
     _pair_kernel,
     _read_kernel,
-    _state_bwd_kernel,
-    _state_fwd_kernel,
     _write_kernel,
     _write_rev_kernel,
 )
 from evalsuite.kernels.gated_slot.common import check_dtypes, check_sizes, config, dot_flags
 from evalsuite.kernels.gated_slot.reference import LOG_ALPHA_FLOOR, _check
+from evalsuite.kernels.gated_slot.state_kernels import _state_bwd_kernel, _state_fwd_kernel
 
 F32 = torch.float32
 # log alpha is clamped at LOG_ALPHA_FLOOR = -20 (reference.py, which clamps the same way): alpha = 2e-9 keeps less
@@ -167,8 +166,8 @@ def _slot_major(hk):
 
 class _GSAChunk(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, g, scale, h0k, h0v, output_final_state):
-        cfg = config()
+    def forward(ctx, q, k, v, g, scale, h0k, h0v, output_final_state, override):
+        cfg = config(override)
         B, T, H, DK, DV, M, NT = _dims(k, v, g, cfg)
         hsk, hsv = _states(k, v, g, h0k, h0v, cfg)
         z = _read(q, k, g, hsk, scale, cfg)
@@ -179,14 +178,14 @@ class _GSAChunk(torch.autograd.Function):
             final_k = hsk[:, NT].view(B, H, M, DK).transpose(-1, -2).contiguous()
             final_v = hsv[:, NT].view(B, H, M, DV).clone()
         ctx.save_for_backward(q, k, v, g, z, a_p, h0k, h0v)
-        ctx.scale = scale
+        ctx.scale, ctx.override = scale, override
         ctx.set_materialize_grads(False)
         return o, final_k, final_v
 
     @staticmethod
     def backward(ctx, do, d_final_k, d_final_v):
         q, k, v, g, z, a_p, h0k, h0v = ctx.saved_tensors
-        scale, cfg = ctx.scale, config()
+        scale, cfg = ctx.scale, config(ctx.override)
         B, T, H, DK, DV, M, NT = _dims(k, v, g, cfg)
         do = torch.zeros_like(v) if do is None else do.to(v.dtype).contiguous()
         has_dht = d_final_k is not None or d_final_v is not None
@@ -207,16 +206,18 @@ class _GSAChunk(torch.autograd.Function):
         dv = _write_rev(do, g, dhsv, a_p, v.dtype, cfg)
         dg = _dgate(q, k, v, do, z, dp, g, hsk, hsv, dhsk, dhsv, scale, cfg)
         dh0k, dh0v = dh0 if want_dh0 else (None, None)
-        return dq, dk, dv, dg, None, dh0k, dh0v, None
+        return dq, dk, dv, dg, None, dh0k, dh0v, None, None
 
 
-def gsa_chunk_triton(q, k, v, log_alpha, scale: float = 1.0, initial_state=None, output_final_state: bool = False):
+def gsa_chunk_triton(q, k, v, log_alpha, scale: float = 1.0, initial_state=None, output_final_state: bool = False,
+                     config=None):  # fmt: skip
     """Chunked GSA with Triton forward and backward; same contract as ``reference.gsa_recurrent``.
 
     q, k ``[B, T, H, dk]``, v ``[B, T, H, dv]`` (one dtype of bf16/fp16/fp32), log_alpha ``[B, T, H, m]`` (float32,
     <= 0), initial_state ``(hk [B, H, dk, m], hv [B, H, m, dv])`` or None. Returns ``(o [B, T, H, dv] in v's dtype,
     (hk, hv) float32 or None)``. Gradients flow to q, k, v, log_alpha (float32), the initial state and from the
-    returned final state.
+    returned final state. ``config``: the block configuration of forward and backward, a mapping with every key of
+    :data:`~evalsuite.kernels.gated_slot.common.GPU_CONFIG` (tuning, tests); default the shipped one.
     """
     _check(q, k, v, log_alpha, initial_state)
     check_dtypes(q, k, v)
@@ -235,5 +236,5 @@ def gsa_chunk_triton(q, k, v, log_alpha, scale: float = 1.0, initial_state=None,
         h0k, h0v = _slot_major(initial_state[0]), initial_state[1].to(F32).contiguous()
     q, k, v = (x.contiguous() for x in (q, k, v))
     g = log_alpha.to(F32).clamp(min=LOG_ALPHA_FLOOR).contiguous()
-    o, hk, hv = _GSAChunk.apply(q, k, v, g, float(scale), h0k, h0v, output_final_state)
+    o, hk, hv = _GSAChunk.apply(q, k, v, g, float(scale), h0k, h0v, output_final_state, config)
     return o, ((hk, hv) if output_final_state else None)

@@ -5,7 +5,7 @@ dimension first:
 ``hk^T [m, dk]`` for pass 1 and ``hv [m, dv]`` for pass 2, both updated as ``H_t = diag(alpha_t) H_{t-1} +
 s_t x_t^T`` (x = k or v). Pass 1 reads along d (``o1_t = H_t q_t``, an m-vector), pass 2 along m
 (``o_t = H_t^T p_t``). The chunked forward and backward are built from four per-chunk shapes of one formula and
-two sequential state scans (:mod:`.chunk_kernels`); this module holds the pieces they share.
+two sequential state scans (:mod:`.chunk_kernels`, :mod:`.state_kernels`); this module holds the pieces they share.
 
 Numerics:
 * Gates are log-space float32. Within a chunk ``b`` is the inclusive cumsum of ``log alpha`` (from the chunk start),
@@ -25,6 +25,9 @@ Numerics:
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
 
 import torch
 import triton
@@ -49,60 +52,66 @@ MICRO = tl.constexpr(4)
 # (write, write_rev); *_BM: slots per tile (read, dgate: one program per tile; pair, write: a loop over the tiles);
 # *_WARPS per kernel family. The per-chunk kernels work on ``CHUNK x CHUNK`` and ``CHUNK x BM`` tiles with tl.dot
 # (wgmma on H100). Chosen so that the sm_90 build spills (almost) nothing at dk = dv = m = 128
-# (scripts/gsa_sm90_resources.py: read 328 bytes, pair and write 0, dgate 168; whole-m tiles spill 2-5 KB and take
-# forward+backward 1.7x as long, 31.8 against 18.2 ms, results/bench/h100/gsa-kernel-fix/). scripts/tune_gsa.py
-# sweeps the alternatives on hardware and prints a dict to paste here.
-GPU_CONFIG = {
-    "CHUNK": 64,
-    "SUB": 16,
-    "STATE_BD": 32,
-    "STATE_WARPS": 4,
-    "STATE_STAGES": 2,
-    "READ_BD": 64,
-    "READ_BM": 64,  # 32 faults (illegal memory access) on an H100 with triton 3.6; 64, 128 exact (gsa-kernel-fix/)
-    "READ_WARPS": 4,
-    "PAIR_BM": 32,
-    "PAIR_WARPS": 8,
-    "WRITE_BD": 64,
-    "WRITE_BM": 32,
-    "WRITE_WARPS": 4,
-    "DGATE_BD": 64,
-    "DGATE_BM": 32,
-    "DGATE_WARPS": 8,
-    "STAGES": 1,
-    "DECODE_BD": 64,
-    "DECODE_WARPS": 4,
-}
+# (an sm_90 build's resource usage: read 328 bytes, pair and write 0, dgate 168; whole-m tiles spill 2-5 KB, and the
+# kernels run 2-6x slower, results/bench/h100/gsa-kernel-fix/). ``evalsuite bench tune gsa`` sweeps the alternatives
+# on hardware and prints the best as a dict to paste here. Both tables are read-only: a caller with other settings
+# passes its own mapping to the launchers (``config=``).
+GPU_CONFIG = MappingProxyType(
+    {
+        "CHUNK": 64,
+        "SUB": 16,
+        "STATE_BD": 32,
+        "STATE_WARPS": 4,
+        "STATE_STAGES": 2,
+        "READ_BD": 64,
+        "READ_BM": 64,  # 32 faults (illegal memory access) on the H100 with triton 3.6; 64 and 128 are exact
+        "READ_WARPS": 4,
+        "PAIR_BM": 32,
+        "PAIR_WARPS": 8,
+        "WRITE_BD": 64,
+        "WRITE_BM": 32,
+        "WRITE_WARPS": 4,
+        "DGATE_BD": 64,
+        "DGATE_BM": 32,
+        "DGATE_WARPS": 8,
+        "STAGES": 1,
+        "DECODE_BD": 64,
+        "DECODE_WARPS": 4,
+    }
+)
 # Interpreter: chunks of 32 in sub-chunks of 16 (so T ~ 40..100 spans several chunks, several sub-chunks and a
 # ragged tail), d tiles of 16 (so dk = 32 already takes two tiles).
-INTERPRET_CONFIG = {
-    "CHUNK": 32,
-    "SUB": 16,
-    "STATE_BD": 16,
-    "STATE_WARPS": 1,
-    "STATE_STAGES": 1,
-    "READ_BD": 16,
-    "READ_BM": 16,
-    "READ_WARPS": 1,
-    "PAIR_BM": 16,
-    "PAIR_WARPS": 1,
-    "WRITE_BD": 16,
-    "WRITE_BM": 16,
-    "WRITE_WARPS": 1,
-    "DGATE_BD": 16,
-    "DGATE_BM": 16,
-    "DGATE_WARPS": 1,
-    "STAGES": 1,
-    "DECODE_BD": 16,
-    "DECODE_WARPS": 1,
-}
+INTERPRET_CONFIG = MappingProxyType(
+    {
+        "CHUNK": 32,
+        "SUB": 16,
+        "STATE_BD": 16,
+        "STATE_WARPS": 1,
+        "STATE_STAGES": 1,
+        "READ_BD": 16,
+        "READ_BM": 16,
+        "READ_WARPS": 1,
+        "PAIR_BM": 16,
+        "PAIR_WARPS": 1,
+        "WRITE_BD": 16,
+        "WRITE_BM": 16,
+        "WRITE_WARPS": 1,
+        "DGATE_BD": 16,
+        "DGATE_BM": 16,
+        "DGATE_WARPS": 1,
+        "STAGES": 1,
+        "DECODE_BD": 16,
+        "DECODE_WARPS": 1,
+    }
+)
 
 _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
-def config() -> dict:
-    """The block configuration for this launch (read at call time, so tests and tuning may edit the tables)."""
-    cfg = INTERPRET_CONFIG if interpreting() else GPU_CONFIG
+def config(override: Mapping | None = None) -> Mapping:
+    """The block configuration of a launch: ``override`` (a full mapping with every key of :data:`GPU_CONFIG`: tuning,
+    tests) or the shipped one, :data:`INTERPRET_CONFIG` under the interpreter, else :data:`GPU_CONFIG`; checked."""
+    cfg = override if override is not None else (INTERPRET_CONFIG if interpreting() else GPU_CONFIG)
     if cfg["CHUNK"] % cfg["SUB"] or cfg["SUB"] % MICRO.value:
         raise ValueError(f"GSA kernels: CHUNK must be a multiple of SUB and SUB of {MICRO.value}; got {cfg}")
     return cfg
@@ -183,7 +192,7 @@ def _softmax_stats(Z, DP, row, ok, M: tl.constexpr, BM: tl.constexpr, MODE: tl.c
     """Per row of ``Z [rows, M]`` (the pass-1 logits ``scale * hk^T q``), read BM slots at a time: the max, the sum
     of ``exp(z - max)`` and, in MODE 2, ``<p, dP>`` (0 otherwise), for :func:`_u_tile`."""
     # Tiles accumulate elementwise and reduce once after each loop: a row reduction inside the loop trips an
-    # assertion in triton 3.6's TritonGPUOptimizeThreadLocality pass on sm_90 (scripts/gsa_sm90_resources.py).
+    # assertion in triton 3.6's TritonGPUOptimizeThreadLocality pass on sm_90.
     tile_max = tl.full([row.shape[0], BM], float("-inf"), tl.float32)
     for m0 in tl.range(0, M, BM):
         offs = row[:, None] * M + m0 + tl.arange(0, BM)[None, :]

@@ -132,7 +132,8 @@ def gca_bwd(do, q, k, v, w32, lse, scale: float, config=None):
     """Launch the backward. Returns ``dq`` (q's shape and dtype), ``dk``, ``dv`` (k's), ``dw [B, C, K]`` float32.
 
     do: ``[B, C, Sq, H, D]`` in q's dtype, any strides; q, k, v, w32, lse, scale as saved by the forward.
-    ``config`` overrides ``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` (tests, tuning); BLOCK_M must cover Sq.
+    ``config``: ``(BLOCK_M, BLOCK_N, num_warps, num_stages)``, default :func:`common.bwd_config`'s (tests, tuning);
+    BLOCK_M must cover Sq.
     """
     B, C, Sq, H, D = q.shape
     NK, Skv = k.shape[2], k.shape[3]

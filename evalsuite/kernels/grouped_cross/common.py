@@ -26,11 +26,14 @@ Numerics and conventions:
   of both kernels is the one over the K retrieved chunks, which the GPU compiler software-pipelines (the next
   chunk's K/V tiles load while this one is processed).
 
-The config tables live here and only here; launchers read them at every launch (:func:`fwd_config`,
-:func:`bwd_config`), so a benchmark may retune them in place.
+The config tables live here and only here, and nothing writes to them: :func:`fwd_config` and :func:`bwd_config`
+read them, and a caller with other settings (tuning, tests) passes a :class:`BlockConfig` to
+:func:`~evalsuite.kernels.grouped_cross.forward.gca_triton`.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -38,7 +41,7 @@ import triton.language as tl
 
 from evalsuite.kernels.grouped_cross.reference import MAX_TRITON_SQ, check_shapes
 from evalsuite.kernels.jit_helpers import in_range
-from evalsuite.kernels.triton_utils import interpreting, pick_config
+from evalsuite.kernels.triton_utils import interpreting
 
 LOG2E = 1.4426950408889634
 HEAD_DIMS = (16, 32, 64, 128)
@@ -46,16 +49,34 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # The backward holds a whole query chunk in one tile (one program per (b, c, h)): Sq <= MAX_SQ rows.
 MAX_SQ = MAX_TRITON_SQ
 
-# GPU, per head dim. Forward: (max BLOCK_M, BLOCK_N, num_stages); BLOCK_M = next power of two >= Sq, at most the
-# max, so one program usually covers a whole query chunk and reads each retrieved chunk once. Backward:
-# (BLOCK_N, num_stages); BLOCK_M = next power of two >= Sq. num_warps: 4 for tiles up to 64 x 64, else 8
-# (:func:`_warps`). Chosen by the FlashAttention-2 rules of thumb for DRT's 64 x 64 chunks, not tuned on hardware.
-FWD_CONFIGS = {16: (128, 64, 3), 32: (128, 64, 3), 64: (128, 64, 3), 128: (128, 64, 2)}
-BWD_CONFIGS = {16: (64, 2), 32: (64, 2), 64: (64, 2), 128: (64, 1)}
+
+@dataclass(frozen=True)
+class BlockConfig:
+    """Block settings at one head dim. ``fwd``: (max BLOCK_M, BLOCK_N, num_stages); BLOCK_M = next power of two
+    >= Sq, at most the max, so one program usually covers a whole query chunk and reads each retrieved chunk once.
+    ``bwd``: (BLOCK_N, num_stages); BLOCK_M = next power of two >= Sq. num_warps: 4 for tiles up to 64 x 64, else 8
+    (:func:`_warps`)."""
+
+    fwd: tuple[int, int, int]
+    bwd: tuple[int, int]
+
+
+# GPU, per head dim: chosen by the FlashAttention-2 rules of thumb for DRT's 64 x 64 chunks; at D = 64 the fastest
+# forward and backward of the block sweep (``evalsuite bench tune gca``) on an H100 (results/bench/h100/gca/).
+GPU_CONFIGS = {
+    16: BlockConfig((128, 64, 3), (64, 2)),
+    32: BlockConfig((128, 64, 3), (64, 2)),
+    64: BlockConfig((128, 64, 3), (64, 2)),
+    128: BlockConfig((128, 64, 2), (64, 1)),
+}
 # Interpreter: 16-row query blocks and 16-key blocks, so test shapes (Sq, Skv up to 65) cover several query and
-# key blocks and ragged tails; tests patch these to reach the GPU's one-key-block path.
-INTERPRET_FWD = (16, 16, 1)
-INTERPRET_BWD = (16, 1)
+# key blocks and ragged tails; tests pass the GPU's blocks to reach its one-key-block path.
+INTERPRET_CONFIG = BlockConfig((16, 16, 1), (16, 1))
+
+
+def block_config(head_dim: int) -> BlockConfig:
+    """The shipped settings: :data:`INTERPRET_CONFIG` under the interpreter, else the GPU's for ``head_dim``."""
+    return INTERPRET_CONFIG if interpreting() else GPU_CONFIGS[head_dim]
 
 
 def _pow2(n: int) -> int:
@@ -72,16 +93,17 @@ def _stages(stages: int, itemsize: int) -> int:
     return stages if itemsize < 4 else 1
 
 
-def fwd_config(Sq: int, D: int, itemsize: int = 2) -> tuple[int, int, int, int]:
-    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of the forward for query chunks of ``Sq`` rows."""
-    max_m, block_n, stages = pick_config(FWD_CONFIGS, D, INTERPRET_FWD)
+def fwd_config(Sq: int, D: int, itemsize: int = 2, config: BlockConfig | None = None) -> tuple[int, int, int, int]:
+    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of the forward for query chunks of ``Sq`` rows, from ``config``
+    (default :func:`block_config`)."""
+    max_m, block_n, stages = (config or block_config(D)).fwd
     block_m = min(max_m, _pow2(Sq))
     return block_m, block_n, _warps(block_m, D), _stages(stages, itemsize)
 
 
-def bwd_config(Sq: int, D: int, itemsize: int = 2) -> tuple[int, int, int, int]:
+def bwd_config(Sq: int, D: int, itemsize: int = 2, config: BlockConfig | None = None) -> tuple[int, int, int, int]:
     """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of the backward: BLOCK_M covers the whole query chunk."""
-    block_n, stages = pick_config(BWD_CONFIGS, D, INTERPRET_BWD)
+    block_n, stages = (config or block_config(D)).bwd
     block_m = _pow2(Sq)
     return block_m, block_n, _warps(block_m, D), _stages(stages, itemsize)
 

@@ -84,8 +84,8 @@ def _fwd_kernel(
 def gca_fwd(q, k, v, w32, softmax_one: bool, scale: float, config=None):
     """Launch the forward. Returns ``(o [B, C, Sq, H, D]`` in q's dtype, ``lse [B*C*H, K, Sq]`` float32).
 
-    q, k, v as checked by :func:`common.check_inputs`; ``w32`` ``[B, C, K]`` contiguous float32. ``config`` overrides
-    ``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` (tests, tuning).
+    q, k, v as checked by :func:`common.check_inputs`; ``w32`` ``[B, C, K]`` contiguous float32. ``config``:
+    ``(BLOCK_M, BLOCK_N, num_warps, num_stages)``, default :func:`common.fwd_config`'s (tests, tuning).
     """
     B, C, Sq, H, D = q.shape
     NK, Skv = k.shape[2], k.shape[3]
@@ -106,11 +106,12 @@ class GCAFunction(torch.autograd.Function):
     """Autograd wrapper of :func:`gca_fwd` and :func:`.backward.gca_bwd`; saves q, k, v, w (float32) and L."""
 
     @staticmethod
-    def forward(ctx, q, k, v, w, softmax_one, scale):
+    def forward(ctx, q, k, v, w, softmax_one, scale, config):
         w32 = w.detach().to(torch.float32).contiguous()
-        o, lse = gca_fwd(q, k, v, w32, softmax_one, scale)
+        launch = common.fwd_config(q.shape[2], q.shape[-1], q.element_size(), config)
+        o, lse = gca_fwd(q, k, v, w32, softmax_one, scale, config=launch)
         ctx.save_for_backward(q, k, v, w32, lse)
-        ctx.scale, ctx.w_dtype = scale, w.dtype
+        ctx.scale, ctx.w_dtype, ctx.config = scale, w.dtype, config
         return o
 
     @staticmethod
@@ -118,8 +119,9 @@ class GCAFunction(torch.autograd.Function):
         from evalsuite.kernels.grouped_cross.backward import gca_bwd
 
         q, k, v, w32, lse = ctx.saved_tensors
-        dq, dk, dv, dw = gca_bwd(do.to(q.dtype), q, k, v, w32, lse, ctx.scale)
-        return dq, dk, dv, dw.to(ctx.w_dtype), None, None
+        launch = common.bwd_config(q.shape[2], q.shape[-1], q.element_size(), ctx.config)
+        dq, dk, dv, dw = gca_bwd(do.to(q.dtype), q, k, v, w32, lse, ctx.scale, config=launch)
+        return dq, dk, dv, dw.to(ctx.w_dtype), None, None, None
 
 
 def _needs_grad(*tensors) -> bool:
@@ -127,7 +129,8 @@ def _needs_grad(*tensors) -> bool:
 
 
 @torch.compiler.disable
-def gca_triton(q, k, v, w, *, softmax_one: bool = True, scale: float | None = None) -> torch.Tensor:
+def gca_triton(q, k, v, w, *, softmax_one: bool = True, scale: float | None = None,
+               config: common.BlockConfig | None = None) -> torch.Tensor:  # fmt: skip
     """Grouped cross attention with the Triton kernels, differentiable in q, k, v and w.
 
     Args:
@@ -137,6 +140,7 @@ def gca_triton(q, k, v, w, *, softmax_one: bool = True, scale: float | None = No
         w: ``[B, C, K]`` fusion weights (computed in float32; its gradient comes back in w's dtype).
         softmax_one: Softmax_1 (``exp(x_i) / (1 + sum_j exp(x_j))``) per retrieved chunk, else plain softmax.
         scale: logit scale, default ``1/sqrt(D)``.
+        config: block settings (tuning, tests); default :func:`common.block_config`.
     Returns:
         ``[B, C, Sq, H, D]`` in q's dtype.
     """
@@ -148,4 +152,4 @@ def gca_triton(q, k, v, w, *, softmax_one: bool = True, scale: float | None = No
         return gca_reference(q, k, v, w, softmax_one=softmax_one, scale=scale)
     if q.shape[2] > common.MAX_SQ and _needs_grad(q, k, v, w):
         raise ValueError(f"the GCA backward takes query chunks of at most {common.MAX_SQ} rows, got {q.shape[2]}")
-    return GCAFunction.apply(q, k, v, w, bool(softmax_one), scale)
+    return GCAFunction.apply(q, k, v, w, bool(softmax_one), scale, config)

@@ -29,45 +29,48 @@ def _segment_buffer(B, T, H, dk, dv, chunks, device):
     return triton_utils.empty((B * H, NSEG, dk, dv), torch.float32, device)
 
 
-def chunk_fwd(q, k, v, slope, h0, output_final_state: bool):
-    """The three forward launches. Returns ``(o [B, T, H, dv], final state or None, seg, chunks)`` where ``seg``
-    ``[B*H, NSEG, dk, dv]`` float32 holds the state entering each segment and ``chunks = (BT, G)`` is the chunking
-    (both saved for the backward, which walks the same chunks and segments)."""
+def chunk_fwd(q, k, v, slope, h0, output_final_state: bool, config):
+    """The three forward launches, with ``config`` (a :class:`~common.LaunchConfig`). Returns ``(o [B, T, H, dv],
+    final state or None, seg, chunks)`` where ``seg`` ``[B*H, NSEG, dk, dv]`` float32 holds the state entering each
+    segment and ``chunks = (BT, G)`` is the chunking (both saved for the backward, which walks the same chunks and
+    segments)."""
     B, T, H, DK = q.shape
-    chunks = common.chunking(T, B * H)
+    chunks = common.chunking(T, B * H, config)
     seg = _segment_buffer(B, T, H, DK, v.shape[-1], chunks, q.device)
-    walk(None, k, v, seg, slope, chunks, reverse=False, totals=True)
-    ht = segment_scan(seg, h0, slope, T, H, chunks, reverse=False, store_out=output_final_state)
-    o = walk(q, k, v, seg, slope, chunks, reverse=False, totals=False)
+    walk(None, k, v, seg, slope, chunks, config, reverse=False, totals=True)
+    ht = segment_scan(seg, h0, slope, T, H, chunks, config, reverse=False, store_out=output_final_state)
+    o = walk(q, k, v, seg, slope, chunks, config, reverse=False, totals=False)
     return o, ht, seg, chunks
 
 
-def chunk_bwd(do, dht, q, k, v, slope, seg, chunks, need_dh0: bool):
+def chunk_bwd(do, dht, q, k, v, slope, seg, chunks, need_dh0: bool, config):
     """Gradients of :func:`chunk_fwd` (module doc). ``seg``: the forward's entering segment states; ``dht``: the
     final state's gradient or None. Returns ``(dq, dk, dv, dh0 or None)``."""
     B, T, H, DK = q.shape
     dseg = _segment_buffer(B, T, H, DK, v.shape[-1], chunks, q.device)
-    walk(None, q, do, dseg, slope, chunks, reverse=True, totals=True)
-    dh0 = segment_scan(dseg, None if dht is None else dht.float(), slope, T, H, chunks, reverse=True,
+    walk(None, q, do, dseg, slope, chunks, config, reverse=True, totals=True)
+    dh0 = segment_scan(dseg, None if dht is None else dht.float(), slope, T, H, chunks, config, reverse=True,
                        store_out=need_dh0)  # fmt: skip
-    dq = walk(do, v, k, seg.transpose(2, 3), slope, chunks, reverse=False, totals=False)
-    dk = walk(v, do, q, dseg.transpose(2, 3), slope, chunks, reverse=True, totals=False)
-    dv = walk(k, q, do, dseg, slope, chunks, reverse=True, totals=False)
+    dq = walk(do, v, k, seg.transpose(2, 3), slope, chunks, config, reverse=False, totals=False)
+    dk = walk(v, do, q, dseg.transpose(2, 3), slope, chunks, config, reverse=True, totals=False)
+    dv = walk(k, q, do, dseg, slope, chunks, config, reverse=True, totals=False)
     return dq, dk, dv, dh0
 
 
 class LightningChunkFunction(torch.autograd.Function):
     """Autograd wrapper of :func:`chunk_fwd` / :func:`chunk_bwd`.
 
-    Saves q, k, v, the slopes, the float32 segment states and the chunking; gradients flow to q, k, v and the
-    initial state (also through the returned final state); the slopes get none.
+    Saves q, k, v, the slopes, the float32 segment states, the chunking and the launch settings (``override``: a
+    :class:`~common.LaunchConfig`, or None for the shipped one); gradients flow to q, k, v and the initial state (also
+    through the returned final state); the slopes get none.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, slope, h0, output_final_state):
-        o, ht, seg, chunks = chunk_fwd(q, k, v, slope, h0, output_final_state)
+    def forward(ctx, q, k, v, slope, h0, output_final_state, override):
+        config = override if override is not None else common.launch_config()
+        o, ht, seg, chunks = chunk_fwd(q, k, v, slope, h0, output_final_state, config)
         ctx.save_for_backward(q, k, v, slope, seg)
-        ctx.chunks = chunks
+        ctx.chunks, ctx.override = chunks, override
         ctx.set_materialize_grads(False)
         return o, ht
 
@@ -76,11 +79,12 @@ class LightningChunkFunction(torch.autograd.Function):
         q, k, v, slope, seg = ctx.saved_tensors
         need_dh0 = ctx.needs_input_grad[4]
         do = torch.zeros_like(v) if do is None else do.to(v.dtype)  # the walks' dots take one dtype
-        dq, dk, dv, dh0 = chunk_bwd(do, dht, q, k, v, slope, seg, ctx.chunks, need_dh0)
-        return dq, dk, dv, None, dh0, None
+        config = ctx.override if ctx.override is not None else common.launch_config()
+        dq, dk, dv, dh0 = chunk_bwd(do, dht, q, k, v, slope, seg, ctx.chunks, need_dh0, config)
+        return dq, dk, dv, None, dh0, None, None
 
 
-def lightning_chunk_triton(q, k, v, slope, initial_state=None, output_final_state: bool = False):
+def lightning_chunk_triton(q, k, v, slope, initial_state=None, output_final_state: bool = False, config=None):
     """Decayed causal linear attention over a full sequence, differentiable in q, k, v and the initial state.
 
     Args:
@@ -89,6 +93,7 @@ def lightning_chunk_triton(q, k, v, slope, initial_state=None, output_final_stat
         slope: ``[H]`` (>= 0), ``lambda = exp(-slope)``; no gradient.
         initial_state: ``[B, H, dk, dv]`` (taken as float32) or None (zeros).
         output_final_state: also return the state after the last position.
+        config: a :class:`~evalsuite.kernels.lightning.common.LaunchConfig` (tuning, tests); default the shipped one.
     Returns:
         ``(o [B, T, H, dv]`` in v's dtype, ``kv [B, H, dk, dv]`` float32 or None).
     """
@@ -99,4 +104,4 @@ def lightning_chunk_triton(q, k, v, slope, initial_state=None, output_final_stat
         if not output_final_state:
             return v.new_zeros(v.shape), None
         return v.new_zeros(v.shape), (h0 if h0 is not None else q.new_zeros(B, H, DK, v.shape[-1], dtype=torch.float32))
-    return LightningChunkFunction.apply(q, k, v, common.slope_f32(slope, q.device), h0, output_final_state)
+    return LightningChunkFunction.apply(q, k, v, common.slope_f32(slope, q.device), h0, output_final_state, config)

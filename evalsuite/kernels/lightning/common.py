@@ -7,11 +7,11 @@ Every kernel computes (part of) the function of :mod:`evalsuite.kernels.lightnin
 Layouts: q, k ``[B, T, H, dk]``, v ``[B, T, H, dv]`` (any strides), slope ``[H]`` float32; states ``[dk, dv]``
 float32 per (batch, head). Internal state buffers are contiguous ``[B*H, n, dk, dv]``.
 
-Chunking (:func:`chunking`): the sequence is cut into chunks of ``BT`` positions (64 on GPU: the paper's block
-size B) and the chunks into segments of ``G`` chunks (16 on GPU: 1024 positions; fewer for short sequences with few
-heads). Every pass is a walk over the chunks of each segment with the state in registers (:mod:`.walk`: the paper's
-Algorithms 5-6 within a segment), parallel over segments, joined by a scan over the segment totals (:mod:`.scan`);
-:mod:`.chunk` lists the passes of the forward and the backward.
+Chunking (:func:`chunking`, with a :class:`LaunchConfig`): the sequence is cut into chunks of ``BT`` positions (64 on
+GPU: the paper's block size B) and the chunks into segments of ``G`` chunks (16 on GPU: 1024 positions; fewer for
+short sequences with few heads). Every pass is a walk over the chunks of each segment with the state in registers
+(:mod:`.walk`: the paper's Algorithms 5-6 within a segment), parallel over segments, joined by a scan over the
+segment totals (:mod:`.scan`); :mod:`.chunk` lists the passes of the forward and the backward.
 
 Decay conventions (all exponents are distances, >= 0, so every factor is a power of lambda <= 1 and nothing
 overflows for any slope >= 0): within a chunk of length L (ragged at the tail) with 0-based row c, the query-side
@@ -37,6 +37,8 @@ Segment states, the scan (full-precision fp32 dots) and the returned states are 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -49,54 +51,76 @@ LOG2E_JIT = tl.constexpr(LOG2E)  # the form jit functions may read as a global
 HEAD_DIMS = (16, 32, 64, 128, 256)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
-# Chunk length BT and chunks per segment G. GPU: 64 (the paper's B) and 16, halved for short inputs with few heads
-# until MIN_SEGMENT_PROGRAMS (batch, head, segment) walks run. Interpreter: 16 and 2, so tests at T <= 100 still
-# cover several chunks per segment, several segments, several scan steps and a ragged tail.
-CHUNK, SEG_CHUNKS = 64, 16
-MIN_SEGMENT_PROGRAMS = 512
-INTERPRET_CHUNK, INTERPRET_SEG_CHUNKS = 16, 2
-# Walk programs keep a [dA, BC] float32 state slice in registers: at most WALK_STATE_ELEMS elements on GPU (32
-# registers per thread at 4 warps), at most INTERPRET_WALK_BC columns under the interpreter (several tiles in tests).
-WALK_STATE_ELEMS = 64 * 64
-INTERPRET_WALK_BC = 16
 # decode: (BK, BV, num_warps) -- one program per dv tile, looping over dk in BK steps.
 DECODE_CONFIGS = {(dk, dv): (min(dk, 64), min(dv, 32), 4) for dk in HEAD_DIMS for dv in HEAD_DIMS}
-# Segment scan: (SB segments per step, BE state elements per program, num_warps). SB >= 16 for tl.dot on GPU.
-SCAN_CONFIG = (16, 128, 4)
-INTERPRET_SCAN = (2, 1 << 16, 4)  # one program per (batch, head): the interpreter pays per program
 
 
-def walk_config(da: int, dc: int, dtype) -> tuple[int, int, int]:
+@dataclass(frozen=True)
+class LaunchConfig:
+    """How the full-sequence kernels cut and launch their work (read-only: a caller with other settings, the tuner
+    or a test, passes its own to :func:`~evalsuite.kernels.lightning.chunk.lightning_chunk_triton`).
+
+    Attributes:
+        chunk: chunk length BT in positions.
+        seg_chunks: chunks per segment G, halved for short inputs with few heads while fewer than ``min_programs``
+            (batch, head, segment) walks would run (0: never halved).
+        walk_columns: state columns ``BC`` per walk program, at most; None: as many as keep the ``[dA, BC]``
+            float32 slice within ``walk_state_elems`` (32 registers per thread at 4 warps).
+        walk_launch: the walk's ``(num_warps, num_stages)``; None: from the operand rows' bytes (:func:`walk_config`).
+        scan: the segment scan's ``(SB segments per step, BE state elements per program, num_warps)``; SB >= 16 for
+            tl.dot on a GPU.
+    """
+
+    chunk: int
+    seg_chunks: int
+    min_programs: int
+    walk_columns: int | None = None
+    walk_state_elems: int = 64 * 64
+    walk_launch: tuple[int, int] | None = None
+    scan: tuple[int, int, int] = (16, 128, 4)
+
+
+# GPU: chunks of 64 (the paper's B) in segments of 16 (1024 positions). Interpreter: 16 and 2, so tests at T <= 100
+# still cover several chunks per segment, several segments, several scan steps and a ragged tail; state slices of 16
+# columns (several tiles in tests); one scan program per (batch, head) (the interpreter pays per program).
+GPU_CONFIG = LaunchConfig(chunk=64, seg_chunks=16, min_programs=512)
+INTERPRET_CONFIG = LaunchConfig(chunk=16, seg_chunks=2, min_programs=0, walk_columns=16, walk_launch=(4, 1),
+                                scan=(2, 1 << 16, 4))  # fmt: skip
+
+
+def launch_config() -> LaunchConfig:
+    """The shipped settings: :data:`INTERPRET_CONFIG` under the interpreter, else :data:`GPU_CONFIG`."""
+    return INTERPRET_CONFIG if interpreting() else GPU_CONFIG
+
+
+def walk_config(da: int, dc: int, dtype, config: LaunchConfig) -> tuple[int, int, int]:
     """``(BC, num_warps, num_stages)`` of a walk with a ``[da, dc]`` state: state columns per program, chosen so the
-    slice fits :data:`WALK_STATE_ELEMS`; operand tiles ``[BT, da]`` are triple-buffered when their rows are short
+    slice fits ``config``'s budget; operand tiles ``[BT, da]`` are triple-buffered when their rows are short
     (at most 128 bytes: bf16 heads of 64), double-buffered up to 256 bytes, single-buffered beyond. Measured on an
-    H100 at dk = dv = 64, bf16, T = 16384 (scripts/tune_lightning.py, results/bench/h100/linear/): 4 warps and 3
-    stages beat 4 x 2 and 8 x 2 for forward+backward by 30%."""
-    if interpreting():
-        return min(dc, INTERPRET_WALK_BC), 4, 1
-    bc = min(dc, max(16, WALK_STATE_ELEMS // da))
+    H100 at dk = dv = 64, bf16, T = 16384 (``evalsuite bench tune lightning``, results/bench/h100/linear/): 4 warps
+    and 3 stages beat 4 x 2 and 8 x 2 for forward+backward by 30%."""
+    if config.walk_columns is not None:
+        bc = min(dc, config.walk_columns)
+    else:
+        bc = min(dc, max(16, config.walk_state_elems // da))
+    if config.walk_launch is not None:
+        return bc, *config.walk_launch
     row_bytes = da * torch.finfo(dtype).bits // 8
     if row_bytes > 256:
         return bc, 8, 1
     return bc, 4, (3 if row_bytes <= 128 else 2)
 
 
-def chunking(T: int, BH: int) -> tuple[int, int]:
-    """(BT, G): chunk length and chunks per segment for a sequence of ``T`` positions and ``BH`` = batch * heads.
-
-    Fixed (small) under the interpreter. On GPU, :func:`segment_rule` with BT = 64, G = 16 and
-    :data:`MIN_SEGMENT_PROGRAMS`. The forward picks it once and hands it to its backward (saved on the autograd
-    context), so both always walk the same chunks and segments.
-    """
-    if interpreting():
-        return INTERPRET_CHUNK, INTERPRET_SEG_CHUNKS
-    return segment_rule(T, BH, CHUNK, SEG_CHUNKS, MIN_SEGMENT_PROGRAMS)
+def chunking(T: int, BH: int, config: LaunchConfig) -> tuple[int, int]:
+    """(BT, G): chunk length and chunks per segment for a sequence of ``T`` positions and ``BH`` = batch * heads,
+    by :func:`segment_rule` with ``config``'s constants. The forward picks it once and hands it to its backward
+    (saved on the autograd context), so both always walk the same chunks and segments."""
+    return segment_rule(T, BH, config.chunk, config.seg_chunks, config.min_programs)
 
 
 def segment_rule(T: int, BH: int, chunk: int, seg_chunks: int, min_programs: int) -> tuple[int, int]:
-    """The GPU's rule, with its constants as arguments (tests run it at interpreter scale): chunks of ``chunk``
-    positions, ``seg_chunks`` chunks per segment halved while fewer than ``min_programs`` (batch, head, segment)
-    walks would run (short sequences with few heads)."""
+    """Chunks of ``chunk`` positions, ``seg_chunks`` chunks per segment halved while fewer than ``min_programs``
+    (batch, head, segment) walks would run (short sequences with few heads)."""
     n_chunks = triton.cdiv(T, chunk)
     g = seg_chunks
     while g > 1 and BH * triton.cdiv(n_chunks, g) < min_programs:

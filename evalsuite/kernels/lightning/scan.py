@@ -19,7 +19,6 @@ from evalsuite.kernels import triton_utils
 from evalsuite.kernels.jit_helpers import in_range, mm
 from evalsuite.kernels.lightning import common
 from evalsuite.kernels.lightning.common import LOG2E_JIT
-from evalsuite.kernels.triton_utils import interpreting
 
 
 @triton.jit
@@ -85,9 +84,9 @@ def _segment_scan_kernel(
         tl.store(OUT + pid_bh.to(tl.int64) * E + offs_e, carry)
 
 
-def segment_scan(seg, init, slope, T: int, H: int, chunks, *, reverse: bool, store_out: bool):
+def segment_scan(seg, init, slope, T: int, H: int, chunks, config, *, reverse: bool, store_out: bool):
     """Launch :func:`_segment_scan_kernel` on ``seg [B*H, NSEG, dk, dv]`` float32 (in place), segments of
-    ``chunks = (BT, G)``.
+    ``chunks = (BT, G)``, with ``config.scan`` (a :class:`~evalsuite.kernels.lightning.common.LaunchConfig`).
 
     ``init``: ``[B, H, dk, dv]`` float32 or None (zeros). Returns the value after the last segment, ``[B, H, dk, dv]``
     float32, if ``store_out`` (else None).
@@ -96,7 +95,7 @@ def segment_scan(seg, init, slope, T: int, H: int, chunks, *, reverse: bool, sto
     BT, G, _, nseg = common.geometry(T, chunks)
     if nseg != NSEG or BH % H or (init is not None and tuple(init.shape) != (BH // H, H, DK, DV)):
         raise ValueError(f"segment states {tuple(seg.shape)} do not match T={T}, H={H}, chunks={chunks}")
-    SB, BE, num_warps = common.INTERPRET_SCAN if interpreting() else common.SCAN_CONFIG
+    SB, BE, num_warps = config.scan
     E = DK * DV
     BE = min(BE, E)
     out = triton_utils.empty((BH // H, H, DK, DV), torch.float32, seg.device) if store_out else None

@@ -134,8 +134,9 @@ def _walk_kernel(
         tl.store(x_ptrs, x)
 
 
-def walk(a, b, c, x, slope, chunks, *, reverse: bool, totals: bool):
-    """Launch :func:`_walk_kernel` (module doc) with ``chunks = (BT, G)`` (:func:`common.chunking`).
+def walk(a, b, c, x, slope, chunks, config, *, reverse: bool, totals: bool):
+    """Launch :func:`_walk_kernel` (module doc) with ``chunks = (BT, G)`` (:func:`common.chunking`) and the
+    launch settings of ``config`` (a :class:`~evalsuite.kernels.lightning.common.LaunchConfig`).
 
     Args:
         a, b: ``[B, T, H, dA]``; c: ``[B, T, H, dC]`` -- one dtype, any strides (``a`` is unused with ``totals``).
@@ -150,7 +151,7 @@ def walk(a, b, c, x, slope, chunks, *, reverse: bool, totals: bool):
     BT, G, NT, NSEG = common.geometry(T, chunks)
     if tuple(x.shape) != (Bt * H, NSEG, DA, DC) or x.dtype != torch.float32:
         raise ValueError(f"states {tuple(x.shape)} {x.dtype} do not match {tuple(b.shape)}, {tuple(c.shape)}, {chunks}")
-    BC, num_warps, num_stages = common.walk_config(DA, DC, c.dtype)
+    BC, num_warps, num_stages = common.walk_config(DA, DC, c.dtype, config)
     out = None if totals else triton_utils.empty((Bt, T, H, DC), c.dtype, c.device)
     a = b if totals else a
     _walk_kernel[(DC // BC, NSEG, Bt * H)](

@@ -2,7 +2,8 @@
 four architectures of the paper plus the official release layout."""
 
 from evalsuite.models.fox import official
-from evalsuite.models.fox.model import ForgettingTransformer, FoxConfig, KVCache, decay_time_bias
+from evalsuite.models.fox.cache import KVCache
+from evalsuite.models.fox.model import ForgettingTransformer, FoxConfig, decay_time_bias
 from evalsuite.models.registry import CheckpointLayout, Family, register_family
 
 # The paper's four block designs as FoxConfig overrides (FoX paper §4.1 and Appendix A).

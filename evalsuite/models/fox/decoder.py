@@ -1,4 +1,4 @@
-"""The FoX family's static decoder: the KV cache of :class:`~evalsuite.models.fox.model.KVCache`,
+"""The FoX family's static decoder: the KV cache of :class:`~evalsuite.models.fox.cache.KVCache`,
 preallocated for the whole generation, with its filled length kept on the device, so the one-token step has fixed
 shapes and one captured CUDA graph replays it at every position.
 
@@ -16,9 +16,6 @@ import torch
 from evalsuite.kernels.forgetting import cached_attention_graph_safe
 from evalsuite.models.base import DeviceStepDecoder
 
-# Whether static decoders stack the step's weights; False only to measure without (scripts/profile_decode.py).
-PACK_STEP = True
-
 
 class FoxStaticDecoder(DeviceStepDecoder):
     """Static decoding for a :class:`~evalsuite.models.fox.model.ForgettingTransformer` (any of its four
@@ -26,8 +23,7 @@ class FoxStaticDecoder(DeviceStepDecoder):
 
     def __init__(self, model, batch: int, capacity: int, start: torch.Tensor | None = None):
         self.model = model
-        if PACK_STEP:  # one GEMM per input for the step's small matrix products (evalsuite/models/packed.py)
-            model.pack_step()
+        model.pack_step()  # one GEMM per input for the step's small matrix products (evalsuite/models/packed.py)
         self.state = model.new_state(batch, capacity, start)
         device = model.embed.weight.device
         self.length = torch.zeros(1, dtype=torch.long, device=device)

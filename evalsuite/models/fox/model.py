@@ -32,7 +32,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from evalsuite.kernels.forgetting import BACKENDS, append_and_attend, attention, cumsum_over_time
-from evalsuite.models.base import DecodeState, EmbeddingHeadLM, normal_init_
+from evalsuite.models.base import EmbeddingHeadLM, normal_init_
+from evalsuite.models.fox.cache import KVCache, LayerCache
 from evalsuite.models.fox.decoder import FoxStaticDecoder
 from evalsuite.models.layers import HeadRMSNorm, RMSNorm, ShiftProjection, SwiGLU, rope
 from evalsuite.models.packed import PackedLinears
@@ -44,9 +45,6 @@ FGATE_TYPES = ("full", "bias_only", "fixed", "none")
 # 1e30 that half ulp is 6e21, so exp2 overflows to inf and the row's output to NaN on GPU (generate_check, 760M FoX
 # (Pro), 3072 padding tokens). At 2^20 the error is below 0.13 (tests/test_forgetting_triton.py).
 PAD_BIAS = 2.0**20
-# Whether the decode kernel writes the step's cache rows itself; False only to measure without
-# (scripts/profile_decode.py --separate-append).
-APPEND_IN_KERNEL = True
 
 
 @dataclass
@@ -123,61 +121,6 @@ def decay_time_bias(num_heads: int, t_min: float, t_max: float) -> torch.Tensor:
     """
     T = torch.exp(torch.linspace(math.log(t_min), math.log(t_max), num_heads, dtype=torch.float64))
     return (-torch.log(torch.expm1(1.0 / T))).float()
-
-
-@dataclass
-class LayerCache:
-    """Decoding state of one attention layer, preallocated for ``capacity`` positions.
-
-    k, v: ``[B, capacity, H, hd]`` (k after QK-norm and RoPE); cum: ``[B, capacity, H]`` float32
-    cumulative log-forget; k_prev/v_prev: ``[B, H, hd]`` last projected rows for the KV-shift.
-    """
-
-    k: torch.Tensor
-    v: torch.Tensor
-    cum: torch.Tensor | None
-    k_prev: torch.Tensor | None = None
-    v_prev: torch.Tensor | None = None
-
-
-class KVCache(DecodeState):
-    """All layers' caches plus the shared length and left-padding starts (``kind="kv-cache"``)."""
-
-    kind = "kv-cache"
-
-    def __init__(self, config: FoxConfig, batch: int, capacity: int, device, dtype, start=None):
-        H, hd = config.num_heads, config.head_dim
-        gated = config.fgate_type != "none" or start is not None  # padding needs a decay bias
-        self.layers = [
-            LayerCache(
-                k=torch.empty(batch, capacity, H, hd, device=device, dtype=dtype),
-                v=torch.empty(batch, capacity, H, hd, device=device, dtype=dtype),
-                cum=torch.empty(batch, capacity, H, device=device, dtype=torch.float32) if gated else None,
-            )
-            for _ in range(config.num_layers)
-        ]
-        self.capacity = capacity
-        self.length = 0
-        self.start = start  # [B] long or None
-
-    def positions(self, batch: int, new: int, device) -> torch.Tensor:
-        """Absolute positions ``[B, new]`` of the next ``new`` tokens, counted from each sequence's start."""
-        pos = torch.arange(self.length, self.length + new, device=device)[None].expand(batch, new)
-        if self.start is not None:
-            pos = (pos - self.start[:, None]).clamp(min=0)
-        return pos
-
-    def nbytes(self) -> int:
-        """Filled rows of k, v and the cumulative log-forget, plus the KV-shift rows, over all layers."""
-        total = 0
-        for layer in self.layers:
-            for t in (layer.k, layer.v, layer.cum):
-                if t is not None:
-                    total += t[:, : self.length].numel() * t.element_size()
-            for t in (layer.k_prev, layer.v_prev):
-                if t is not None:
-                    total += t.numel() * t.element_size()
-        return total
 
 
 class ForgettingAttention(nn.Module):
@@ -325,7 +268,7 @@ class ForgettingAttention(nn.Module):
         log_f = None if cache.cum is None else self.log_forget(x, lin)
         shift = tuple((last, row) for row, last in ((cache.k_prev, k_last), (cache.v_prev, v_last)) if last is not None)
         o = append_and_attend(q, k, v, log_f, cache.k, cache.v, cache.cum, length, key_start=start, copy_rows=shift,
-                              backend=backend, in_kernel=APPEND_IN_KERNEL)  # fmt: skip
+                              backend=backend)  # fmt: skip
         return self._output(o, x, lin)
 
 

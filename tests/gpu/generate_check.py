@@ -1,43 +1,23 @@
-"""GPU check of the decode engine (issue #18): the CUDA-graph path against the eager paths, token for token.
+"""The decode engine's paths against each other, token for token: the computation of tests/gpu/test_generate.py
+(also run on the CPU, without the graph path: tests/test_gpu_generate_check.py).
 
-For every tiny card of a registered family and a 760M-shaped FoX (Pro) (random weights), in float32 and bfloat16:
-a left-padded batch of random prompts of mixed lengths, decoded on each path -- ``eager``
-(``model.forward`` with a state: the reference), ``static`` (the family's static decoder, eager steps) and
-``graph`` (its step, LM head and argmax replayed as a CUDA graph) -- first free-running, then sampled (temperature
-0.8, top-k 50, top-p 0.9, one seed: the graph path leaves the logits, the CPU draws), then with a stop string and
-an EOS id taken from the eager output so rows end inside a sync block. A record per (model, dtype, ending,
-path): equal to eager, equal to static, the first differing position per row, seconds for the call. Families with
-no static decoder, or none that is graph-safe here, are recorded as such.
-
-Pass: ``graph`` equals ``static`` everywhere (the same function, captured: it must match bit for bit) and equals
-``eager`` in float32; bfloat16 mismatches against ``eager`` are reported (different kernels may round near-ties
-differently on random weights). A sampled float32 row that draws another token than eager's is a failure unless
-the logits the two paths drew from agreed to within ``NEAR_TIE`` up to that token (``logit_gap_eager``, per row:
-the largest difference over those steps): then the draw fell at a boundary that float32 rounding moves, not a
-fault. Exit status 1 on a failure. Writes ``DIR/generate_check.json``.
-
-Usage: python scripts/gpu_generate_check.py --out DIR [--new-tokens 64] [--skip-760m] [--only CARD ...]
-(``--only``: just these of the tiny cards and ``fox-pro``, the 760M model, e.g. to finish a cut run.)
-(``--device cpu`` runs the same checks without the graph path: a smoke test of this script.)
+For a model card, a dtype and a left-padded batch of random prompts of mixed lengths, :func:`check_model` decodes on
+each path -- ``eager`` (``model.forward`` with a state: the reference), ``static`` (the family's static decoder, eager
+steps), ``graph`` (its step, LM head and argmax replayed as a CUDA graph) and ``compiled`` (the step through
+torch.compile, then a graph) -- first free-running, then sampled (temperature 0.8, top-k 50, top-p 0.9, one seed:
+the graph path leaves the logits, the CPU draws), then with a stop string and an EOS id taken from the eager output
+so rows end inside a sync block. A record per (ending, path): equal to eager, equal to static, the first differing
+position per row, seconds for the call. :func:`failures` says which records break the rules (see there).
 """
 
-from __future__ import annotations
-
-import argparse
 import time
-from dataclasses import replace
-from pathlib import Path
 
 import torch
 
 from evalsuite.adapters.native import NativeAdapter
-from evalsuite.bench.attention import env_info
-from evalsuite.cards import list_cards, load_card
 from evalsuite.generation import engine as generation
 from evalsuite.generation.engine import compiled_support, static_support
 from evalsuite.generation.types import GenerationConfig
-from evalsuite.models.registry import FAMILIES, resolve_architecture
-from evalsuite.runs.store import atomic_write_json
 
 PATHS = ("eager", "static", "graph", "compiled")
 NEAR_TIE = 1e-3  # largest logit difference (float32) under which a sampled row's other draw counts as a near-tie
@@ -155,52 +135,3 @@ def failures(records: list[dict]) -> list[dict]:
         ):
             bad.append(r)
     return bad
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--skip-760m", action="store_true")
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--only", nargs="+", metavar="CARD", help="check just these cards (tiny ones, or fox-pro)")
-    args = ap.parse_args(argv)
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit("this check needs a CUDA GPU (or --device cpu for a smoke test without the graph path)")
-    args.out.mkdir(parents=True, exist_ok=True)
-    tiny = [c for c in list_cards() if c.name.endswith("-tiny") and c.weights["source"] == "random"]
-    families = {resolve_architecture(c.architecture)[0].name for c in tiny}
-    models = [(c, [37, 64, 5]) for c in tiny]
-    if not args.skip_760m:
-        models.append((replace(load_card("fox-pro"), weights={"source": "random", "seed": 0}), [4096, 3000, 1024]))
-    if args.only:
-        unknown = set(args.only) - {card.name for card, _ in models}
-        if unknown:
-            raise SystemExit(f"--only: not among the checked cards: {', '.join(sorted(unknown))}")
-        models = [(card, lengths) for card, lengths in models if card.name in args.only]
-    records, errors = [], []
-    head = {"env": env_info(), "device": args.device,
-            "families_without_tiny_card": sorted(set(FAMILIES.names()) - families)}  # fmt: skip
-    for card, lengths in models:
-        for dtype in ("float32", "bfloat16"):
-            try:
-                got = check_model(card, dtype, lengths, args.new_tokens, args.device)
-            except Exception as exc:  # noqa: BLE001 -- report and go on to the next model
-                got = [{"card": card.name, "dtype": dtype, "error": f"{type(exc).__name__}: {exc}"[:500]}]
-                errors.append(got[0])
-            records += got
-            for r in got:
-                same = {k: r[k] for k in ("equal_eager", "equal_static") if k in r}
-                print(card.name, dtype, r.get("ending"), r.get("path"), r.get("error") or same, flush=True)
-            bad = failures(records)
-            graphed = sorted({r["card"] for r in records if r.get("path") == "graph"})
-            doc = {**head, "graph_checked": graphed, "complete": False, "failures": len(bad), "errors": len(errors),
-                   "records": records}  # fmt: skip
-            atomic_write_json(args.out / "generate_check.json", doc)  # after each model: a cut run keeps its records
-    atomic_write_json(args.out / "generate_check.json", {**doc, "complete": True})
-    print(f"{len(bad)} failure(s), {len(errors)} error(s); wrote {args.out / 'generate_check.json'}")
-    return 1 if bad or errors else 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,27 +1,21 @@
-"""DRT's chunk memory on a GPU: device memory and decode speed at long context, store on the GPU vs in CPU memory.
+"""DRT's chunk memory at long context (``evalsuite bench drt-memory``): device memory and decode speed with the chunk
+store on the GPU vs in CPU memory (the GCA paper's offloading, arXiv:2410.01651 §3.4 / Table 3).
 
-Issue #14 part 3 (the GCA paper's offloading, arXiv:2410.01651 §3.4 / Table 3): the `drt` card (the paper's 128M
-shape, random weights, bf16 autocast over fp32 weights) prefills a context of L tokens into a chunk-memory decode
-state (in segments of 16K tokens), then decodes new tokens one at a time. For each L and placement of the chunk
-store it records the peak device memory of the prefill and of the decoding, the state's device-resident and host
-bytes, and milliseconds per decoded token. With the store in CPU memory the device holds the window caches, the
-landmark embeddings and the retrieved chunks only, so its share must stay flat as L grows.
-
-    python scripts/drt_memory.py --out results/bench/<device>/drt_memory [--lengths 16384,65536,262144]
+The ``drt`` card (the paper's 128M shape, random weights, bf16 autocast over fp32 weights) prefills a context of L
+tokens into a chunk-memory decode state, then decodes new tokens one at a time. For each L and placement of the
+chunk store it records the peak device memory of the prefill and of the decoding, the state's device-resident and
+host bytes, and milliseconds per decoded token. With the store in CPU memory the device holds the window caches, the
+landmark embeddings and the retrieved chunks only, so its share must stay flat as L grows. Writes
+``OUT/drt_memory.json`` and ``OUT/drt_memory.md``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
 
 import torch
-
-from evalsuite.cards import load_card
-from evalsuite.runs.provenance import device_name, provenance
-from evalsuite.training.train import build_model
 
 MIB = 2**20
 
@@ -80,41 +74,50 @@ def measure(model, length: int, offload: bool, new_tokens: int) -> dict:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--lengths", default="16384,65536,262144")
-    parser.add_argument("--new-tokens", type=int, default=128)  # Table 3: 128 generated tokens
-    parser.add_argument("--model", default="drt", help="a DRT card (drt-tiny for a CPU smoke run)")
-    parser.add_argument("--device", default="cuda")
-    args = parser.parse_args()
-    card = load_card(args.model)
-    device = torch.device(args.device)
-    model = build_model(card, seed=0).to(device).eval()
-    weights_mib = sum(p.numel() * p.element_size() for p in model.parameters()) / MIB
+def drt_memory(out, lengths=(16384, 65536, 262144), new_tokens: int = 128, model: str = "drt",
+               device: str = "cuda") -> dict:  # fmt: skip
+    """Measure every (length, placement) (module doc; ``new_tokens``: 128 in the paper's Table 3; ``model``: a DRT
+    card, ``drt-tiny`` for a CPU run) and write the JSON and the Markdown table. Returns the JSON's document."""
+    from evalsuite.cards import load_card
+    from evalsuite.runs.provenance import device_name, provenance
+    from evalsuite.training.train import build_model
+
+    card = load_card(model)
+    dev = torch.device(device)
+    net = build_model(card, seed=0).to(dev).eval()
+    weights_mib = sum(p.numel() * p.element_size() for p in net.parameters()) / MIB
     rows = []
-    for length in (int(x) for x in args.lengths.split(",")):
+    for length in lengths:
         for offload in (False, True):
             try:
-                row = measure(model, length, offload, args.new_tokens)
+                row = measure(net, length, offload, new_tokens)
             except torch.OutOfMemoryError:  # recorded, and the sweep goes on
                 row = {"length": length, "offload": offload, "error": "out of memory"}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
     result = {"model": card.name, "weights_mib": weights_mib, "rows": rows,
-              "provenance": provenance(device=device_name(device))}  # fmt: skip
-    (args.out / "drt_memory.json").write_text(json.dumps(result, indent=1) + "\n")
+              "provenance": provenance(device=device_name(dev))}  # fmt: skip
+    (out / "drt_memory.json").write_text(json.dumps(result, indent=1) + "\n")
+    table = format_table(result, new_tokens)
+    (out / "drt_memory.md").write_text(table + "\n")
+    print(table)
+    return result
+
+
+def format_table(result: dict, new_tokens: int) -> str:
+    """The Markdown table of :func:`drt_memory`'s rows."""
     lines = [
-        f"DRT (`{card.name}` card, random weights, bf16 autocast; weights {weights_mib:.0f} MiB, not counted "
-        f"below) on {result['provenance']['device']}: peak device memory above the weights, state bytes, decode "
-        f"speed ({args.new_tokens} tokens).",
+        f"DRT (`{result['model']}` card, random weights, bf16 autocast; weights {result['weights_mib']:.0f} MiB, not "
+        f"counted below) on {result['provenance']['device']}: peak device memory above the weights, state bytes, "
+        f"decode speed ({new_tokens} tokens).",
         "",
         "| context | chunk store | prefill s | prefill peak MiB | decode peak MiB | state on device MiB "
         "| state in CPU MiB | ms / token |",
         "|---:|:---|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in rows:
+    for r in result["rows"]:
         place = "CPU memory" if r["offload"] else "device"
         if "error" in r:
             lines.append(f"| {r['length']} | {place} | {r['error']} | | | | | |")
@@ -124,9 +127,4 @@ def main() -> None:
             f"{r['decode_peak_mib']:.0f} | {r['state_device_mib']:.1f} | {r['state_host_mib']:.1f} | "
             f"{r['ms_per_token']:.1f} |"
         )
-    (args.out / "drt_memory.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-
-
-if __name__ == "__main__":
-    main()
+    return "\n".join(lines)

@@ -1,0 +1,113 @@
+"""Where one decode step of a model's time goes (``evalsuite bench profile-decode``).
+
+Random-init weights of the card's shapes, bf16 autocast on CUDA (float32 on a CPU). Prefills ``batch`` random prompts
+of ``length`` tokens, builds the decode path's step exactly as :func:`evalsuite.generation.engine.generate` does
+(``graph``/``compiled``: the :class:`~evalsuite.generation.engine.CudaGraphStep` replay; ``static``/``eager``: the
+step called per token), warms it up, then times ``steps`` steps (wall clock, synchronised) and profiles as many with
+``torch.profiler``. Writes ``OUT/profile_<path>_<length>_b<batch>[_other_capacity].txt`` (the timing line, the
+kernels sorted by device time; on a CPU the leaf ops, which is what the device runs there) and a ``.json`` summary:
+ms per step, device kernel time per step and their ratio (near 1: the GPU's own work is the step; far below:
+launches or the host).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+PATHS = ("eager", "static", "graph", "compiled")
+
+
+def _warm_step(model, path: str, ids: torch.Tensor, capacity: int):
+    """(``tok [B] -> next tok [B]`` as ``generate`` steps on ``path``, the last token, the path taken) after a
+    prefill of ``ids`` into a decoder of ``capacity`` and 4 steps (warm-up, compile, capture)."""
+    from evalsuite.generation.engine import CudaGraphStep, _decoder
+
+    decoder, taken = _decoder(model, path, ids.device, ids.shape[0], capacity, None)
+    if taken in ("graph", "compiled"):
+        step = CudaGraphStep(model, decoder)
+    else:
+
+        def step(tok):
+            return model.logits(decoder.step(tok[:, None])).argmax(-1)
+
+    tok = model.logits(decoder.prefill(ids)).argmax(-1)
+    for _ in range(4):
+        tok = step(tok)
+    return step, tok, taken
+
+
+def _timed_and_profiled(step, tok, steps: int, cuda: bool):
+    """(ms per step, the profiler) of ``steps`` timed steps, then ``steps`` profiled ones."""
+    from torch.profiler import ProfilerActivity, profile
+
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        tok = step(tok)
+    sync()
+    ms = (time.perf_counter() - t0) * 1e3 / steps
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        for _ in range(steps):
+            tok = step(tok)
+        sync()
+    return ms, prof
+
+
+def profile_decode(out, card: str = "fox-pro", path: str = "compiled", length: int = 4096, batch: int = 1,
+                   steps: int = 64, device: str = "cuda", other_capacity: bool = False) -> dict:  # fmt: skip
+    """Profile one decode step (module doc); ``other_capacity``: first step a decoder of another cache size, as a
+    generate call of other lengths does (the compiled step then recompiles dynamic in the cache size). Returns the
+    summary written to the JSON."""
+    from evalsuite.adapters.native import NativeAdapter
+    from evalsuite.cards import load_card
+    from evalsuite.errors import UserError
+    from evalsuite.runs.provenance import git_commit, versions
+
+    if path not in PATHS:
+        raise UserError(f"unknown path {path!r}; choose from {', '.join(PATHS)}")
+    spec = replace(load_card(card), weights={"source": "random", "seed": 0})
+    cuda = torch.device(device).type == "cuda"
+    adapter = NativeAdapter(spec, device=device, dtype="bfloat16" if cuda else "float32")
+    model = adapter.model
+    ids = torch.randint(0, adapter.tokenizer.vocab_size, (batch, length), generator=torch.Generator().manual_seed(0))
+    ids = ids.to(adapter.device)
+    capacity = length + 2 * steps + 8
+    with torch.inference_mode(), adapter._autocast():
+        if other_capacity:  # another cache size first: torch.compile's second shape makes the size dynamic
+            _warm_step(model, path, ids, capacity + 64)
+        step, tok, taken = _warm_step(model, path, ids, capacity)
+        ms, prof = _timed_and_profiled(step, tok, steps, cuda)
+    self_us = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)
+    kind = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
+    kernels = [e for e in prof.key_averages() if e.device_type == kind and self_us(e) > 0]
+    device_us = sum(self_us(e) for e in kernels) / steps
+    top = sorted(kernels, key=lambda e: -self_us(e))[:40]
+    packed = any(getattr(m, "step_pack", None) is not None for m in model.modules())
+    name = f"profile_{path}_{length}_b{batch}" + ("_other_capacity" if other_capacity else "")
+    device_name = torch.cuda.get_device_name() if cuda else "cpu"
+    head = (f"{spec.name} ({device_name}), path {taken}{', packed GEMVs' if packed else ''}, batch {batch}, after "
+            f"{length} tokens: {ms:.3f} ms per step wall, {device_us / 1e3:.3f} ms of device kernels per step "
+            f"({device_us / 1e3 / ms:.0%} busy)")  # fmt: skip
+    rows = [f"{'kernel':<100} {'calls/step':>10} {'us/step':>9} {'share':>6}"]
+    for e in top:
+        us = self_us(e) / steps
+        rows.append(f"{e.key[:100]:<100} {e.count / steps:>10.2f} {us:>9.1f} {us / device_us:>6.1%}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.txt").write_text(head + "\n\n" + "\n".join(rows) + "\n")
+    summary = {"card": spec.name, "path": taken, "packed": packed, "length": length, "batch": batch, "steps": steps,
+               "other_capacity": other_capacity, "ms_per_step": ms, "device_ms_per_step": device_us / 1e3,
+               "kernels_per_step": sum(e.count for e in kernels) / steps,
+               "top": [{"kernel": e.key, "calls_per_step": e.count / steps, "us_per_step": self_us(e) / steps}
+                       for e in top],
+               "device": device_name, "versions": versions(), "git_commit": git_commit()}  # fmt: skip
+    (out / f"{name}.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(head)
+    print("\n".join(rows[:25]))
+    return summary
