@@ -134,3 +134,27 @@ def test_package_root_holds_few_modules():
     """The root keeps the package's small shared pieces; everything else lives in a part of its own."""
     root_modules = sorted(p.name for p in PACKAGE.glob("*.py"))
     assert len(root_modules) <= 10, root_modules
+
+
+MAX_MODULE_LINES = 450
+MAX_FUNCTION_LINES = 80
+
+
+def test_modules_and_functions_stay_small():
+    """No module over 450 lines; no function over 80, decorators counted, but for Triton kernels (``@triton.jit``),
+    whose bodies are one program each."""
+    too_long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text()
+        where = path.relative_to(PACKAGE.parent)
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            too_long.append(f"{where}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            if any("jit" in ast.unparse(d) for d in node.decorator_list):
+                continue
+            start = node.decorator_list[0].lineno if node.decorator_list else node.lineno
+            if node.end_lineno - start + 1 > MAX_FUNCTION_LINES:
+                too_long.append(f"{where}:{start} {node.name}: {node.end_lineno - start + 1} lines")
+    assert too_long == []

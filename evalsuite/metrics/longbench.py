@@ -73,14 +73,11 @@ _INTEGER = re.compile(r"\d+")
 # --- normalisation and token F1 --------------------------------------------------------------------------
 
 
-# The packages of the ``longbench`` extra the metrics import where they score (rouge: ROUGE-L; jieba: the _zh
-# metrics; Levenshtein: fuzzy="levenshtein").
-EXTRA_MODULES = ("rouge", "jieba", "Levenshtein")
+EXTRA_MODULES = ("rouge", "jieba", "Levenshtein")  # the longbench extra: ROUGE-L, the _zh metrics, fuzzy matching
 
 
 def check_metrics_installed(user: str) -> None:
-    """A UserError naming the ``longbench`` extra unless its packages are installed, before a run generates anything
-    (found, not imported: jieba loads a large dictionary)."""
+    """A UserError naming the ``longbench`` extra unless its packages are found (not imported: jieba is slow to)."""
     import importlib.util
 
     if any(importlib.util.find_spec(module) is None for module in EXTRA_MODULES):
