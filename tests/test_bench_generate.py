@@ -112,3 +112,15 @@ def test_a_folder_holding_results_without_a_manifest_is_left_alone(tmp_path):
     with pytest.raises(UserError, match="holds run files but no run manifest"):
         bench.bench_generate(tmp_path, **TINY)
     assert [p.name for p in tmp_path.iterdir()] == [bench.JSON_NAME]
+
+
+def test_a_decode_rate_the_two_calls_do_not_resolve_is_not_made_up():
+    """The longer call no slower than the shorter one (noise): no rate, and why, instead of a rate from a clamped
+    near-zero step time."""
+    from evalsuite.bench.generate_cells import two_call_rates
+
+    rates = two_call_rates(t1=0.5, tm=1.0, tn=2.0, m=8, n=16, batch=2)
+    assert rates["ms_per_step"] == pytest.approx(125.0) and rates["decode_tokens_per_s"] == pytest.approx(16.0)
+    assert rates["call_overhead_s"] == pytest.approx(1.0 - 0.5 - 7 * 0.125)
+    unresolved = two_call_rates(t1=0.5, tm=1.0, tn=0.99, m=8, n=16, batch=2)
+    assert "decode_tokens_per_s" not in unresolved and "not slower" in unresolved["decode_unresolved"]

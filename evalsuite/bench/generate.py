@@ -129,7 +129,8 @@ def bench_generate(out, *, models=DEFAULT_MODELS, lengths=DEFAULT_LENGTHS, batch
         run.append({"key": "|".join(map(str, _key(rec))), **rec})
         save()
         if verbose:
-            what = (f"prefill {rec['prefill_tokens_per_s']:10.0f} tok/s  decode {rec['decode_tokens_per_s']:9.1f} tok/s"
+            decode = f"{rec['decode_tokens_per_s']:9.1f} tok/s" if "decode_tokens_per_s" in rec else "unresolved"
+            what = (f"prefill {rec['prefill_tokens_per_s']:10.0f} tok/s  decode {decode}"
                     if rec["status"] == "ok" else rec["status"])  # fmt: skip
             print(f"{rec['model']:20s} {rec['path']:6s} L={rec['length']:<6d} B={rec['batch']:<4d} {what}", flush=True)
 

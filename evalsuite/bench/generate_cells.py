@@ -133,6 +133,18 @@ def free_bytes(device: torch.device) -> int | None:
         return None
 
 
+def two_call_rates(t1: float, tm: float, tn: float, m: int, n: int, batch: int) -> dict:
+    """Decode rate from the difference of the ``m``- and ``n``-token calls (``tm``, ``tn`` seconds; ``t1``: the
+    1-token call): ``decode_tokens_per_s``, ``ms_per_step``, ``call_overhead_s``. When the longer call was not slower
+    the difference resolves no step time (noise on a busy machine, or steps too short to see): no rate, but
+    ``decode_unresolved`` says why, rather than a rate from a clamped near-zero time."""
+    if tn <= tm:
+        return {"decode_unresolved": f"the {n}-token call ({tn:.4g} s) was not slower than the {m}-token call"}
+    step_s = (tn - tm) / (n - m)
+    overhead = tm - t1 - (m - 1) * step_s
+    return {"decode_tokens_per_s": batch / step_s, "ms_per_step": step_s * 1e3, "call_overhead_s": overhead}
+
+
 def measure_cell(adapter, length: int, batch: int, new_tokens: int, *, warmup: bool = True, seed: int = 0,
                  repeats: int = REPEATS) -> dict:  # fmt: skip
     """Time one (length, batch) cell on the adapter's current path (see :mod:`evalsuite.bench.generate`): the three
@@ -165,10 +177,8 @@ def measure_cell(adapter, length: int, batch: int, new_tokens: int, *, warmup: b
             if i == 2 and timers[2] is not None and timers[2].ms_per_step is not None:
                 in_call.append(timers[2].ms_per_step)
     t1, tm, tn = (statistics.median(t) for t in times)
-    m = counts[1]
-    step_s = max(tn - tm, 1e-9) / (new_tokens - m)
     rec = {"prefill_s": t1, "half_s": tm, "total_s": tn, "prefill_tokens_per_s": batch * length / t1}
-    rec.update(decode_tokens_per_s=batch / step_s, ms_per_step=step_s * 1e3, call_overhead_s=tm - t1 - (m - 1) * step_s)
+    rec.update(two_call_rates(t1, tm, tn, counts[1], new_tokens, batch))
     rec.update(repeats=repeats, call_times_s={str(k): t for k, t in zip(counts, times, strict=True)})
     if in_call:  # the same steps timed inside the N-token calls (StepTimer), median over the repeats
         rec.update(ms_per_step_in_call=statistics.median(in_call), steps_in_call=timers[2].steps)

@@ -55,7 +55,8 @@ def plot_generate_bench(records, path, env=None) -> None:
                 ax_d.plot([r["length"] for r in bound], [r["bound_tokens_per_s"] for r in bound], ":", color=color,
                           alpha=0.6, label=f"bound B={B}")  # fmt: skip
             for p in PATH_STYLES:
-                rs = sorted((r for r in ok if (r["model"], r["batch"], r["path"]) == (model, B, p)),
+                rs = sorted((r for r in ok if (r["model"], r["batch"], r["path"]) == (model, B, p)
+                             and "decode_tokens_per_s" in r),
                             key=lambda r: r["length"])  # fmt: skip
                 xs, style = [r["length"] for r in rs], dict(marker="o", color=color, label=f"{p} B={B}")
                 if rs:
