@@ -239,7 +239,7 @@ class OpenAIAdapter(TextAdapter):
         from evalsuite.runs import distributed
 
         world = distributed.current()
-        name = "requests.jsonl" if world is None or world.size == 1 else f"requests.rank-{world.rank}.jsonl"
+        name = "requests.jsonl" if world.size == 1 else f"requests.rank-{world.rank}.jsonl"
         if self.fixed_log is None:
             self.log.path = Path(run_dir) / name
 
