@@ -7,10 +7,9 @@ import time
 from evalsuite.runs import progress
 
 
-def test_log_lines_off_a_terminal(monkeypatch):
-    monkeypatch.setattr(progress, "LOG_EVERY_S", 0.05)
+def test_log_lines_off_a_terminal():
     err = io.StringIO()
-    with contextlib.redirect_stderr(err), progress.progress_bar(8, "train tiny") as bar:
+    with contextlib.redirect_stderr(err), progress.progress_bar(8, "train tiny", log_every_s=0.05) as bar:
         for _ in range(8):
             time.sleep(0.03)
             bar.advance()

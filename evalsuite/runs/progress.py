@@ -59,15 +59,16 @@ class _LogLines(_Bar):
 
 
 @contextlib.contextmanager
-def progress_bar(total: int | None, description: str, enabled: bool = True, completed: int = 0):
+def progress_bar(total: int | None, description: str, enabled: bool = True, completed: int = 0,
+                 log_every_s: float = LOG_EVERY_S):
     """``with progress_bar(n, "loss") as bar: ... bar.advance()``; drawn on stderr when it is a terminal, else a
-    line every :data:`LOG_EVERY_S` seconds (a redrawn bar would leave a log only its last frame)."""
+    line every ``log_every_s`` seconds (a redrawn bar would leave a log only its last frame)."""
     console = Console(file=sys.stderr)
     if not enabled:
         yield _Bar(None, None)
         return
     if not console.is_terminal:
-        yield _LogLines(total, description, completed, LOG_EVERY_S)
+        yield _LogLines(total, description, completed, log_every_s)
         return
     columns = [
         TextColumn("[bold]{task.description}"),
