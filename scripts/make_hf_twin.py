@@ -1,6 +1,6 @@
 """Build the Hugging Face twin of a Transformer (LLaMA) card: a ``transformers`` LlamaForCausalLM with the card's
 shapes and seeded random weights, saved to a directory the ``hf:DIR`` adapter loads (evalsuite/adapters/hf.py), so
-that ``evalsuite bench generate`` compares the two decoders at the same shapes (issue #18 point 4).
+that ``evalsuite bench generate`` compares the two decoders at the same shapes (results/decode/hf-twin/).
 
 The weights are the card's own random init (``init_weights(seed)``: what ``bench generate --weights random`` and a
 ``source: random`` card use, evalsuite/adapters/native.py) under LLaMA's tensor names, so with the default seed 0 the

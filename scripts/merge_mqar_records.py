@@ -1,14 +1,13 @@
 """Fold the records of MQAR sweeps run elsewhere into a committed sweep directory.
 
-A GPU session runs a preset (``evalsuite mqar --preset NAME``) into its own folder, starting from a copy of the
+A GPU machine runs a preset (``evalsuite mqar --preset NAME``) into its own folder, starting from a copy of the
 committed ``records.jsonl``, often as several sweeps side by side (a model subset per GPU, torchrun ranks writing
 ``records.rank-N.jsonl``). Each source holds the committed records it started from plus its new cells; this
 appends to the target's ``records.jsonl`` every source record whose cell (``config_hash``) the target does not have
 yet, in the sources' order, and prints what it took. Draw the tables and plots afterwards with
 ``evalsuite plot mqar DIR --out DIR``. With ``--replace`` a source record also takes the place of the target's
 record of the same cell (the file rewritten atomically): for cells rerun after a fix outside their config (GSA's
-cells after its kernels' overflow fix, results/mqar/gsa-d512-probe/); every record's provenance names the commit it
-ran on.
+cells on its exact kernels, results/linear-kernels/); every record's provenance names the commit it ran on.
 
 Usage: python scripts/merge_mqar_records.py [--replace] results/mqar/zoology-fig2 /tmp/res/mqar/zooA/zoology-fig2 [...]
 """
@@ -58,7 +57,7 @@ def merge(target: Path, sources: list[Path], replace: bool = False) -> list[dict
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("target", type=Path, help="the committed sweep directory (holds records.jsonl)")
-    ap.add_argument("sources", type=Path, nargs="+", help="sweep directories of the session's runs")
+    ap.add_argument("sources", type=Path, nargs="+", help="sweep directories run elsewhere")
     ap.add_argument("--replace", action="store_true", help="source records replace the target's of the same cell")
     args = ap.parse_args(argv)
     new = merge(args.target, args.sources, args.replace)

@@ -1,4 +1,4 @@
-"""Issue #17's scaling run: NIAH (standard mode) on 1 GPU and under ``torchrun`` on N GPUs; cells per minute, speedup,
+"""The scaling run: NIAH (standard mode) on 1 GPU and under ``torchrun`` on N GPUs; cells per minute, speedup,
 efficiency against the target (0.9) and the records' equality with the single-GPU run. Optionally MQAR, one cell per
 rank at a time, at 1 rank and N ranks.
 
@@ -8,7 +8,7 @@ Runs, each a command of its own into ``DIR/runs/<name>`` (its output in ``DIR/lo
 
 * ``niah-plain``: ``python -m evalsuite niah --mode standard ...`` in one process (the single-GPU baseline);
 * ``niah-torchrun-<N>`` for every N of ``--gpus`` (N = 1 always included: the launcher's own overhead, unless
-  ``--skip-niah-torchrun-1``; measured at 0.99 of the plain run in results/bench/h100/scaling):
+  ``--skip-niah-torchrun-1``; measured at 0.99 of the plain run in results/scaling/niah-mqar-2gpu-256-tokens/):
   ``python -m torch.distributed.run --standalone --nproc-per-node N -m evalsuite niah ...`` (that is ``torchrun``);
 * with ``--mqar-preset NAME``: ``mqar-torchrun-<N>``, ``torchrun ... -m evalsuite mqar --preset NAME`` (one worker,
   one thread: each rank trains one cell at a time; the preset's accuracy check is switched off, ``--mqar-set`` sizes
@@ -65,7 +65,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 from evalsuite.runs.provenance import git_commit, versions  # noqa: E402
 from evalsuite.runs.store import read_jsonl  # noqa: E402
 
-TARGET = 0.9  # issue #17: throughput at N GPUs >= 0.9 x N x the single-GPU throughput
+TARGET = 0.9  # the goal: throughput at N GPUs >= 0.9 x N x the single-GPU throughput
 TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
 ENV_SHOWN = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "EVALSUITE_GIT_COMMIT", "NCCL_P2P_DISABLE", "NCCL_IB_DISABLE")
 CPU_NOTE = (
@@ -382,7 +382,7 @@ def _main(argv: list[str] | None) -> int:
         score(mqar_rows, mqar_rows[0], mqar[0].dir, by_name)
 
     report = {
-        "what": "issue #17: NIAH (standard) single process vs torchrun on N ranks, and optionally MQAR at 1 vs N ranks",
+        "what": "NIAH (standard) single process vs torchrun on N ranks, and optionally MQAR at 1 vs N ranks",
         "target_efficiency": TARGET,
         "efficiency": "throughput_N / (N x throughput_1); throughput = records / minutes of the whole command",
         "device": a.device,
@@ -430,7 +430,7 @@ def markdown(report: dict) -> str:
     """``scaling.md``: what ran where, a table per task, the commands."""
     v, niah = report["versions"], report["niah"]
     lines = [
-        "# Scaling run (issue #17)",
+        "# Scaling run",
         "",
         f"- devices: {', '.join(report['devices_used'])}" + (f" (CUDA {report['cuda']})" if report["cuda"] else ""),
         f"- torch {v['torch']}, triton {v['triton']}, python {v['python']}; commit {report['git_commit']}",

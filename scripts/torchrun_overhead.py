@@ -7,7 +7,7 @@ distributed path: process group, rank file, merge). It compares the two runs' re
 per-token curves (``loss_per_token.npz``) and writes the wall times of the whole commands to
 ``DIR/torchrun_overhead.json``:
 
-    python scripts/torchrun_overhead.py --out results/bench/torchrun/<device> --model fox-pro --length 16384
+    python scripts/torchrun_overhead.py --out results/runs/torchrun-overhead/<device> --model fox-pro --length 16384
 
 Exit status 1 when the records differ. CPU smoke test: ``--model fox-pro-tiny --device cpu --length 256``.
 """

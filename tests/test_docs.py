@@ -149,7 +149,7 @@ def _resolve(root: Command, words: list[str]) -> tuple[Command | None, list[str]
         name = rest[0]
         if name not in node.subcommands:
             if node.runnable and node is not root:
-                break  # a group that runs itself takes arguments (none today; kept general)
+                break  # a group that runs itself takes arguments (no group does; kept general)
             known = ", ".join(sorted(node.subcommands))
             return None, rest, f"`{node.path} {name}` is not a command (`{node.path}` has: {known})"
         node = node.subcommands[rest.pop(0)]

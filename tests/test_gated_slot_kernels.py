@@ -130,7 +130,7 @@ def test_strong_gates_stay_finite():
 def test_extreme_gates_exact(dtype):
     """Saturated gates (log alpha down to -1000 within one sub-chunk): forward and every gradient as exact as under
     mild gates. Factoring in-sub-chunk decays through the sub-chunk's middle row instead overflows to NaN beyond log
-    alpha ~ -11 per token (GSA d = 512 MQAR training goes NaN: results/mqar/gsa-d512-probe/)."""
+    alpha ~ -11 per token (GSA d = 512 MQAR training goes NaN: results/mqar/gsa-d512-probe/ at commit 164742b)."""
     check(1, 45, 2, 16, 32, 16, dtype, "extreme", False)
 
 

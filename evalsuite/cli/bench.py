@@ -24,7 +24,9 @@ def _check_choices(chosen: dict[str, list[str]], allowed: dict[str, tuple[str, .
 
 @bench_app.command("attention")
 def bench_attention_cmd(
-    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (JSON, PNG).")] = Path("results/bench/run"),
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (JSON, PNG).")] = Path(
+        "results/runs/bench/attention"
+    ),
     seq_lens: Annotated[str, typer.Option(help="Comma-separated T values.")] = "1024,2048,4096,8192,16384,32768,65536",
     head_dims: Annotated[str, typer.Option(help="Comma-separated head dims.")] = "64,128",
     providers: Annotated[
@@ -62,7 +64,7 @@ def bench_attention_cmd(
 @bench_app.command("linear")
 def bench_linear_cmd(
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (JSON, PNG, summary).")] = Path(
-        "results/bench/linear"
+        "results/runs/bench/linear"
     ),
     seq_lens: Annotated[str, typer.Option(help="Comma-separated T values.")] = "1024,2048,4096,8192,16384,32768,65536",
     ops: Annotated[str, typer.Option(help="Comma-separated: gsa, lightning.")] = "gsa,lightning",
@@ -87,7 +89,7 @@ def bench_linear_cmd(
 @bench_app.command("gca")
 def bench_gca_cmd(
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (JSON, Markdown, PNG).")] = Path(
-        "results/bench/gca"
+        "results/runs/bench/gca"
     ),
     seq_lens: Annotated[str, typer.Option(help="Comma-separated T values (C = T / 64 chunks).")] = "4096,16384,65536",
     batches: Annotated[str, typer.Option(help="Comma-separated batch sizes.")] = "1,4",
@@ -119,7 +121,7 @@ def bench_gca_cmd(
 @bench_app.command("generate")
 def bench_generate_cmd(
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (JSON, Markdown, PNG); a rerun resumes.")] = (
-        Path("results/bench/generate")
+        Path("results/runs/bench/generate")
     ),
     model: Annotated[
         list[str] | None,

@@ -3,7 +3,8 @@
 At batch 1 a decode step multiplies one row by every weight matrix, and cuBLAS runs each of these small GEMVs far
 below the memory bandwidth: in the 760M FoX (Pro) the seven maps of a layer's normed input (q, k, v, the two
 KV-shift mixers, the forget and output gates) took 38% of a compiled step at about 5 us each
-(``results/bench/h100/profile-step/``). Stacked, they are one GEMV that reads the same bytes at a higher rate.
+(``results/bench/h100/profile-step/`` at commit 164742b). Stacked, they are one GEMV that reads the same bytes at a
+higher rate.
 
 :class:`PackedLinears` stacks the weights (and biases) into one buffer and points each module's parameters at its
 rows of it (``param.data``), so nothing is duplicated and the modules, their state dicts, the forward pass and

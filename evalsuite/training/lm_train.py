@@ -172,7 +172,7 @@ def chunked_cross_entropy(model, inputs: torch.Tensor, labels: torch.Tensor, row
     ``[B, T, V]`` logits tensor ever exists. For plain windows (every position labelled) this is the token mean; a
     retrieval row labelled at its answer alone weighs as much as a plain row, not as its 5-11 tokens (mixed into
     pre-training as 8 rows of 32 they were 0.2% of a token-mean loss, and a byte-level run learnt nothing from
-    them: ``results/drt_claim/2026-11-26-bytes``)."""
+    them: ``results/drt_claim/2026-11-26-bytes`` at commit 164742b)."""
     hidden = model(inputs)
     mask = labels != IGNORE_INDEX
     counts = mask.sum(1)  # [B]

@@ -4,7 +4,7 @@ A step of a few-million-parameter model (an MQAR cell) is hundreds of small kern
 clipping and AdamW. :class:`GraphedStep` records the whole step once as a CUDA graph and replays it per step, so a
 step costs one launch plus copying the batch and the learning rate into the graph's static inputs: 1.4-2.8x faster
 on an H100 at the gsa-paper MQAR cell, whose remaining time is the GPU's own memory-bound elementwise work, which
-``torch.compile`` fuses (results/mqar/step_time/h100-graphs-compile/). Both steppers run the same
+``torch.compile`` fuses (results/mqar/step_time/h100-graphs-compile/ at commit 164742b). Both steppers run the same
 :meth:`EagerStep.update`, so they train identically (bit-identical there).
 
 Capture needs a ``loss_fn`` that never waits on the host and keeps its shapes (no boolean-mask indexing:

@@ -1,12 +1,12 @@
-"""Ship a model trained by scripts/drt_claim/run.sh (issue #14 part 5): its checkpoint becomes
-``<models>/weights/<name>/`` and a card ``<models>/<name>.yaml`` names it, so ``evalsuite niah --model <name>`` runs it
-with nothing to download. The card keeps the training card's architecture, config, tokenizer and lengths; its
-weights are ``{source: own, path: weights/<name>}``. A shipped checkpoint must be at most 8 MB (the issue's limit;
-``train-lm`` stores bf16). After writing, the model is loaded through the new card and must give the checkpoint's
-logits on a short input.
+"""Ship a model trained by scripts/drt_claim/run.sh: its checkpoint becomes ``<models>/weights/<name>/`` and a card
+``<models>/<name>.yaml`` names it, so ``evalsuite passkey --model <name>`` runs it with nothing to download. The card
+keeps the training card's architecture, config, tokenizer and lengths; its weights are ``{source: own, path:
+weights/<name>}``. A shipped checkpoint must be at most 8 MB (the limit on shipped weights; ``train-lm`` stores
+bf16). After writing, the model is loaded through the new card and must give the checkpoint's logits on a short
+input.
 
     python scripts/drt_claim/ship.py --checkpoint RUN/drt/checkpoint --card scripts/drt_claim/drt-bytes.yaml \\
-        --name drt-gutenberg --describe "DRT trained on ... (results/drt_claim/<date>/)"
+        --name drt-gutenberg --describe "DRT trained on ... (results/drt-claim/)"
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """torch.compile on FoX's one-token decoding step (the ``compiled`` decode path): on CUDA the Triton decode kernel
-reads the cache length on the device, so the 760M FoX (Pro)'s step compiles to one graph without a break (committed
-H100 run: results/bench/h100/README.md, profile-step)."""
+reads the cache length on the device, so the 760M FoX (Pro)'s step compiles to one graph without a break (H100 run:
+results/bench/h100/README.md and profile-step/ at commit 164742b)."""
 
 import pytest
 

@@ -1,7 +1,7 @@
 """Forgetting Attention kernels on a GPU: forward and gradients at ragged and long T against a float32 reference,
 the decode kernel over long left-padded caches, and the dispatcher's Triton backend against its reference (the check
-that lets MQAR train on the kernel). Committed H100 runs stay below 5e-3 (results/bench/h100/attention_bench.json,
-parity_d32.json)."""
+that lets MQAR train on the kernel). Committed H100 runs stay below 5e-3 (results/kernels/fox-attention/:
+attention_bench.json, parity_d32.json)."""
 
 import pytest
 import torch

@@ -4,7 +4,7 @@ kernels) in bfloat16. ``graph`` must equal ``static`` everywhere
 (the same function, captured: bit for bit) and ``eager`` in float32; ``compiled`` must equal ``eager`` in float32
 (fused kernels may round differently from static's, so bf16 differences are allowed); a sampled float32 row that
 draws another token is allowed only where the logits agreed to within ``NEAR_TIE`` (a near-tie). Committed H100 run:
-no failure (results/bench/h100/decode-10/generate_check/)."""
+no failure (results/decode/generate-check/)."""
 
 from dataclasses import replace
 

@@ -1,7 +1,8 @@
 """GSA and Lightning Triton kernels on a GPU at real shapes against their chunked PyTorch twins (float32 on the same
 bf16-rounded inputs): output, final state, every gradient, the decode kernel after a prefill, and the gsa / tnl
 models' logits. Committed H100 runs: every error below 5e-3, the models' logits 7e-3
-(results/bench/h100/linear/parity_*_log.txt). The comparison with fla's ops is the linear benchmark's parity record
+(results/linear-kernels/lightning/parity_lightning_log.txt; GSA's: results/bench/h100/linear/parity_gsa_log.txt at
+commit 164742b). The comparison with fla's ops is the linear benchmark's parity record
 (``evalsuite bench linear``, after ``evalsuite bench tune fla``): fla autotunes chunk_gsa for minutes on first use."""
 
 import pytest

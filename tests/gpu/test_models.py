@@ -1,7 +1,7 @@
 """The FoX-paper models on a GPU: the float32 reference attention on CUDA against the CPU forward, bf16 autocast with
 the Triton kernel against the float32 reference, cached decoding against the full forward, for the four
 architectures at small shapes; and the 760M FoX (Pro) (random weights) scoring a 16K window. Committed H100 runs:
-1.9e-5, 8.0e-3 and 1.5e-3 at worst (results/bench/h100/models_gpu.json)."""
+1.9e-5, 8.0e-3 and 1.5e-3 at worst (results/model-checks/models_gpu.json)."""
 
 from dataclasses import replace
 

@@ -33,11 +33,11 @@ def cumsum_over_time(log_f):
     """``cumsum(log_f, dim=1)`` for ``[B, T, H]`` gates; differentiable. Returns float32 ``[B, T, H]``.
 
     On CUDA (with triton) a Triton scan (:mod:`evalsuite.kernels.forgetting.cumsum`: ``torch.cumsum`` along
-    dim 1 of a ``[B, T, H]`` CUDA tensor is slow, results/bench/h100/README.md). Elsewhere torch's cumsum of a
-    time-contiguous copy. Either way the result is a ``[B, T, H]`` view of ``[B, H, T]`` storage, which the
-    kernels read as efficiently as the plain layout. Inside ``torch.compile`` (the MQAR training step) torch's
-    cumsum too: inductor writes its own scan and fuses it with the gate's log-sigmoid (the one-graph step of
-    results/mqar/step_time/h100-library-op-2026-11-27/one-graph/ ran this way).
+    dim 1 of a ``[B, T, H]`` CUDA tensor is slow: results/bench/h100/README.md at commit 164742b). Elsewhere
+    torch's cumsum of a time-contiguous copy. Either way the result is a ``[B, T, H]`` view of ``[B, H, T]``
+    storage, which the kernels read as efficiently as the plain layout. Inside ``torch.compile`` (the MQAR training
+    step) torch's cumsum too: inductor writes its own scan and fuses it with the gate's log-sigmoid (the one-graph
+    step of results/mqar/step-time/one-graph/ runs this way).
     """
     if log_f.is_cuda and triton_installed() and not torch.compiler.is_compiling():
         from evalsuite.kernels.forgetting.cumsum import cumsum_over_time_triton

@@ -43,8 +43,8 @@ LOG2E = 1.4426950408889634
 # Forward and dQ: one program per BLOCK_M query rows, stepping over keys BLOCK_N at a time.
 # dK/dV: one program per BLOCK_N keys, stepping over queries BLOCK_M at a time.
 # Tuned at T=16384, B*T=65536, H=16 (``evalsuite bench tune forgetting``; the top forward configs swap places run to
-# run); D=16/32 use configs checked for correctness but not tuned. Measurements:
-# results/bench/h100/README.md and its fwd-sweep/, fwd-variants/.
+# run); D=16/32 use configs checked for correctness but not tuned. Measurements: results/kernels/ (the block sweep
+# itself: results/bench/h100/fwd-sweep/ at commit 164742b).
 # The constraints (BLOCK_M % BLOCK_N == 0 forward/dQ, BLOCK_N % BLOCK_M == 0 dK/dV) are asserted at launch.
 FWD_CONFIGS = {16: (256, 64, 8, 3), 32: (256, 64, 8, 3), 64: (128, 64, 4, 4), 128: (128, 64, 8, 4)}
 BWD_DKDV_CONFIGS = {16: (32, 64, 4, 4), 32: (32, 64, 4, 4), 64: (32, 64, 4, 3), 128: (32, 128, 8, 3)}
@@ -52,10 +52,11 @@ BWD_DQ_CONFIGS = {16: (128, 32, 4, 4), 32: (128, 32, 4, 4), 64: (128, 32, 4, 4),
 # Forward: fetch K/V tiles through TMA tensor descriptors (compute capability >= 9 and aligned strides; pointer loads
 # otherwise), per head dim; D=16/32 not measured, so off. The variants measured against it and not kept (the query's
 # cumsum folded into the LSE, key cumsums through a 1-D descriptor, q.k issued a block early, lazy rescaling) are in
-# results/bench/h100/fwd-variants/README.md.
+# results/bench/h100/fwd-variants/README.md and fwd-sweep/ at commit 164742b; results/kernels/fox-tuning/ keeps the
+# variant sweeps' records.
 FWD_TMA = {16: False, 32: False, 64: True, 128: True}
 # Decode: (BLOCK_N, num_warps, num_stages); BLOCK_M follows Tq. From the decode sweep (``evalsuite bench tune
-# forgetting-decode``) on one H100 (24 heads of 64, bf16; results/bench/h100/decode-5/tune_decode.json): (64, 2, 3) was
+# forgetting-decode``) on one H100 (24 heads of 64, bf16; results/kernels/fox-tuning/tune_decode.json): (64, 2, 3) was
 # fastest or within 2% at batch 1 and 8 after 4K and 16K keys (32.0 us at batch 1 after 4K; (64, 4, 2): 34.5 us).
 DECODE_CONFIG = (64, 2, 3)
 # Under the interpreter: small blocks, so tests at T <= 256 still cover several diagonal / off-diagonal blocks.

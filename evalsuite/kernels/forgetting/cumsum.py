@@ -4,8 +4,8 @@ FoX needs ``c = cumsum(log f)`` over time for every (batch, head) before attenti
 dim 1 of a ``[B, T, H]`` CUDA tensor is slow; along a time-contiguous copy it is fine but takes two kernels. Here
 one program per (batch, head) walks time in blocks of BLOCK_T: an in-register scan per block plus a running carry,
 written straight to time-major storage (``[B, H, T]``, returned as a ``[B, T, H]`` view, which the attention
-kernels read efficiently). Timings: results/bench/h100/README.md. The backward is the same scan run from the end
-of the sequence (``d log f_t = sum_{s >= t} d c_s``).
+kernels read efficiently). Timings: results/bench/h100/README.md at commit 164742b. The backward is the same scan
+run from the end of the sequence (``d log f_t = sum_{s >= t} d c_s``).
 
 The same source runs under ``TRITON_INTERPRET=1`` on CPU tensors (tests), with small blocks.
 """

@@ -102,7 +102,7 @@ def _decode_kernel(
     before it, the new row is key ``KL`` (the query's own position), its k/v come from ``KN``/``VN`` ``[B, H, D]``
     and its cumulative log forget is the previous row's plus ``LF`` ``[B, H]`` (0 without ``HAS_LF``). Every
     program takes the new row from registers; the programs of the last split also write it into the cache (K, V,
-    CK), so the step needs no separate cache-append kernels (results/bench/h100/decode-6/). ``N_ROWS``
+    CK), so the step needs no separate cache-append kernels (results/bench/h100/decode-6/ at commit 164742b). ``N_ROWS``
     (0-2) more ``[B, H, D]`` rows are copied by those programs, RS1 -> RD1 and RS2 -> RD2 (FoX (Pro)'s KV-shift
     rows): state the step writes, in the same launch.
     Grid: (B*H, cdiv(Tq, BLOCK_M), n_splits). Split s covers keys [s*keys_per_split, (s+1)*keys_per_split).
@@ -251,7 +251,7 @@ def _num_splits(bh_blocks: int, Tk: int, block_n: int, device) -> int:
         min_keys = 4 * block_n  # keep each split long enough to amortise its partial write
     # Rounded down: one split already fills the GPU once there are more programs than 2 per SM, and splitting
     # further costs the partials' write and merge (H100, 24 heads, batch 8 after 4K keys: 1 split 74.9 us, 2 splits
-    # 101.3 us; results/bench/h100/decode-5/tune_decode.json).
+    # 101.3 us; results/kernels/fox-tuning/tune_decode.json).
     want = (2 * n_sm) // bh_blocks
     return max(1, min(want, triton.cdiv(Tk, min_keys)))
 

@@ -42,9 +42,9 @@ tiles with the non-pairs masked to 0 (the rows outside the block, or the result)
 
 Every exponent is ``<= 0`` but the in-micro-block one (``<= 60``) for any log alpha, so the kernels are exact for
 saturated gates (``test_extreme_gates_exact``); factoring a decay at a row inside a block instead overflows to NaN
-beyond log alpha ~ -11 per token (results/bench/h100/gsa-kernel-fix/). The pair matrix A is formed once per chunk
-and pass by :func:`_pair_kernel` and read by both write kernels. fp16 operands take float32 (tf32) in the
-gate-scaled products (``common.dot_flags(gated=True)``): fp16 would flush the small factors.
+beyond log alpha ~ -11 per token (results/bench/h100/gsa-kernel-fix/ at commit 164742b). The pair matrix A is formed
+once per chunk and pass by :func:`_pair_kernel` and read by both write kernels. fp16 operands take float32 (tf32) in
+the gate-scaled products (``common.dot_flags(gated=True)``): fp16 would flush the small factors.
 """
 
 from __future__ import annotations

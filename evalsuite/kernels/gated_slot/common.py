@@ -15,9 +15,9 @@ Numerics:
   ``expm1``), so weak gates keep full relative precision.
 * ``tl.dot`` takes operands in the input dtype (bf16/fp16: tensor cores, fp32 accumulation; fp32 inputs: 3xTF32,
   about fp32 accuracy on tensor cores; IEEE FMA dots made an fp32 MQAR training step 10x slower than bf16 on an H100,
-  results/mqar/step_time/), see :func:`dot_flags`. The gate-scaled products of the per-chunk kernels carry decay
-  factors in (0, 1]; fp16 would flush the small ones (its smallest normal is 6e-5), so for fp16 inputs those take
-  float32 operands as tf32 (``dot_flags(dtype, gated=True)``). Under
+  results/mqar/step_time/README.md at commit 164742b), see :func:`dot_flags`. The gate-scaled products of the
+  per-chunk kernels carry decay factors in (0, 1]; fp16 would flush the small ones (its smallest normal is 6e-5), so
+  for fp16 inputs those take float32 operands as tf32 (``dot_flags(dtype, gated=True)``). Under
   ``TRITON_INTERPRET=1`` the interpreter's ``tl.dot`` mishandles bf16 storage, so operands are rounded to the
   input dtype and multiplied in float32; the interpreter's fp32 -> bf16 conversion truncates (round toward zero),
   so the tests see a slightly worse rounding than a GPU.
@@ -53,9 +53,9 @@ MICRO = tl.constexpr(4)
 # *_WARPS per kernel family. The per-chunk kernels work on ``CHUNK x CHUNK`` and ``CHUNK x BM`` tiles with tl.dot
 # (wgmma on H100). Chosen so that the sm_90 build spills (almost) nothing at dk = dv = m = 128
 # (an sm_90 build's resource usage: read 328 bytes, pair and write 0, dgate 168; whole-m tiles spill 2-5 KB, and the
-# kernels run 2-6x slower, results/bench/h100/gsa-kernel-fix/). ``evalsuite bench tune gsa`` sweeps the alternatives
-# on hardware and prints the best as a dict to paste here. Both tables are read-only: a caller with other settings
-# passes its own mapping to the launchers (``config=``).
+# kernels run 2-6x slower, results/bench/h100/gsa-kernel-fix/ at commit 164742b). ``evalsuite bench tune gsa`` sweeps
+# the alternatives on hardware and prints the best as a dict to paste here. Both tables are read-only: a caller with
+# other settings passes its own mapping to the launchers (``config=``).
 GPU_CONFIG = MappingProxyType(
     {
         "CHUNK": 64,

@@ -62,7 +62,8 @@ class BlockConfig:
 
 
 # GPU, per head dim: chosen by the FlashAttention-2 rules of thumb for DRT's 64 x 64 chunks; at D = 64 the fastest
-# forward and backward of the block sweep (``evalsuite bench tune gca``) on an H100 (results/bench/h100/gca/).
+# forward and backward of the block sweep (``evalsuite bench tune gca``) on an H100
+# (results/kernels/gca/gca_tune.json).
 GPU_CONFIGS = {
     16: BlockConfig((128, 64, 3), (64, 2)),
     32: BlockConfig((128, 64, 3), (64, 2)),

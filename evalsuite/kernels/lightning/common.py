@@ -97,8 +97,8 @@ def walk_config(da: int, dc: int, dtype, config: LaunchConfig) -> tuple[int, int
     """``(BC, num_warps, num_stages)`` of a walk with a ``[da, dc]`` state: state columns per program, chosen so the
     slice fits ``config``'s budget; operand tiles ``[BT, da]`` are triple-buffered when their rows are short
     (at most 128 bytes: bf16 heads of 64), double-buffered up to 256 bytes, single-buffered beyond. Measured on an
-    H100 at dk = dv = 64, bf16, T = 16384 (``evalsuite bench tune lightning``, results/bench/h100/linear/): 4 warps
-    and 3 stages beat 4 x 2 and 8 x 2 for forward+backward by 30%."""
+    H100 at dk = dv = 64, bf16, T = 16384 (``evalsuite bench tune lightning``, results/linear-kernels/lightning/):
+    4 warps and 3 stages beat 4 x 2 and 8 x 2 for forward+backward by 30%."""
     if config.walk_columns is not None:
         bc = min(dc, config.walk_columns)
     else:

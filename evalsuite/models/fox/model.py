@@ -188,7 +188,8 @@ class ForgettingAttention(nn.Module):
             return None
         if self.cfg.fgate_type == "full":
             # `is None`, not `lin or ...`: torch 2.11's dynamo reads a function's truth value as a data-dependent
-            # branch and cut the compiled MQAR step at every layer (results/mqar/step_time/h100-library-op-2026-11-27/)
+            # branch and cuts the compiled MQAR step at every layer
+            # (results/mqar/step_time/h100-library-op-2026-11-27/README.md at commit 164742b)
             lin = self._maps(x, False) if lin is None else lin
             return F.logsigmoid(lin("fgate", self.fgate_proj).float())
         B, T, _ = x.shape
