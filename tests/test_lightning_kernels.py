@@ -398,3 +398,16 @@ def test_dispatcher_imports_without_triton(monkeypatch):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.BACKENDS[0] == "auto"
+
+
+def test_tune_sweeps_settings_passed_as_a_config():
+    """``bench tune lightning``'s sweep under the interpreter at a tiny shape: every setting timed, the best one of
+    them, and the shipped tables untouched."""
+    from evalsuite.bench.tune.lightning import tune
+
+    before = common.INTERPRET_CONFIG
+    report = tune(seq_len=48, tokens=48, heads=2, head_dim=16, seg_chunks=(1, 2), launches=((4, 1),), verbose=False)
+    assert [(r["seg_chunks"], r["walk_launch"]) for r in report["records"]] == [(1, [4, 1]), (2, [4, 1])]
+    assert all(r["fwd_ms"] > 0 and r["fwdbwd_ms"] > 0 for r in report["records"])
+    assert report["best"] in [{"seg_chunks": g, "walk_launch": [4, 1]} for g in (1, 2)]
+    assert common.INTERPRET_CONFIG is before

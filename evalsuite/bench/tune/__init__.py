@@ -15,6 +15,8 @@ from pathlib import Path
 
 from evalsuite.errors import UserError
 
+# The sweeps that also run under the Triton interpreter on a CPU (tiny shapes, for their tests).
+INTERPRETABLE = ("forgetting-decode", "lightning")
 # kernel -> (module, function) under evalsuite.bench.tune
 KERNELS = {
     "forgetting": ("forgetting", "tune"),
@@ -47,7 +49,7 @@ def run_tune(kernel: str, out=None, **options) -> dict:
     unknown = [k for k in options if k not in accepted]
     if unknown:
         raise UserError(f"bench tune {kernel} takes no {', '.join('--' + k.replace('_', '-') for k in unknown)}")
-    if not torch.cuda.is_available() and not (kernel == "forgetting-decode" and interpreting()):
+    if not torch.cuda.is_available() and not (kernel in INTERPRETABLE and interpreting()):
         raise UserError(f"bench tune {kernel} needs a CUDA GPU")
     report = {"kernel": kernel, "env": env_info(), "options": options, **fn(**options)}
     print(f"best {kernel}:", json.dumps(report["best"], default=str), flush=True)
