@@ -1,10 +1,23 @@
-"""Device and dtype resolution: the ``--device`` / ``--dtype`` options, shared by adapters and training."""
+"""Device and dtype resolution (the ``--device`` / ``--dtype`` options) and the cache folder, shared by adapters and
+training."""
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import torch
 
 from evalsuite.errors import UserError
+
+CACHE_ENV = "EVALSUITE_CACHE_DIR"
+
+
+def cache_root() -> Path:
+    """Where the suite keeps what it can rebuild (API replies, token streams): ``$EVALSUITE_CACHE_DIR``, else
+    ``~/.cache/evalsuite``."""
+    return Path(os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "evalsuite"))
+
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

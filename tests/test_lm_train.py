@@ -11,7 +11,6 @@ from evalsuite.cards import load_card
 from evalsuite.errors import UserError
 from evalsuite.models.checkpoint import load_checkpoint
 from evalsuite.tokenizers import GPT2_EOT_ID, get_tokenizer
-from evalsuite.training import lm_train
 from evalsuite.training.lm_train import (
     LMTrainConfig,
     chunked_cross_entropy,
@@ -27,7 +26,7 @@ WORDS = "the river ran quiet under a grey sky while the miller counted his sacks
 
 @pytest.fixture()
 def corpus(tmp_path, monkeypatch):
-    monkeypatch.setattr(lm_train, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setenv("EVALSUITE_CACHE_DIR", str(tmp_path / "cache"))
     rng = np.random.default_rng(0)
     path = tmp_path / "books.jsonl"
     docs = [" ".join(rng.choice(WORDS, size=900)) for _ in range(3)]
@@ -42,13 +41,13 @@ def gpt2_stream(corpus):
     return tok, corpus_tokens(corpus[0], tok)
 
 
-def test_corpus_tokens_joins_documents_with_eos_and_caches(corpus):
+def test_corpus_tokens_joins_documents_with_eos_and_caches(corpus, tmp_path):
     path, docs = corpus
     tok = get_tokenizer("gpt2")
     tokens = corpus_tokens(path, tok)
     expected = [t for d in docs for t in (*tok.encode(d, add_bos=False), GPT2_EOT_ID)]
     assert tokens.dtype == np.uint16 and tokens.tolist() == expected
-    assert len(list(lm_train.CACHE_DIR.glob("*.npy"))) == 1
+    assert len(list((tmp_path / "cache" / "tokens").glob("*.npy"))) == 1
     assert corpus_tokens(path, tok).tolist() == expected  # from the cache
     assert len(corpus_tokens(path, tok, max_tokens=100)) == 100
 

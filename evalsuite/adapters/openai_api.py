@@ -64,12 +64,12 @@ SPEC_KEYS = ("base_url", "api_key_env", "api", "concurrency", "tokenizer", "cont
 DEFAULT_TOKENIZER = "tiktoken:cl100k_base"
 FALLBACK_TOKENIZER = "gpt2"
 MAX_STOP = 4  # stop strings the OpenAI API accepts per request
-CACHE_ENV = "EVALSUITE_CACHE_DIR"
 
 
 def default_cache_dir() -> Path:
-    root = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "evalsuite")
-    return Path(root) / "openai"
+    from evalsuite.runtime import cache_root
+
+    return cache_root() / "openai"
 
 
 def parse_spec(name: str) -> tuple[str, dict[str, str]]:

@@ -32,10 +32,10 @@ from evalsuite.errors import UserError
 from evalsuite.runs.progress import progress_bar
 from evalsuite.runs.provenance import device_name, provenance
 from evalsuite.runs.store import atomic_write_json
+from evalsuite.runtime import cache_root
 from evalsuite.tokenizers import Tokenizer, get_tokenizer
 from evalsuite.training.train import IGNORE_INDEX, TrainConfig, build_model, train
 
-CACHE_DIR = Path.home() / ".cache" / "evalsuite" / "tokens"
 RETRIEVAL_KINDS = ("passkey", "2hop")
 FINETUNE_LOSSES = ("all", "answer")
 
@@ -87,11 +87,11 @@ class LMTrainConfig:
 
 def corpus_tokens(corpus: Path | str, tokenizer: Tokenizer, max_tokens: int | None = None) -> np.ndarray:
     """Every document of ``corpus`` tokenised (no BOS) and joined with the EOS id between documents (GPT-2's
-    ``<|endoftext|>``, as the GCA paper's PG19 preparation does), as one 1-D array. Cached under
-    ``~/.cache/evalsuite/tokens`` by the files' names, sizes and times and the tokenizer."""
+    ``<|endoftext|>``, as the GCA paper's PG19 preparation does), as one 1-D array. Cached under ``tokens/`` of
+    :func:`evalsuite.runtime.cache_root` by the files' names, sizes and times and the tokenizer."""
     files = corpus_files(Path(corpus))
     ident = [tokenizer.spec, max_tokens] + [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in files]
-    cache = CACHE_DIR / f"{hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:16]}.npy"
+    cache = cache_root() / "tokens" / f"{hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:16]}.npy"
     if cache.exists():
         return np.load(cache)
     sep = [tokenizer.eos_id] if tokenizer.eos_id is not None else []
