@@ -626,17 +626,16 @@ def test_every_preset_builds_its_models(preset, tmp_path):
     assert out["summary"]["cells"]["finished"] == 0 and len(out["summary"]["cells"]["pending"]) > 0
 
 
-def test_a_cell_cut_short_resumes_from_its_snapshot(tmp_path, monkeypatch):
-    """The MQAR worker's handler snapshots a cell in training under ``<run>/partial/<key>.pt``; a cell cut short
+def test_a_cell_cut_short_resumes_from_its_snapshot(tmp_path):
+    """The MQAR worker's handler snapshots a cell in training (here at every log step) under
+    ``<run>/partial/<key>.pt``; a cell cut short
     (a GPU lease ending) resumes from it and ends with the uninterrupted cell's record; the snapshot goes."""
-    import evalsuite.training.train
     from evalsuite.tasks.mqar.cell import cell_handler
 
-    monkeypatch.setattr(evalsuite.training.train, "SNAPSHOT_EVERY_S", 0.0)  # a snapshot at every log step
     sweep = MQARSweep(**{**TINY_SWEEP, "max_steps": 40, "eval_every": 20, "early_stop": None})
     cell = sweep_cells(sweep)[0]
     partial = tmp_path / "partial"
-    handler = cell_handler(sweep.to_dict(), "cpu", "auto", snapshot_dir=str(partial))
+    handler = cell_handler(sweep.to_dict(), "cpu", "auto", snapshot_dir=str(partial), snapshot_every_s=0.0)
     want = cell_handler(sweep.to_dict(), "cpu", "auto")(cell, lambda n: None)
 
     reported = []

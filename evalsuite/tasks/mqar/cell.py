@@ -87,13 +87,15 @@ def run_cell(
     cuda_graph: bool = False,
     compile: bool = False,
     snapshot_dir: Path | None = None,
+    snapshot_every_s: float | None = None,
 ) -> dict:
     """Train one fresh model on one cell's data (``{"train"|"test": (inputs, labels)}``, each ``[N, seq_len]``
     long on ``device``); return its record. ``cuda_graph``: each training step replayed as one CUDA graph
     (:mod:`evalsuite.training.train_step`; the same updates, without the launch overhead); ``compile``: the forward and
     loss through ``torch.compile`` (fused elementwise kernels; training/train.py). ``snapshot_dir``: the
     cell's training snapshots go to ``<snapshot_dir>/<key>.pt``, so a cell cut short (a GPU lease ending) resumes
-    where its last snapshot left it instead of from step 0."""
+    where its last snapshot left it instead of from step 0; ``snapshot_every_s``: seconds between snapshots (None:
+    :func:`~evalsuite.training.train.train`'s default)."""
     card = resolve_model(cell.model)
     config = cell_config(sweep, cell, card)
     sweep, seed = sweep.for_variant(cell.variant), config["init_seed"]
@@ -116,7 +118,8 @@ def run_cell(
     loss_fn = functools.partial(gathered_cross_entropy, labels_per_row=int((train_y != IGNORE_INDEX).sum(1).max()))
     snapshot = None if snapshot_dir is None else Path(snapshot_dir) / f"{config_hash(config)}.pt"
     result = train(model, batches, tcfg, evaluate=evaluate, loss_fn=loss_fn, on_step=on_step,
-                   cuda_graph=cuda_graph, compile=compile, snapshot=snapshot)  # fmt: skip
+                   cuda_graph=cuda_graph, compile=compile, snapshot=snapshot,
+                   snapshot_every_s=snapshot_every_s)  # fmt: skip
     state = decode_state_size(model, cell.seq_len, amp_dtype or torch.float32)
     dtype = "bfloat16 autocast" if amp_dtype is not None else "float32"
     prov = provenance(device=device_name(device), dtype=dtype, attention=attention, seed=seed, cuda_graph=cuda_graph,
@@ -198,6 +201,7 @@ def cell_handler(
     cuda_graph: bool = False,
     compile: bool = False,
     snapshot_dir: str | None = None,
+    snapshot_every_s: float | None = None,
 ) -> Callable[[Cell, Callable[[int], None]], dict]:
     """A :func:`evalsuite.training.pool.run_pool` handler (built once per process): ``handler(cell, report) -> record``,
     reporting progress every ``PROGRESS_EVERY`` steps. Takes plain values so it pickles into a worker. On CUDA each
@@ -215,6 +219,6 @@ def cell_handler(
         stream = torch.cuda.stream(torch.cuda.Stream(dev)) if dev.type == "cuda" else contextlib.nullcontext()
         with stream:
             return run_cell(sweep, cell, dev, data, attention, on_step=on_step, cuda_graph=cuda_graph, compile=compile,
-                            snapshot_dir=snapshot_dir)  # fmt: skip
+                            snapshot_dir=snapshot_dir, snapshot_every_s=snapshot_every_s)  # fmt: skip
 
     return handle
