@@ -628,8 +628,8 @@ def test_every_preset_builds_its_models(preset, tmp_path):
 
 def test_a_cell_cut_short_resumes_from_its_snapshot(tmp_path):
     """The MQAR worker's handler snapshots a cell in training (here at every log step) under
-    ``<run>/partial/<key>.pt``; a cell cut short
-    (a GPU lease ending) resumes from it and ends with the uninterrupted cell's record; the snapshot goes."""
+    ``<run>/partial/<key>.pt``; a cell cut short (a GPU lease ending) resumes from it and ends with the uninterrupted
+    cell's record; the snapshot goes."""
     from evalsuite.tasks.mqar.cell import cell_handler
 
     sweep = MQARSweep(**{**TINY_SWEEP, "max_steps": 40, "eval_every": 20, "early_stop": None})
