@@ -262,3 +262,15 @@ def test_the_checks_catch_a_missing_option_and_an_unknown_command(tree):
     assert _resolve(tree, ["--debug", "loss"])[0].path == "evalsuite loss"
     assert "--no-such-option" not in _resolve(tree, ["loss"])[0].long_names()
     assert _mentions("use `--max-length` here", "--max-length") and not _mentions("`--max-length`", "--max")
+
+
+def test_the_python_page_runs(tmp_path, monkeypatch):
+    """docs/commands/python.md's code runs as written (in a scratch folder: it writes a run directory)."""
+    page = (ROOT / "docs" / "commands" / "python.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", page, flags=re.S)
+    assert blocks, "docs/commands/python.md has no python block"
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    for block in blocks:
+        exec(compile(block, "docs/commands/python.md", "exec"), namespace)  # noqa: S102 - the page's own example
+    assert namespace["results"]["records"] and (tmp_path / "results" / "runs" / "demo" / "results.json").is_file()
