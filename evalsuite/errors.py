@@ -26,4 +26,9 @@ def require(module: str, extra: str, user: str) -> ModuleType:
         missing = e.name or ""
         if missing != module and not module.startswith(missing + "."):
             raise
-        raise UserError(f"{user} needs the {extra!r} extra: pip install 'evalsuite[{extra}]'") from None
+        raise missing_extra(extra, user) from None
+
+
+def missing_extra(extra: str, user: str) -> UserError:
+    """The one line that says ``user`` needs ``extra`` and how to install it."""
+    return UserError(f"{user} needs the {extra!r} extra: pip install 'evalsuite[{extra}]'")

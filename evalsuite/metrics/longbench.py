@@ -48,7 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
-from evalsuite.errors import UserError, require
+from evalsuite.errors import UserError, missing_extra, require
 from evalsuite.runs.store import atomic_write_bytes
 
 FUZZY_BACKENDS = ("difflib", "levenshtein")
@@ -81,7 +81,7 @@ def check_metrics_installed(user: str) -> None:
     import importlib.util
 
     if any(importlib.util.find_spec(module) is None for module in EXTRA_MODULES):
-        raise UserError(f"{user} needs the 'longbench' extra: pip install 'evalsuite[longbench]'")
+        raise missing_extra("longbench", user)
 
 
 def normalize_answer(s: str) -> str:
