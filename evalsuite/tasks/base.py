@@ -64,6 +64,13 @@ class Item:
     data: object = None
 
 
+def check_known_options(task: str, options: dict, known: set[str]) -> None:
+    """UserError naming the ``options`` outside ``known`` (``evalsuite run TASK --set KEY=VALUE``)."""
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise UserError(f"task {task}: unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+
+
 class Task(ABC):
     """Base class of every task. Subclasses set ``name``, ``needs`` and ``Config`` (a dataclass)."""
 
@@ -80,10 +87,7 @@ class Task(ABC):
     @classmethod
     def from_options(cls, options: dict) -> Task:
         """A task from ``key=value`` options (``evalsuite run TASK --set key=value``); unknown keys are errors."""
-        known = {f.name for f in fields(cls.Config)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise UserError(f"task {cls.name}: unknown option(s) {', '.join(unknown)}; known: {', '.join(known)}")
+        check_known_options(cls.name, options, {f.name for f in fields(cls.Config)})
         try:
             return cls(cls.Config(**options))
         except (TypeError, ValueError) as e:

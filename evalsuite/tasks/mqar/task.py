@@ -28,7 +28,7 @@ from evalsuite.runs.provenance import device_name, provenance
 from evalsuite.runs.rundir import RunDir, ShardFollower
 from evalsuite.runs.store import config_hash
 from evalsuite.runtime import resolve_device
-from evalsuite.tasks.base import Plan, Task, register_task
+from evalsuite.tasks.base import Plan, Task, check_known_options, register_task
 from evalsuite.tasks.mqar.cell import cell_handler
 from evalsuite.tasks.mqar.sweep import (
     Cell,
@@ -109,10 +109,7 @@ class MQARTask(Task):
     def from_options(cls, options: dict) -> MQARTask:
         """``evalsuite run mqar --set KEY=VALUE``: ``preset`` (default ci, as ``evalsuite mqar``), the options of
         :data:`RUN_OPTIONS`, and sweep fields applied over the preset."""
-        known = {f.name for f in fields(MQARSweep)} | {"preset", *RUN_OPTIONS}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise UserError(f"task mqar: unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        check_known_options(cls.name, options, {f.name for f in fields(MQARSweep)} | {"preset", *RUN_OPTIONS})
         changes = dict(options)
         preset = changes.pop("preset", DEFAULT_PRESET)
         run_options = {k: changes.pop(k) for k in RUN_OPTIONS if k in changes}
