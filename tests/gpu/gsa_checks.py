@@ -4,6 +4,7 @@ computations of tests/gpu/test_gated_slot.py, also run on the CPU under the Trit
 
 import torch
 
+from evalsuite.bench.common import rel_error
 from evalsuite.kernels.gated_slot import common, reference
 from evalsuite.kernels.gated_slot.chunk import gsa_chunk_triton
 
@@ -11,10 +12,6 @@ NAMES = ("o", "dq", "dk", "dv", "dlog_alpha")
 # Gate logits x ~ N(0, s^2), log alpha = logsigmoid(x) / 16 (the GSA layer's normaliser 16): the smallest log alpha
 # drawn at the MQAR d = 512 head shape is ~ -0.3, -10, -48 and -300.
 REGIMES = {"mild": 1.0, "strong": 30.0, "saturated": 150.0, "extreme": 1000.0}
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b).norm() / b.norm()).item()
 
 
 def gate_rows(shape=(4, 512, 4, 128), regimes=tuple(REGIMES), device="cuda", overrides=None) -> list[dict]:
@@ -39,7 +36,7 @@ def gate_rows(shape=(4, 512, 4, 128), regimes=tuple(REGIMES), device="cuda", ove
         want = [o_ref, *torch.autograd.grad(o_ref, ref_leaves, do.double())]
         row = {"config": dict(overrides or {}), "regime": regime, "shape": list(shape), "dtype": "bfloat16",
                "min_log_alpha": g.min().item(), "finite": all(bool(x.isfinite().all()) for x in got)}  # fmt: skip
-        row.update({name: _rel(a, b) for name, a, b in zip(NAMES, got, want, strict=True)})
+        row.update({name: rel_error(a, b) for name, a, b in zip(NAMES, got, want, strict=True)})
         rows.append(row)
     return rows
 
@@ -101,6 +98,6 @@ def score_scale_rows(shape=(4, 512, 4, 128), scales=(1.0, 10.0, 30.0, 100.0), de
                     ("floor-bf16-scores", floor, torch.float64))  # fmt: skip
         for name, fn, dtype in variants:
             got = _outputs_and_grads(fn, _leaves(q, k, v, g, dtype), do)
-            errors = {n: _rel(a, b) for n, a, b in zip(NAMES, got, want, strict=True)}
+            errors = {n: rel_error(a, b) for n, a, b in zip(NAMES, got, want, strict=True)}
             rows.append({"scale": float(factor), "variant": name, "shape": list(shape), **errors})
     return rows

@@ -41,7 +41,7 @@ import triton.language as tl
 
 from evalsuite.kernels.grouped_cross.reference import MAX_TRITON_SQ, check_shapes
 from evalsuite.kernels.jit_helpers import in_range
-from evalsuite.kernels.triton_utils import interpreting
+from evalsuite.kernels.triton_utils import interpreting, pick_config
 
 LOG2E = 1.4426950408889634
 HEAD_DIMS = (16, 32, 64, 128)
@@ -77,7 +77,7 @@ INTERPRET_CONFIG = BlockConfig((16, 16, 1), (16, 1))
 
 def block_config(head_dim: int) -> BlockConfig:
     """The shipped settings: :data:`INTERPRET_CONFIG` under the interpreter, else the GPU's for ``head_dim``."""
-    return INTERPRET_CONFIG if interpreting() else GPU_CONFIGS[head_dim]
+    return pick_config(GPU_CONFIGS, head_dim, INTERPRET_CONFIG)
 
 
 def _pow2(n: int) -> int:
