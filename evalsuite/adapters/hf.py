@@ -236,11 +236,11 @@ class HFAdapter(TokenAdapter):
         self.cache, self.compile = cache, compile
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype)
-        self.source = resolve_source(str(source), gguf_file, revision)
-        src = self.source
-        if src.gguf_file:  # transformers reads GGUF through both; named here, not deep inside from_pretrained
+        if gguf_file or str(source).endswith(".gguf"):  # before any download: transformers reads GGUF through both
             for module in ("gguf", "accelerate"):
                 require(module, "hf", "a GGUF model")
+        self.source = resolve_source(str(source), gguf_file, revision)
+        src = self.source
         kwargs = {"gguf_file": src.gguf_file} if src.gguf_file else {}
         model_kwargs = {"dtype": self.dtype, **({} if attention == "auto" else {"attn_implementation": attention})}
         try:

@@ -56,6 +56,7 @@ from evalsuite.adapters.registry import ADAPTERS, AdapterOptions, parse_options,
 from evalsuite.errors import UserError
 from evalsuite.generation.types import Generation, GenerationConfig, apply_stop
 from evalsuite.runs.store import atomic_write_bytes
+from evalsuite.runtime import cache_root
 from evalsuite.tokenizers import Tokenizer, get_tokenizer
 
 APIS = ("chat", "completions")
@@ -67,8 +68,6 @@ MAX_STOP = 4  # stop strings the OpenAI API accepts per request
 
 
 def default_cache_dir() -> Path:
-    from evalsuite.runtime import cache_root
-
     return cache_root() / "openai"
 
 
