@@ -183,9 +183,15 @@ def summarize(
 
 @app.command("train-lm")
 def train_lm_cmd(
-    model: Annotated[str, typer.Option("--model", "-m", help="Card (or its YAML path) whose architecture to train.")],
     corpus: Annotated[str, typer.Option(help="Training text: a file or folder (.txt, .jsonl[.xz]).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Run folder: checkpoint/, train.json.")],
+    model: Annotated[
+        str | None, typer.Option("--model", "-m", help="Card (or its YAML path) whose architecture to train.")
+    ] = None,
+    preset: Annotated[
+        str | None, typer.Option(help="Train a preset's cards alike instead (tasks/train-lm.yaml: zoo).")
+    ] = None,
+    workers: Annotated[int, typer.Option(min=1, help="With --preset: runs trained at once.")] = 1,
     heldout: Annotated[str | None, typer.Option(help="Held-out text (default: the corpus's last windows).")] = None,
     seq_len: Annotated[int, typer.Option(help="Training length in tokens.")] = 1024,
     batch_size: Annotated[int, typer.Option(min=1)] = 32,
@@ -205,11 +211,20 @@ def train_lm_cmd(
     seed: SeedOpt = 0,
 ):
     """Train a small LM from scratch (or from --init) on a corpus, then fine-tune it on the DRT retrieval tests (GCA
-    paper §4.2)."""
+    paper §4.2); or, with --preset, train a preset's cards alike (the zoo: every seed family, two seeds each)."""
     from evalsuite.cards import load_card
     from evalsuite.runtime import resolve_device
     from evalsuite.training.lm_train import LMTrainConfig, train_lm
 
+    if (model is None) == (preset is None):
+        raise UserError("give either --model or --preset")
+    if preset is not None:
+        from evalsuite.training.zoo import load_preset, train_preset
+
+        summary = train_preset(load_preset(preset), corpus, out, device=str(resolve_device(device)), workers=workers,
+                               max_tokens=max_tokens, log=typer.echo)  # fmt: skip
+        typer.echo(f"{len(summary['members'])} runs trained; wrote {out}/zoo.json")
+        return
     config = LMTrainConfig(corpus=corpus, seq_len=seq_len, batch_size=batch_size, steps=steps,
                            finetune_steps=finetune_steps, lr=lr, min_lr_ratio=min_lr_ratio, seed=seed,
                            max_tokens=max_tokens, finetune_loss=finetune_loss,

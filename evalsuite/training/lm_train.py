@@ -18,6 +18,7 @@ import hashlib
 import json
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +35,7 @@ from evalsuite.runs.provenance import device_name, provenance
 from evalsuite.runs.store import atomic_write_json
 from evalsuite.runtime import cache_root
 from evalsuite.tokenizers import Tokenizer, get_tokenizer
-from evalsuite.training.train import IGNORE_INDEX, TrainConfig, build_model, train
+from evalsuite.training.train import IGNORE_INDEX, TrainConfig, build_model, gathered_cross_entropy, train
 
 RETRIEVAL_KINDS = ("passkey", "2hop")
 FINETUNE_LOSSES = ("all", "answer")
@@ -283,12 +284,16 @@ def train_lm(
     init: Path | str | None = None,
     save_dtype: torch.dtype = torch.bfloat16,
     progress: bool = True,
+    cuda_graph: bool = False,
 ) -> dict:
     """Train ``card``'s model from its random init (or from the checkpoint ``init``, e.g. an earlier run's
     ``pretrained/`` to fine-tune it another way); write ``out_dir/checkpoint`` (our format, weights in
     ``save_dtype``), ``out_dir/pretrained`` (the same, when pre-training is followed by fine-tuning),
     ``out_dir/train.json`` (config, history, held-out scores, provenance) and return the latter.
-    ``heldout``: a corpus for the held-out rows (default: the training corpus's last windows, not trained on)."""
+    ``heldout``: a corpus for the held-out rows (default: the training corpus's last windows, not trained on).
+    ``cuda_graph``: replay each step of plain pre-training as one CUDA graph (the same updates, a fraction of the
+    launch cost of a small model's step). Each stage saves a snapshot to ``out_dir`` every few minutes and a rerun
+    resumes from it."""
     from evalsuite.models.checkpoint import save_checkpoint
 
     device = torch.device(device)
@@ -306,17 +311,23 @@ def train_lm(
     # fine-tuning at the tail of the pre-training cosine (1.5e-4 falling to 0), too low to learn retrieval.
     tests = retrieval_batches(tokens, tokenizer, T, config.batch_size, config.seed, answer_only)
     stages = [(n, b) for n, b in ((config.steps, batches), (config.finetune_steps, tests)) if n > 0]
+    graphed = cuda_graph and not mixed and device.type == "cuda"  # plain windows: every position labelled
+    # With every position labelled the token mean (gathered, static shapes: capturable) equals the row mean of
+    # chunked_cross_entropy; the [B, T, V] logits this builds are small for a byte vocabulary.
+    plain_loss = partial(gathered_cross_entropy, labels_per_row=T) if graphed else chunked_cross_entropy
     total = config.steps + config.finetune_steps
     history, seconds, done, final = [], 0.0, 0, None
     with progress_bar(total, f"train {card.name}", enabled=progress) as bar:
-        for n, stage_batches in stages:
+        for stage, (n, stage_batches) in enumerate(stages):
             result = train(
                 model,
                 stage_batches,
                 _stage_config(config, n),
                 evaluate=lambda m: evaluate(m, rows, retrieval),
-                loss_fn=chunked_cross_entropy,
+                loss_fn=plain_loss if stage_batches is batches else chunked_cross_entropy,
                 on_step=lambda step, done=done: bar.update(completed=done + step),
+                cuda_graph=graphed and stage_batches is batches,
+                snapshot=out_dir / f"snapshot-{stage}.pt",
             )
             history += [{**h, "step": h["step"] + done, "seconds": h["seconds"] + seconds} for h in result.history]
             final = {**result.final_eval, "step": result.final_eval["step"] + done}
