@@ -113,6 +113,13 @@ def train_preset(preset: TrainPreset, corpus: str, out: Path, *, device: str = "
         else:
             todo.append((len(todo), (card, seed)))
     log(f"train-lm preset {preset.name}: {len(todo)} of {len(done) + len(todo)} runs to train, {workers} at a time")
+    if todo:  # tokenise the corpus once, into the on-disk cache every worker then reads
+        from evalsuite.cards import load_card
+        from evalsuite.tokenizers import get_tokenizer
+        from evalsuite.training.lm_train import corpus_tokens
+
+        for spec in sorted({load_card(card).tokenizer for card in preset.models}):
+            corpus_tokens(corpus, get_tokenizer(spec), max_tokens)
     items = dict(todo)
     handler = functools.partial(_train_member, corpus=str(corpus), out=str(out), preset=preset, device=device,
                                 max_tokens=max_tokens)  # fmt: skip
