@@ -34,9 +34,8 @@ def test_table3_ticks_follow_the_row_labels():
     rows = {r["label"]: r for r in table["rows"] if r["label"]}
     pro = _ticked(rows["FoX (Pro)"], keys)
     assert pro == set(keys[1:6])
-    assert _ticked(rows["Transformer (LLaMA)"], keys) == {"rope"} and _ticked(rows["FoX (LLaMA)"], keys) == {
-        "forget_gate"
-    }
+    assert _ticked(rows["Transformer (LLaMA)"], keys) == {"rope"}
+    assert _ticked(rows["FoX (LLaMA)"], keys) == {"forget_gate"}
     for label, row in rows.items():
         changes = re.findall(r"([+-]) (RoPE|forget gate|QK-norm|output gate|output norm|KV-shift)", label)
         if label.startswith(("+", "-")):
