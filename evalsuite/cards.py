@@ -11,7 +11,7 @@ Card keys::
     tokenizer: gpt2-json           # see evalsuite.tokenizers.get_tokenizer; "checkpoint": the weights' own
     train_length: 16384            # training context (dashed lines, within/beyond summaries)
     max_length: 65536              # longest context the suite will feed it
-    weights: {source: random | own | <a released layout, e.g. fox-official>, ...}
+    weights: {source: random | own | <a released layout, e.g. fox-official>, ...}  # own: path, trained_tokens
 """
 
 from __future__ import annotations
@@ -80,7 +80,8 @@ class ModelCard:
         if src == "random":
             return f"random init (seed {self.weights.get('seed', 0)})"
         if src == "own":
-            return f"own: {self.weights['path']}"
+            tokens = self.weights.get("trained_tokens")  # the tokens it was trained on, where the card says
+            return f"own: {self.weights['path']}" + (f" (trained on {tokens / 1e6:.0f}M tokens)" if tokens else "")
         return f"{src}: {self.weights.get('repo', self.weights.get('path', ''))}"
 
     def to_dict(self) -> dict:

@@ -106,7 +106,7 @@ FLOORS = (
     ("models", "cards", "data", "generation"),
     ("adapters", "metrics", "training"),
     ("tasks",),
-    ("report", "bench", "serve"),
+    ("report", "bench", "serve", "papers"),
     ("cli", "lm_eval_main", "__main__"),
 )
 

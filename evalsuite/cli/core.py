@@ -95,9 +95,9 @@ def run_cmd(
 @app.command()
 def loss(
     model: ModelOpt,
-    data: Annotated[str, typer.Option(help="File or directory (.txt, .jsonl[.xz], .npy), or 'synthetic'.")] = (
-        "synthetic"
-    ),
+    data: Annotated[
+        str, typer.Option(help="File or directory (.txt, .jsonl[.xz], .npy), 'synthetic' or 'books' (built in).")
+    ] = ("synthetic"),
     length: Annotated[
         int | None, typer.Option(help="Window length in tokens, BOS included [default: 65536, or the model's max].")
     ] = None,

@@ -29,7 +29,9 @@ PresetOpt = Annotated[
     str | None, typer.Option(help="Grid preset in tasks/niah.yaml: cpu or fox (default: cpu on a CPU, else fox).")
 ]
 LengthsOpt = Annotated[str | None, typer.Option(help="Comma-separated context lengths (tokens, BOS counted).")]
-HaystackOpt = Annotated[str, typer.Option(help="File or directory (.txt, .jsonl[.xz]), or 'synthetic'.")]
+HaystackOpt = Annotated[
+    str, typer.Option(help="File or directory (.txt, .jsonl[.xz]), 'synthetic' or 'books' (built in).")
+]
 
 
 @app.command()

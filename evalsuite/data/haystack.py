@@ -23,13 +23,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from evalsuite.data.builtin import SYNTHETIC, resolve_corpus
 from evalsuite.data.corpus import corpus_files, iter_documents
 from evalsuite.data.synthetic import synthetic_text
 from evalsuite.errors import UserError
 from evalsuite.runs.store import file_sha256
 from evalsuite.tokenizers import JsonGPT2Tokenizer, Tokenizer, gpt2_encoding
 
-SYNTHETIC = "synthetic"
 FILLER_DOCS = 4
 FILLER_WORDS = 12000
 _MARGIN = 64  # extra tokens asked of a prefix, for tokenizers whose pre-tokenizer we cannot reason about
@@ -42,7 +42,7 @@ def haystack_texts(source: str, seed: int = 0) -> Iterator[str]:
         for i in range(FILLER_DOCS):
             yield synthetic_text(FILLER_WORDS, seed=1_000_003 * seed + i)
         return
-    for file in corpus_files(Path(source)):
+    for file in corpus_files(Path(resolve_corpus(source))):
         name = file.name.lower()
         if name.endswith(".npy"):
             raise UserError(f"haystack {file}: pre-tokenised .npy files cannot be haystacks; use text files")
@@ -59,7 +59,7 @@ def haystack_identity(source: str, seed: int = 0) -> str:
     """What the haystack's content is: ``synthetic-<seed>`` or the sha256 of its files (for config hashes)."""
     if source == SYNTHETIC:
         return f"{SYNTHETIC}-{seed}"
-    return file_sha256(corpus_files(Path(source)))
+    return file_sha256(corpus_files(Path(resolve_corpus(source))))
 
 
 def decode_skip_special(tokenizer: Tokenizer, ids: Sequence[int]) -> str:

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from evalsuite.adapters.base import TOKENS, TokenAdapter
+from evalsuite.data.builtin import SYNTHETIC, resolve_corpus
 from evalsuite.data.corpus import Document, corpus_files, count_documents, iter_documents
 from evalsuite.data.haystack import safe_cut
 from evalsuite.data.synthetic import synthetic_documents
@@ -41,7 +42,6 @@ from evalsuite.tasks.base import Plan, Task, register_task
 from evalsuite.tasks.runner import run_task
 from evalsuite.tokenizers import Tokenizer
 
-SYNTHETIC = "synthetic"
 LOSS_CURVE_FILE = "loss_per_token.npz"  # the per-position curve (report.records reads it)
 STATE_FILE = "state.npz"  # running sums while a run is in progress
 DEFAULT_LENGTH = 65536  # the FoX paper's evaluation length
@@ -49,7 +49,7 @@ DEFAULT_LENGTH = 65536  # the FoX paper's evaluation length
 
 @dataclass
 class LossConfig:
-    data: str = SYNTHETIC  # a file/directory of documents, or "synthetic" (the built-in corpus)
+    data: str = SYNTHETIC  # a file/directory of documents, "synthetic" or "books" (evalsuite/data/builtin.py)
     length: int | None = None  # window tokens, BOS included; None: DEFAULT_LENGTH, or the model's max_length if less
     max_docs: int | None = None
     roll: bool = False
@@ -84,7 +84,8 @@ def documents(config: LossConfig) -> tuple[int, Iterator[Document]]:
         n_words = int(config.length * 1.3) + 1000  # comfortably more than `length` GPT-2 tokens
         docs = synthetic_documents(n_docs=config.max_docs or 8, n_words=n_words, seed=config.seed)
         return len(docs), iter(docs)
-    return count_documents(Path(config.data)), iter_documents(Path(config.data))
+    path = Path(resolve_corpus(config.data))
+    return count_documents(path), iter_documents(path)
 
 
 def window_tokens(doc: Document, tokenizer: Tokenizer, length: int) -> np.ndarray | None:
@@ -240,7 +241,7 @@ class LossTask(Task):
                 f"tokenizer {adapter.tokenizer.spec} has no BOS token; the loss protocol starts each window with BOS"
             )
         if config.data != SYNTHETIC:
-            corpus_files(Path(config.data))  # a bad path fails before the run directory is claimed
+            corpus_files(Path(resolve_corpus(config.data)))  # a bad path fails before the run directory is claimed
         resolved = replace(config, length=length)
         return LossPlan(config=asdict(resolved), resolved=resolved)
 

@@ -1,0 +1,1 @@
+"""The papers: their published tables and figures, and their long-context claims tested here."""
