@@ -25,7 +25,9 @@ COLUMN_KEYS = {"key", "label", "group", "better", "recipe"}
 ROW_KEYS = {"label", "group", "model", "scale", "source", "values"}
 MARKS = {"best_second", "bold_best", "none"}
 NEEDS = {"cards", "gpu", "weights", "dataset", "training", "none"}
-RECIPE_FIELDS = {  # the fields a recipe of each kind must name
+# The fields a recipe of each kind must name. A loss recipe may leave its length to the row (a table whose row groups
+# are evaluation lengths); a passkey recipe names its test `mode`, as `kind` is the recipe's own.
+RECIPE_FIELDS = {
     "lm-eval": {"task", "metric", "shots"},
     "longbench": {"dataset"},
     "loss": {"metric"},
@@ -143,13 +145,14 @@ def format_problems(doc: dict, paper: str) -> list[str]:
     return problems
 
 
-def numbered(doc: dict) -> set[tuple[str, str]]:
-    """(kind, number) of every item, parts folded into their table: ("figure", "3") for "3(a)"."""
-    return {(item["kind"], re.match(r"\d+", item["number"])[0]) for item in doc["items"]}
+def numbered(doc: dict) -> list[tuple[str, str]]:
+    """(kind, number) of the items in their order, parts folded into their table: ("figure", "3") for "3(a)"."""
+    return list(dict.fromkeys((item["kind"], re.match(r"\d+", item["number"])[0]) for item in doc["items"]))
 
 
 def captions(text: str) -> dict[tuple[str, str], str]:
-    """(kind, number) -> the caption's text, for every ``Table N:`` / ``Figure N:`` line of a paper's text."""
+    """(kind, number) -> the caption's text, for every ``Table N:`` / ``Figure N:`` line of a paper's text, in the
+    text's order."""
     found = {}
     for line in text.splitlines():
         if m := CAPTION.match(line):
