@@ -1,21 +1,24 @@
-"""Checks of the papers' published tables (``evalsuite/papers/data/<paper>.yaml``, format in docs/paper-tables.md)
-shared by ``tests/test_paper_tables_<paper>.py``: the shape of each item, and a read-back of its cells out of the
-paper's text in ``../shared/seeds/``.
+"""Checks of the papers' published tables (``evalsuite/papers/data/<paper>.yaml``, the format of
+docs/paper-tables.md), shared by ``tests/test_paper_tables_<paper>.py``: each file against the format, and every
+caption, table row and plotted figure read back out of the paper's text.
 
-The seeds are HTML-to-text extractions of the arXiv pages. A table's rows are lines ``<label> <cell> <cell> ...``;
-its caption line (``Table N: ...``) sits above or below it. Math comes out in three copies (rendered text, LaTeX,
-annotation), so ``2×10^{-3}`` reads ``2×1032superscript1032\\times 10^{-3}2 × 10 start_POSTSUPERSCRIPT - 3
-end_POSTSUPERSCRIPT``; :func:`flatten_math` folds that back (and GSA's ``64×Ld``), and cells the extraction mangles
-otherwise (✓ marks, formulas) are not compared: a cell is found by counting whitespace tokens from the row's end
-(or from its label), across cells that print as plain text only.
+The texts are HTML-to-text renders of the arXiv pages, in ``shared/seeds/`` inside or beside the checkout (or the
+folder ``$EVALSUITE_PAPER_SEEDS`` names); where they are absent (CI) the read-back skips and the format checks run.
+A table's rows are lines ``<label> <cell> <cell> ...`` next to its caption line (``Table N: ...``), above or below
+it. A formula comes in three copies (rendered, LaTeX, alt text): ``2.91×1052.91superscript1052.91\\times
+10^{5}2.91 × 10 start_POSTSUPERSCRIPT 5 end_POSTSUPERSCRIPT`` is the printed 2.91×10⁵ and ``DRTretrieval×1retrieval1
+{}_{\\text{retrieval}\\times 1}start_FLOATSUBSCRIPT retrieval × 1 end_FLOATSUBSCRIPT`` the label DRT_retrieval×1;
+:func:`fold_math` folds such copies back to the data's spelling, and a formula the data writes ``$TeX$`` (a caption's,
+a cell's) is found by its LaTeX copy.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 import re
-from itertools import pairwise
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -23,38 +26,42 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "evalsuite" / "papers" / "data"
-SEEDS = ROOT.parent / "shared" / "seeds"
+SEEDS_ENV = "EVALSUITE_PAPER_SEEDS"
+
+# ---- the format (docs/paper-tables.md) --------------------------------------------------------------------------
 
 ITEM_FIELDS = {"id", "kind", "number", "caption", "columns", "rows", "averages", "footnotes", "marks", "needs"}
+ITEM_OPTIONAL = {"notes"}
 COLUMN_FIELDS = {"key", "label", "group", "better", "unit", "recipe"}
 ROW_FIELDS = {"label", "group", "model", "scale", "source", "values"}
-RECIPE_FIELDS = {  # docs/paper-tables.md, "Recipes": the fields each kind needs
-    "lm-eval": {"task", "metric", "shots"},
-    "longbench": {"dataset"},
-    "loss": {"length", "metric"},
-    "niah": {"mode", "length"},
-    "passkey": {"kind", "length"},
-    "mqar": {"preset", "d_model"},
-    "summarize": {"metric"},
-    "params": {"what"},
-    "flops": {"formula"},
-    "bench": {"op", "metric", "length"},
+ROW_OPTIONAL = {"length"}  # present on every row, and only then, when a recipe of the item says `length: row`
+RECIPES = {  # kind -> (the fields it must name, the fields it may name), "kind" aside
+    "lm-eval": ({"task", "metric", "shots"}, set()),
+    "longbench": ({"dataset"}, set()),
+    "loss": ({"dataset", "length", "metric"}, set()),
+    "niah": ({"mode", "length"}, set()),
+    "passkey": ({"mode", "length"}, set()),
+    "mqar": ({"preset", "d_model", "length", "num_kv_pairs"}, set()),
+    "summarize": ({"dataset", "metric"}, set()),
+    "params": ({"what"}, set()),
+    "flops": ({"formula"}, set()),
+    "bench": ({"op", "metric", "length"}, {"new_tokens", "offload"}),
 }
-MQAR_FIELDS = {"d_model": "d_models", "seq_len": "seq_lens", "num_kv_pairs": "num_kv_pairs"}  # recipe: preset
-BENCH_OPS = {"attention", "linear", "decode", "train_step"}
-BENCH_METRICS = {"time", "memory", "throughput"}
+CHOICES = {  # (kind, field) -> the values the doc allows
+    ("loss", "metric"): {"ppl"},
+    ("niah", "mode"): {"easy", "standard", "2hop"},
+    ("passkey", "mode"): {"passkey", "2hop"},
+    ("summarize", "metric"): {"rouge1", "rouge2", "rougeL"},
+    ("params", "what"): {"total", "non_embedding"},
+    ("bench", "op"): {"attention", "linear", "decode", "train_step"},
+    ("bench", "metric"): {"time", "memory", "throughput"},
+    ("bench", "offload"): {True, False},
+}
+LENGTH_FIELDS = ("length", "new_tokens")  # token counts: an int, null (not stated), "row" or {column: KEY}
+MQAR_CELL = {"d_model": "d_models", "length": "seq_lens", "num_kv_pairs": "num_kv_pairs"}  # tasks/mqar.yaml
 MARKS = {"best_second", "bold_best", "none"}
 NEEDS = {"cards", "gpu", "weights", "dataset", "training", "none"}
-
-SUPERSCRIPT = str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹⁻", "0123456789-")
-MATH_CELL = re.compile(r"\d+(?:\.\d+)?×10\^-?\d+|\d+×Ld")  # the math cells flatten_math folds back
-# rendered copy, LaTeX copy ("\times 10^{e}"), annotation copy ("m × 10 start_POSTSUPERSCRIPT - e end_...")
-SCI_SEED = re.compile(
-    r"\S*\\times 10\^\{(-?\d+)\}(\d+(?:\.\d+)?) × 10 start_POSTSUPERSCRIPT (?:- )?\d+ end_POSTSUPERSCRIPT"
-)
-STATE_SEED = re.compile(r"(\d+)×Ld\d+\S*\\times Ld\d+ × italic_L italic_d")  # GSA's "64×Ld" state sizes
-CAPTION = re.compile(r"^(?:(?:Table|Figure) \d+: |\([a-z]\) )")
-NUMBER_END = re.compile(r"^\d+(?:\.\d+)?[kKMBT%]?$")
+PRINTED_LENGTH = re.compile(r"(\d+)([KM]?)")  # "16K" in a length column: 16 x 1024 tokens
 
 
 @functools.cache
@@ -63,100 +70,152 @@ def load(paper: str) -> dict:
     return yaml.safe_load((DATA / f"{paper}.yaml").read_text(encoding="utf-8"))
 
 
-@functools.cache
-def task_spec(name: str) -> dict:
-    """One of this suite's task specs, ``tasks/<name>.yaml``."""
-    return yaml.safe_load((ROOT / "tasks" / f"{name}.yaml").read_text(encoding="utf-8"))
-
-
-@functools.cache
-def seed_lines(name: str) -> list[str] | None:
-    """The seed text's lines, or None where ``../shared/seeds/`` is absent (CI)."""
-    path = SEEDS / name
-    return path.read_text(encoding="utf-8").replace("\u00a0", " ").splitlines() if path.is_file() else None
-
-
 def card_names() -> set[str]:
     return {p.stem for p in (ROOT / "models").glob("*.yaml")}
 
 
-# ---- shape ---------------------------------------------------------------------------------------------------
+def printed_length(cell: str | None) -> int | None:
+    """Tokens of a printed length ("16K" -> 16384, K = 1024), None when the cell is not one."""
+    m = PRINTED_LENGTH.fullmatch(cell or "")
+    return int(m[1]) * {"": 1, "K": 1024, "M": 1024**2}[m[2]] if m else None
 
 
-def id_suffix(number: str) -> str:
-    """``"3(b)"`` -> ``"3b"``: the part of an item's id after ``table``/``figure``."""
-    m = re.fullmatch(r"(\d+)(?:\(([a-z])\))?", number)
-    assert m, f"number {number!r} is not N or N(x)"
-    return m.group(1) + (m.group(2) or "")
+def _length_problems(value, columns: dict[str, int], rows: list) -> list[str]:
+    if value is None or value == "row" or (type(value) is int and value > 0):
+        return []
+    if isinstance(value, dict) and set(value) == {"column"} and value["column"] in columns:
+        cells = [r["values"][columns[value["column"]]] for r in rows]
+        return [f"the cell {cell!r} is no length" for cell in cells if printed_length(cell) is None]
+    return [f"length {value!r} is not a token count, null, 'row' or {{column: KEY}}"]
 
 
-def recipe_problems(recipe) -> list[str]:
+def recipe_problems(recipe, columns: dict[str, int], rows: list) -> list[str]:
+    """What is wrong with one column's recipe (None: the column has none)."""
     if recipe is None:
         return []
-    if not isinstance(recipe, dict) or recipe.get("kind") not in RECIPE_FIELDS:
+    if not isinstance(recipe, dict) or recipe.get("kind") not in RECIPES:
         return [f"recipe {recipe!r} has no known kind"]
-    missing = RECIPE_FIELDS[recipe["kind"]] - set(recipe)
-    out = [f"recipe {recipe} lacks {sorted(missing)}"] if missing else []
-    if recipe["kind"] == "bench" and (recipe["op"] not in BENCH_OPS or recipe["metric"] not in BENCH_METRICS):
-        out.append(f"bench recipe {recipe} names an unknown op or metric")
+    required, optional = RECIPES[recipe["kind"]]
+    named = set(recipe) - {"kind"}
+    out = [f"recipe {recipe} lacks {sorted(required - named)}"] if required - named else []
+    out += [f"recipe {recipe} names {sorted(named - required - optional)}"] if named - required - optional else []
+    for (kind, name), allowed in CHOICES.items():
+        value = recipe.get(name)  # compared with its type: YAML's true is no 1
+        if kind == recipe["kind"] and name in recipe and not any((type(a), a) == (type(value), value) for a in allowed):
+            out.append(f"recipe {recipe}: {name} is not one of {sorted(map(str, allowed))}")
+    if recipe["kind"] == "lm-eval" and not (type(recipe.get("shots")) is int and recipe["shots"] >= 0):
+        out.append(f"recipe {recipe}: shots is not a count")
+    if recipe["kind"] == "bench" and recipe.get("op") != "decode" and {"new_tokens", "offload"} & named:
+        out.append(f"recipe {recipe}: new_tokens and offload are for op decode")
+    for name in LENGTH_FIELDS:
+        out += [f"recipe {name}: {p}" for p in _length_problems(recipe.get(name), columns, rows)]
     return out
 
 
-def column_problems(columns: list) -> list[str]:
+def column_problems(columns: list, rows: list) -> list[str]:
     out = []
     keys = [c.get("key") for c in columns]
     if len(set(keys)) != len(keys):
         out.append(f"column keys repeat: {keys}")
+    index = {k: j for j, k in enumerate(keys)}
     for c in columns:
         if set(c) != COLUMN_FIELDS:
             out.append(f"column {c.get('key')} has fields {sorted(c)}")
             continue
-        if not re.fullmatch(r"[a-z0-9_]+", str(c["key"])) or not isinstance(c["label"], str):
+        if not re.fullmatch(r"[a-z0-9_]+", str(c["key"])) or not (isinstance(c["label"], str) and c["label"]):
             out.append(f"column {c['key']!r}: bad key or label")
         if c["better"] not in ("higher", "lower", None) or not isinstance(c["group"], (str, type(None))):
             out.append(f"column {c['key']}: better {c['better']!r}, group {c['group']!r}")
-        out += recipe_problems(c["recipe"])
+        out += [f"column {c['key']}: {p}" for p in recipe_problems(c["recipe"], index, rows)]
     return out
 
 
-def row_problems(rows: list, n_columns: int, cards: set[str]) -> list[str]:
-    out = []
-    for r in rows:
-        if set(r) != ROW_FIELDS:
-            out.append(f"row {r.get('label')!r} has fields {sorted(r)}")
+def _uses_row_length(item: dict) -> bool:
+    return any((c.get("recipe") or {}).get(name) == "row" for c in item["columns"] for name in LENGTH_FIELDS)
+
+
+def row_problems(item: dict, cards: set[str]) -> list[str]:
+    out, width = [], len(item["columns"])
+    fields = ROW_FIELDS | ROW_OPTIONAL if _uses_row_length(item) else ROW_FIELDS
+    for r in item["rows"]:
+        where = f"row {r.get('label')!r}"
+        if set(r) != fields:
+            out.append(f"{where} has fields {sorted(r)}, not {sorted(fields)}")
             continue
-        if len(r["values"]) != n_columns:
-            out.append(f"row {r['label']!r}: {len(r['values'])} values for {n_columns} columns")
-        if any(v is not None and not isinstance(v, str) for v in r["values"]):
-            out.append(f"row {r['label']!r}: a value is not a string (quote it as printed)")
+        values = r["values"]
+        if not isinstance(values, list) or len(values) != width:
+            out.append(f"{where}: {len(values or [])} values for {width} columns")
+            continue
+        if any(v is not None and not (isinstance(v, str) and v and v == v.strip()) for v in values):
+            out.append(f"{where}: a value is not a non-empty string as printed (quote it)")
+        if item["kind"] == "table" and all(v is None for v in values):
+            out.append(f"{where}: a table row without a printed cell")
         if r["model"] is not None and r["model"] not in cards:
-            out.append(f"row {r['label']!r}: model {r['model']!r} is not a card in models/")
-        if not isinstance(r["label"], str) or not (isinstance(r["scale"], str) and r["scale"]):
-            out.append(f"row {r['label']!r}: label and scale must be strings")
+            out.append(f"{where}: model {r['model']!r} is not a card in models/")
+        if not isinstance(r["label"], str) or not isinstance(r["group"], (str, type(None))):
+            out.append(f"{where}: label and group must be strings")
+        if not (isinstance(r["scale"], str) and r["scale"]) and not (r["scale"] is None and item["needs"] == "none"):
+            out.append(f"{where}: scale must be a string (null only in an item that needs nothing)")
+        if "length" in r and r["length"] is not None and not (type(r["length"]) is int and r["length"] > 0):
+            out.append(f"{where}: length {r['length']!r} is not a token count or null")
     return out
+
+
+def id_problems(item: dict, paper: str) -> list[str]:
+    """The id is ``<paper>:<kind><N>``, lettered by the number's own letter ("3(b)": 3b) or, for one of several
+    parts of an item printed under one caption, by its part's letter (checked across the file by part_problems)."""
+    m = re.fullmatch(rf"{paper}:(table|figure)(\d+)([a-z]?)", str(item["id"]))
+    n = re.fullmatch(r"(\d+)(?:\(([a-z])\))?", item["number"]) if isinstance(item["number"], str) else None
+    if not (m and n and m[1] == item["kind"] and m[2] == n[1] and (n[2] is None or m[3] == n[2])):
+        return [f"id {item['id']!r} does not match kind {item['kind']!r} and number {item['number']!r}"]
+    return []
 
 
 def item_problems(item: dict, paper: str, cards: set[str]) -> list[str]:
     """Everything wrong with one item's shape, as readable lines (empty when it is well formed)."""
-    if not ITEM_FIELDS <= set(item) <= ITEM_FIELDS | {"notes"}:
+    if not ITEM_FIELDS <= set(item) <= ITEM_FIELDS | ITEM_OPTIONAL:
         return [f"{item.get('id')}: fields {sorted(item)}"]
-    out = []
-    if item["kind"] not in ("table", "figure") or item["id"] != f"{paper}:{item['kind']}{id_suffix(item['number'])}":
-        out.append(f"id {item['id']!r} does not match kind {item['kind']!r} and number {item['number']!r}")
-    if not (isinstance(item["caption"], str) and item["caption"].strip()):
-        out.append("no caption")
+    out = id_problems(item, paper)
+    caption = item["caption"]
+    if not (isinstance(caption, str) and len(caption.strip()) >= 15 and caption.count("$") % 2 == 0):
+        out.append(f"caption {caption!r}: not a caption, or a $formula$ left open")
     if item["kind"] == "table" and not (item["columns"] and item["rows"]):
         out.append("a table without columns or rows")
+    if item["kind"] == "figure" and bool(item["columns"]) != bool(item["rows"]):
+        out.append("a figure with columns must have rows (its series), and rows columns (its x values)")
     if item["marks"] not in MARKS or item["needs"] not in NEEDS:
         out.append(f"marks {item['marks']!r}, needs {item['needs']!r}")
+    if item["marks"] != "none" and not any(c.get("better") for c in item["columns"]):
+        out.append(f"marks {item['marks']!r} without a column that has a better side")
     keys = {c.get("key") for c in item["columns"]}
     for a in item["averages"]:
-        if set(a) != {"column", "of", "how"} or a["column"] not in keys or not set(a["of"]) <= keys:
-            out.append(f"average {a} names columns the item lacks")
+        if set(a) != {"column", "of", "how"} or a["how"] != "mean" or not {a["column"], *a["of"]} <= keys:
+            out.append(f"average {a} is not a mean of columns the item has")
     if not all(isinstance(f, str) for f in item["footnotes"]):
         out.append("footnotes must be strings")
-    out += column_problems(item["columns"]) + row_problems(item["rows"], len(item["columns"]), cards)
+    out += column_problems(item["columns"], item["rows"]) + row_problems(item, cards)
     return [f"{item['id']}: {p}" for p in out]
+
+
+def part_problems(items: list[dict]) -> list[str]:
+    """Items sharing an unlettered number are its parts: two or more, lettered a, b, ... in print order."""
+    parts: dict[tuple[str, str], list[str]] = {}
+    for item in items:
+        parts.setdefault((item["kind"], item["number"]), []).append(str(item["id"]))
+    out = []
+    for (kind, number), ids in parts.items():
+        if "(" in number or ids == [ids[0].rstrip("abcdefghijklmnopqrstuvwxyz")]:
+            continue
+        stem = ids[0].partition(":")[0] + f":{kind}{number}"
+        if len(ids) < 2 or ids != [stem + chr(ord("a") + i) for i in range(len(ids))]:
+            out.append(f"{kind} {number}: parts {ids} are not lettered a, b, ... in order")
+    return out
+
+
+@functools.cache
+def task_spec(name: str) -> dict:
+    """One of this suite's task specs, ``tasks/<name>.yaml``."""
+    return yaml.safe_load((ROOT / "tasks" / f"{name}.yaml").read_text(encoding="utf-8"))
 
 
 @functools.cache
@@ -172,7 +231,7 @@ def lm_eval_task_names() -> set[str] | None:
 
 
 def suite_recipe_problems(item: dict) -> list[str]:
-    """LongBench datasets and MQAR presets that this suite's task specs (``tasks/*.yaml``) have."""
+    """LongBench datasets and MQAR preset cells that this suite's task specs (``tasks/*.yaml``) have."""
     longbench, presets = task_spec("longbench")["tasks"], task_spec("mqar")["presets"]
     out = []
     for c in item["columns"]:
@@ -181,9 +240,13 @@ def suite_recipe_problems(item: dict) -> list[str]:
             out.append(f"{item['id']} {c['key']}: LongBench has no {r['dataset']!r}")
         if r.get("kind") == "mqar":
             p = presets.get(r["preset"], {})
-            if any(r.get(field) not in p.get(values, [None]) for field, values in MQAR_FIELDS.items()):
+            if any(r.get(name) not in p.get(values, [None]) for name, values in MQAR_CELL.items()):
                 out.append(f"{item['id']} {c['key']}: preset {r['preset']!r} has no cell {r}")
     return out
+
+
+NUMBER_END = re.compile(r"^\d+(?:\.\d+)?[kKMBT%]?$")
+ROW_END = re.compile(r"^(?:\d+(?:\.\d+)?[kKMBGT%×]?|-|OOM|[KMGT]?B)$")  # how a table row's line ends
 
 
 def average_problems(item: dict) -> list[str]:
@@ -204,36 +267,63 @@ def average_problems(item: dict) -> list[str]:
     return out
 
 
-# ---- read-back from the seed text -----------------------------------------------------------------------------
+# ---- the paper's text --------------------------------------------------------------------------------------------
+
+SUPERSCRIPT = str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹⁻", "0123456789-")
+SCI_SEED = re.compile(  # m×10^e: the rendered copy, "\times 10^{e}", then "m × 10 start_POSTSUPERSCRIPT - e end_..."
+    r"\S*\\times 10\^\{(-?\d+)\}(\d+(?:\.\d+)?) × 10 start_POSTSUPERSCRIPT (?:- )?\d+ end_POSTSUPERSCRIPT"
+)
+TIMES_SEED = re.compile(r"(\d+(?:\.\d+)?)×\1\\times\1 ×")  # "1.22×1.22\times1.22 ×": the printed 1.22×
+STATE_SEED = re.compile(r"(\d+)×Ld\d+\S*\\times Ld\d+ × italic_L italic_d")  # GSA's "64×Ld" state sizes
+SUBSCRIPT_SEED = re.compile(r"(\S+?)\{\}_\{.*?\}start_FLOATSUBSCRIPT (.+?) end_FLOATSUBSCRIPT")
+REPEATED_NUMBER = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)\1\1\1(?![\d])")  # a number set as a formula: 4 copies
+CAPTION = re.compile(r"^(?:(?:Table|Figure) \d+: |\([a-z]\) )")
+FORMULA = re.compile(r"\$(.+?)\$")
 
 
-def flatten_math(line: str) -> str:
-    """The seed's copies of ``m×10^e`` as one token ``m×10^e``, of ``64×Ld`` as ``64×Ld``; ``2K×\\times×8`` as
-    ``2K×8``."""
+def seed_dirs() -> list[Path]:
+    """Where the papers' texts may be: ``$EVALSUITE_PAPER_SEEDS`` alone when set, else ``shared/seeds`` inside or
+    beside the checkout."""
+    if os.environ.get(SEEDS_ENV):
+        return [Path(os.environ[SEEDS_ENV])]
+    return [ROOT / "shared" / "seeds", ROOT.parent / "shared" / "seeds"]
+
+
+@functools.cache
+def _read_lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").replace("\u00a0", " ").splitlines()
+
+
+def seed_lines(name: str) -> list[str] | None:
+    """The text's lines, or None where no seed folder holds it."""
+    return next((_read_lines(d / name) for d in seed_dirs() if (d / name).is_file()), None)
+
+
+def _subscript(m: re.Match) -> str:
+    """``DRTretrieval×1retrieval1{}_{...}start_FLOATSUBSCRIPT retrieval × 1 end_FLOATSUBSCRIPT`` -> ``DRT_retrieval×1``:
+    the base is the token before the first copy of the subscript."""
+    sub = m[2].replace(" ", "")
+    at = m[1].find(sub)
+    return f"{m[1][:at]}_{sub}" if at > 0 else m[0]
+
+
+def fold_math(line: str) -> str:
+    """A line of the text with its formula copies folded to the data's spelling: ``m×10^e``, ``1.22×``, ``64×Ld``,
+    ``X_sub``."""
     line = STATE_SEED.sub(r"\1×Ld", SCI_SEED.sub(r"\2×10^\1", line))
-    return line.replace("×\\times×", "×")
+    line = TIMES_SEED.sub(r"\1×", line).replace("×\\times×", "×")
+    return SUBSCRIPT_SEED.sub(_subscript, line)
 
 
 def cell_text(value: str) -> str:
-    """A cell as the flattened seed prints it: ``2.72×10⁹`` -> ``2.72×10^9``."""
+    """A cell as the folded text prints it: ``2.72×10⁹`` -> ``2.72×10^9``."""
     return re.sub(r"×10([⁰¹²³⁴⁵⁶⁷⁸⁹⁻]+)", lambda m: "×10^" + m.group(1).translate(SUPERSCRIPT), value)
 
 
 def label_text(label: str) -> str:
-    """A label as the extraction renders it: math minus signs dropped, superscripts as digits (``−softmax+ReLU²``
-    reads ``softmax+ReLU2``)."""
+    """A label whose formula the text garbles, as its line begins: math minus signs dropped, superscripts as digits
+    (``−softmax+ReLU²`` begins ``softmax``)."""
     return label.replace("−", "").translate(SUPERSCRIPT)
-
-
-def is_plain(value: str | None) -> bool:
-    """Whether a cell prints as plain whitespace-separated text in the seed: not an empty cell or a ✓ (printed as
-    nothing there), nor math (non-ASCII, or written with ``_``/``^`` in the data: printed in several copies)."""
-    if value is None:
-        return False
-    text = cell_text(value)
-    if MATH_CELL.fullmatch(text):
-        return True
-    return text.isascii() and text.isprintable() and bool(text.strip()) and not set("_^") & set(text)
 
 
 def words(text: str) -> list[str]:
@@ -246,8 +336,8 @@ def is_subsequence(needle: list[str], hay: list[str]) -> bool:
 
 
 def caption_index(lines: list[str], item: dict) -> int:
-    """The line of an item's caption: ``Table N: ...`` / ``Figure N: ...``; a part whose float lost that line
-    (GSA's 3(a), 3(b)) by its own ``(x) ...`` line."""
+    """The line of an item's caption: ``Table N: ...`` / ``Figure N: ...``; a lettered part whose float lost that
+    line (GSA's 3(a), 3(b)) by its own ``(x) ...`` line."""
     kind = "Table" if item["kind"] == "table" else "Figure"
     base, _, letter = item["number"].partition("(")
     if letter:
@@ -255,114 +345,192 @@ def caption_index(lines: list[str], item: dict) -> int:
             if line.startswith(f"({letter[0]}) ") and is_subsequence(words(item["caption"]), words(line)):
                 return i
     found = [i for i, line in enumerate(lines) if line.startswith(f"{kind} {base}: ")]
-    assert found, f"{item['id']}: no caption line '{kind} {base}:' in the seed"
+    assert found, f"{item['id']}: no caption line '{kind} {base}:' in the text"
     return found[0]
 
 
-def _previous_text_line(lines: list[str], i: int) -> str:
-    i -= 1
-    while i >= 0 and not lines[i].strip():
-        i -= 1
-    return lines[i].strip() if i >= 0 else ""
+def caption_pattern(caption: str) -> str:
+    """A regex of a caption as the text prints it: its words as written, each ``$TeX$`` formula by its LaTeX copy
+    among the rendered and alt-text copies around it (which hold no full stop: the captions' formulas have none)."""
+    parts = FORMULA.split(" ".join(caption.split()))
+    text = [r"\s+".join(map(re.escape, p.split(" "))) for p in parts[::2]]
+    tex = ["[^.]*?" + re.escape(p) + "[^.]*?" for p in parts[1::2]]
+    return "".join(t + f for t, f in zip(text, [*tex, ""], strict=True))
 
 
-def table_region(lines: list[str], item: dict) -> list[str]:
-    """The lines between the item's caption and the next caption, or, where the caption sits below the table (the
-    line above it is the table's last row), between the previous caption and it."""
+def caption_mismatch(lines: list[str], item: dict) -> str | None:
+    """The caption against the whole of its line; a lettered part sharing its float's ``Figure N:`` line against the
+    whole line too (GCA's 3(a) and 3(b)), or against the stretch from its ``N(x)`` to the next (GSA's 4(a))."""
+    line = lines[caption_index(lines, item)]
+    text = REPEATED_NUMBER.sub(r"\1", CAPTION.sub("", line)).strip()
+    pattern = caption_pattern(item["caption"])
+    found = re.fullmatch(pattern, text)
+    if not found and "(" in item["number"] and not line.startswith("("):
+        found = re.search(rf"{re.escape(item['number'])} {pattern}(?=\s+\d+\([a-z]\)\s|$)", text)
+    return None if found else f"{item['id']}: caption {item['caption']!r} is not the text's {line!r}"
+
+
+@dataclass(frozen=True)
+class TextQuirks:
+    """Where a paper's text departs from the printed tables, set once per paper (its test file says why).
+
+    caption_below: ids of the items whose caption line follows their rows (else it precedes them). unlabelled: (item
+    id, row index) -> a regex ending where the cells begin, for a row whose line lost its label. kept: (item id, row
+    index) -> the keys of the columns whose cells the text kept, for a row that lost the others. headless: (item id,
+    row index) of a row opening a row group whose header line the text lost.
+    """
+
+    caption_below: frozenset[str] = frozenset()
+    unlabelled: dict[tuple[str, int], str] = field(default_factory=dict)
+    kept: dict[tuple[str, int], list[str]] = field(default_factory=dict)
+    headless: frozenset[tuple[str, int]] = frozenset()
+
+
+def table_region(lines: list[str], item: dict, quirks: TextQuirks) -> list[str]:
+    """The lines between the item's caption and the next caption, or the previous one when its caption follows the
+    rows."""
     at = caption_index(lines, item)
     bounds = [i for i, line in enumerate(lines) if CAPTION.match(line)]
-    last = label_text(item["rows"][-1]["label"])
-    if last and _previous_text_line(lines, at).startswith(last):
+    if item["id"] in quirks.caption_below:
         return lines[max([b for b in bounds if b < at], default=-1) + 1 : at]
     return lines[at + 1 : min([b for b in bounds if b > at], default=len(lines))]
 
 
-def _starts_with_label(line: str, label: str) -> bool:
-    """A row's line begins with its label; an unnamed row's with a number."""
-    line = line.strip()
-    return line.startswith(label) if label else bool(line) and bool(NUMBER_END.match(line.split()[0]))
+@dataclass(frozen=True)
+class RowLine:
+    """Where a row is in its table's region: its line ``at``, the folded text after its label (``cells``), whether
+    that text starts right after the label (``from_label``; not so after a label the text garbles), and whether the
+    row's group header shares the line (``inline``)."""
+
+    at: int
+    cells: str
+    from_label: bool
+    inline: bool = False
 
 
-def row_line_indices(region: list[str], item: dict) -> list[int]:
-    """Each row's line in ``region``: the first row's by its label, each later row on the next line, past blank
-    lines and the row group's header line where the group changes (checked)."""
-    rows = item["rows"]
-    first = label_text(rows[0]["label"])
-    at = next((i for i, line in enumerate(region) if first and _starts_with_label(line, first)), None)
-    assert at is not None, f"{item['id']}: first row {rows[0]['label']!r} not found under its caption"
-    if rows[0]["group"]:
-        assert _previous_text_line(region, at) == rows[0]["group"], f"{item['id']}: no group line above row 1"
-    found = [at]
-    for prev, row in pairwise(rows):
-        j, skipped = found[-1] + 1, []
-        while j < len(region) and (not region[j].strip() or region[j].strip() == row["group"] != prev["group"]):
-            skipped += [region[j].strip()] if region[j].strip() else []
-            j += 1
-        where = f"{item['id']} row {row['label']!r}"
-        assert skipped == ([row["group"]] if row["group"] != prev["group"] and row["group"] else []), where
-        assert j < len(region) and _starts_with_label(region[j], label_text(row["label"])), (
-            f"{where}: the next line of the table is {region[j] if j < len(region) else None!r}"
-        )
-        found.append(j)
+def read_row(region: list[str], at: int, row: dict, above: dict | None, pattern: str | None) -> RowLine | None:
+    """Line ``at`` read as ``row`` (``above``: the row printed above it), or None when it is not that row's line.
+    A row's line starts with its label; with its group's header where that opens the row group on the same line
+    (Lightning's Table 1); with a number where the row has no label; with its cells where its label is the row
+    above's (one label cell spanning both rows); with ``pattern`` where the text lost the label."""
+    line = fold_math(region[at].strip())
+    if pattern:
+        m = re.search(pattern, line)
+        return RowLine(at, line[m.end() :], True) if m else None
+    label = row["label"]
+    opens = bool(row["group"]) and (above is None or above["group"] != row["group"])
+    for inline in (False, True) if opens else (False,):
+        head = f"{row['group']} {label}" if inline else label
+        if label and (line == head or line.startswith(head + " ")):
+            return RowLine(at, line[len(head) :], True, inline)
+    if not label:
+        return RowLine(at, line, True) if line and NUMBER_END.match(line.split()[0]) else None
+    if above is not None and above["label"] == label and line:
+        return RowLine(at, line, True)
+    if line.startswith(label_text(label)):
+        return RowLine(at, line[len(label_text(label)) :], False)
+    return None
+
+
+def _lines_of(row: dict) -> int:
+    """Lines a row takes: its label line, and the lines of a multi-line cell under it (GCA's Table 5)."""
+    return 1 + max((v.count("\n") + 1 for v in row["values"] if v and "\n" in v), default=0)
+
+
+def _text_lines(region: list[str], start: int, stop: int) -> list[int]:
+    return [k for k in range(start, stop) if region[k].strip()]
+
+
+def row_lines(region: list[str], item: dict, quirks: TextQuirks) -> list[RowLine]:
+    """Each row's line in ``region``: the first row's by searching, each later row's the next text line but for the
+    header line of a row group it opens (checked: nothing else lies between two rows)."""
+    rows, found = item["rows"], []
+    for i, row in enumerate(rows):
+        above = rows[i - 1] if i else None
+        pattern = quirks.unlabelled.get((item["id"], i))
+        where = f"{item['id']} row {i} ({row['label']!r})"
+        opens = bool(row["group"]) and (above is None or above["group"] != row["group"])
+        header = opens and (item["id"], i) not in quirks.headless
+        # the text prints no end of a row group: a row after a grouped one is under that group's header
+        assert not (above and above["group"] and not row["group"]), f"{where}: no group after a grouped row"
+        if i == 0:
+            line = next(filter(None, (read_row(region, k, row, None, pattern) for k in range(len(region)))), None)
+            assert line is not None, f"{where}: no line of the table reads as the first row"
+            before = _text_lines(region, 0, line.at)
+            if header and not line.inline:
+                assert before and _is_header(region[before[-1]], row["group"]), f"{where}: no group line above it"
+        else:
+            start = found[-1].at + _lines_of(above)
+            ahead = _text_lines(region, start, len(region))[:2]
+            line = read_row(region, ahead[0], row, above, pattern) if ahead else None
+            if header and not (line and line.inline):  # the group's header line, then the row's
+                has_header = len(ahead) == 2 and _is_header(region[ahead[0]], row["group"])
+                line = read_row(region, ahead[1], row, above, pattern) if has_header else None
+            assert line is not None, f"{where}: the table's next lines are {[region[k] for k in ahead]!r}"
+        found.append(line)
     return found
 
 
-def _row_cells(line: str, row: dict) -> tuple[list[str], bool]:
-    """The whitespace tokens after a row's label, and whether they start right after it (a label printed plainly)."""
-    line = flatten_math(line.strip())
-    label = row["label"]
-    if label and line.startswith(label + " "):
-        return line[len(label) :].split(), True
-    if not label:
-        return line.split(), True
-    return line[len(label_text(label)) :].split(), False
+def _is_header(line: str, group: str) -> bool:
+    """A row group's header line: the group, or the group then the header of a column group on the same line
+    (GCA's Table 1: "Train length=16K, eval length = 2K 128M 350M")."""
+    line = line.strip()
+    return line == group or line.startswith(group + " ")
 
 
-def row_mismatches(line: str, row: dict, item_id: str) -> tuple[int, list[str]]:
-    """Compare a row's plain cells with the seed line: a cell is located by counting tokens from the line's end
-    when every cell after it is plain, else from the label when every cell before it is. Returns (cells compared,
-    mismatches)."""
-    tokens, from_label = _row_cells(line, row)
-    cells = [cell_text(v) if is_plain(v) else None for v in row["values"]]
-    sizes = [len(c.split()) if c is not None else 0 for c in cells]
-    checked, wrong = 0, []
-    if from_label and None not in cells and len(tokens) != sum(sizes):
-        wrong.append(f"{item_id} {row['label']!r}: {len(tokens)} tokens in the text for {sum(sizes)}: {line!r}")
-    for j, cell in enumerate(cells):
-        if cell is None:
-            continue
-        if None not in cells[j + 1 :]:
-            end = len(tokens) - sum(sizes[j + 1 :])
-            got = tokens[max(end - sizes[j], 0) : max(end, 0)]
-        elif from_label and None not in cells[:j]:
-            got = tokens[sum(sizes[:j]) : sum(sizes[: j + 1])]
-        else:
-            continue
+def row_mismatches(line: RowLine, row: dict, keys: list[str], kept: list[str] | None) -> tuple[int, list[str]]:
+    """A row's cells against the text after its label: every printed cell, in order, token by token (a cell the
+    paper leaves empty or marks ✓ prints nothing; one the text lost is left out by ``kept``). Cells past a ``$TeX$``
+    cell are located from the line's end, and a single such cell must hold its LaTeX in the tokens between. Returns
+    (cells compared, mismatches)."""
+    seq = [
+        v if FORMULA.fullmatch(v) else cell_text(v).split()
+        for k, v in zip(keys, row["values"], strict=True)
+        if v is not None and v != "✓" and (kept is None or k in kept)
+    ]
+    formulas = [j for j, c in enumerate(seq) if isinstance(c, str)]
+    head, tail = (seq[: formulas[0]], seq[formulas[-1] + 1 :]) if formulas else (seq, [])
+    if not line.from_label:  # the text garbles the label: cells are read from the line's end only
+        head, tail = [], tail if formulas else seq
+    flat_head, flat_tail = sum(head, []), sum(tail, [])
+    tokens = line.cells.split()
+    got_head = tokens if line.from_label and not formulas else tokens[: len(flat_head)]
+    got_tail = tokens[-len(flat_tail) :] if flat_tail else []
+    wrong = [f"text {got_head} != data {flat_head}"] if got_head != flat_head else []
+    wrong += [f"text ends {got_tail} != data {flat_tail}"] if got_tail != flat_tail else []
+    checked = len(head) + len(tail)
+    if len(formulas) == 1 and line.from_label:
+        middle = " ".join(tokens[len(flat_head) : len(tokens) - len(flat_tail)])
         checked += 1
-        if " ".join(got) != cell:
-            wrong.append(f"{item_id} {row['label']!r} column {j + 1}: data {cell!r}, text {' '.join(got)!r}")
-    return checked, wrong
+        if FORMULA.fullmatch(seq[formulas[0]])[1] not in middle:
+            wrong.append(f"formula {seq[formulas[0]]} not in {middle!r}")
+    return checked, [f"row {row['label']!r}: {w}" for w in wrong]
 
 
-def table_mismatches(lines: list[str], item: dict) -> list[str]:
-    """Every plain cell of a table read back out of the seed; also that each row has a cell to read and that the
-    line after the last row is not one more row."""
-    region = table_region(lines, item)
-    at = row_line_indices(region, item)
+def table_mismatches(lines: list[str], item: dict, quirks: TextQuirks, last_part: bool = True) -> list[str]:
+    """Every row of a table read back out of the text; also that each row has a cell to read, that the line after
+    the last row is not one more row, and, for a table whose caption follows it (and that is no earlier part of
+    several under that caption: ``last_part``), that its last row is the caption's line above."""
+    region = table_region(lines, item, quirks)
+    found = row_lines(region, item, quirks)
+    keys = [c["key"] for c in item["columns"]]
     wrong = []
-    for i, row in zip(at, item["rows"], strict=True):
-        checked, bad = row_mismatches(region[i], row, item["id"])
+    for i, (line, row) in enumerate(zip(found, item["rows"], strict=True)):
+        if _lines_of(row) > 1:  # a multi-line cell: the label alone, then the cell's lines
+            printed = [region[k].strip() for k in range(line.at + 1, line.at + _lines_of(row))]
+            expected = next(v for v in row["values"] if v and "\n" in v).split("\n")
+            wrong += [f"row {row['label']!r}: text {printed} != data {expected}"] if printed != expected else []
+            continue
+        checked, bad = row_mismatches(line, row, keys, quirks.kept.get((item["id"], i)))
         wrong += bad
-        if checked == 0 and any(v is not None for v in row["values"]):
-            wrong.append(f"{item['id']} {row['label']!r}: no cell of this row can be read back")
-    after = _next_text_line(region, at[-1])
-    if after is not None and NUMBER_END.match(after.split()[-1]):
-        wrong.append(f"{item['id']}: the line after the last row looks like one more row: {after!r}")
-    return wrong
-
-
-def _next_text_line(lines: list[str], i: int) -> str | None:
-    return next((line for line in lines[i + 1 :] if line.strip()), None)
+        if checked == 0:
+            wrong.append(f"row {row['label']!r}: no cell of this row can be read back")
+    after = _text_lines(region, found[-1].at + _lines_of(item["rows"][-1]), len(region))[:1]
+    if after and ROW_END.match(fold_math(region[after[0]]).split()[-1]):
+        wrong.append(f"the line after the last row looks like one more row: {region[after[0]]!r}")
+    if after and last_part and item["id"] in quirks.caption_below:
+        wrong.append(f"the caption does not follow the last row but {region[after[0]]!r}")
+    return [f"{item['id']} {w}" for w in wrong]
 
 
 def figure_text(lines: list[str], item: dict) -> str:
@@ -370,7 +538,7 @@ def figure_text(lines: list[str], item: dict) -> str:
     previous ``Table/Figure N:`` caption and its own caption."""
     at = caption_index(lines, item)
     before = [i for i, line in enumerate(lines[:at]) if re.match(r"(?:Table|Figure) \d+: ", line)]
-    return flatten_math("\n".join(lines[(before[-1] + 1 if before else 0) : at]))
+    return fold_math("\n".join(lines[(before[-1] + 1 if before else 0) : at]))
 
 
 def figure_mismatches(lines: list[str], item: dict) -> list[str]:
@@ -397,11 +565,15 @@ def figure_mismatches(lines: list[str], item: dict) -> list[str]:
 
 
 class PaperTableChecks:
-    """Subclassed once per paper (``class TestFoxTables(PaperTableChecks)`` with ``PAPER`` and ``SEED``): the shape
-    of every item, and its captions and cells read back out of the paper's text when that text is here."""
+    """Subclassed once per paper (``class TestFoxTables(PaperTableChecks)``), which sets ``PAPER`` (the data file's
+    stem), ``SEED`` (the text's file name), ``TABLES`` and ``FIGURES`` (how many the paper numbers) and its text's
+    ``QUIRKS``: every item's shape, and its captions, rows and plotted figures read back out of the paper's text."""
 
     PAPER = ""
     SEED = ""
+    TABLES = 0
+    FIGURES = 0
+    QUIRKS = TextQuirks()
 
     def pytest_generate_tests(self, metafunc):
         items = load(self.PAPER)["items"]
@@ -417,21 +589,29 @@ class PaperTableChecks:
     def seed(self) -> list[str]:
         lines = seed_lines(self.SEED)
         if lines is None:
-            pytest.skip(f"the paper's text {SEEDS / self.SEED} is absent: no read-back (the shape checks still run)")
+            where = " or ".join(str(d) for d in seed_dirs())
+            pytest.skip(f"the paper's text {self.SEED} is not in {where} (${SEEDS_ENV}): no read-back")
         return lines
 
     def test_file_names_its_paper(self):
         doc = load(self.PAPER)
         assert set(doc) == {"paper", "title", "arxiv", "items"} and doc["paper"] == self.PAPER
-        assert re.fullmatch(r"\d{4}\.\d{5}", doc["arxiv"]) and doc["title"].strip()
+        assert re.fullmatch(r"\d{4}\.\d{5}", str(doc["arxiv"])) and isinstance(doc["title"], str) and doc["title"]
 
     def test_item_shape(self, item):
         problems = item_problems(item, self.PAPER, card_names())
         assert not problems, "\n".join(problems)
 
-    def test_ids_are_unique(self):
-        ids = [i["id"] for i in load(self.PAPER)["items"]]
+    def test_ids_are_unique_and_parts_lettered(self):
+        items = load(self.PAPER)["items"]
+        ids = [i["id"] for i in items]
         assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
+        assert not part_problems(items), part_problems(items)
+
+    def test_every_table_and_figure_of_the_paper_is_an_item(self):
+        numbered = {(i["kind"], int(re.match(r"\d+", i["number"])[0])) for i in load(self.PAPER)["items"]}
+        tables, figures = range(1, self.TABLES + 1), range(1, self.FIGURES + 1)
+        assert numbered == {("table", n) for n in tables} | {("figure", n) for n in figures}
 
     def test_averages_agree_with_their_columns(self):
         problems = [p for i in load(self.PAPER)["items"] for p in average_problems(i)]
@@ -453,18 +633,24 @@ class PaperTableChecks:
         problems = [p for i in load(self.PAPER)["items"] for p in suite_recipe_problems(i)]
         assert not problems, "\n".join(problems)
 
-    def test_every_caption_of_the_text_has_an_item(self):
-        printed = {m.groups() for line in self.seed() if (m := re.match(r"(Table|Figure) (\d+): ", line))}
-        ours = {(i["kind"].capitalize(), re.match(r"\d+", i["number"]).group()) for i in load(self.PAPER)["items"]}
-        assert printed <= ours, f"captions in the text without an item: {sorted(printed - ours)}"
+    def test_items_follow_the_texts_captions_in_order(self):
+        """Every ``Table N:`` / ``Figure N:`` line of the text is an item's caption, and the items are in the text's
+        order."""
+        lines = self.seed()
+        at = [caption_index(lines, i) for i in load(self.PAPER)["items"]]
+        printed = {k for k, line in enumerate(lines) if re.match(r"(?:Table|Figure) \d+: ", line)}
+        assert printed <= set(at), f"captions without an item: {[lines[k][:40] for k in sorted(printed - set(at))]}"
+        assert at == sorted(at), "the items are not in the order of their captions in the text"
 
     def test_caption_reads_back(self, item):
-        lines = self.seed()
-        line = lines[caption_index(lines, item)]
-        assert is_subsequence(words(item["caption"]), words(line)), f"caption {item['caption']!r} vs {line!r}"
+        problem = caption_mismatch(self.seed(), item)
+        assert problem is None, problem
 
-    def test_table_cells_read_back(self, table):
-        problems = table_mismatches(self.seed(), table)
+    def test_table_rows_read_back(self, table):
+        items = load(self.PAPER)["items"]
+        later = items[items.index(table) + 1 :]
+        last_part = not any((i["kind"], i["number"]) == (table["kind"], table["number"]) for i in later)
+        problems = table_mismatches(self.seed(), table, self.QUIRKS, last_part)
         assert not problems, "\n".join(problems)
 
     def test_figure_reads_back(self, plotted):

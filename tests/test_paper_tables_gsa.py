@@ -7,6 +7,7 @@ from paper_tables import PaperTableChecks, load
 class TestGsaTables(PaperTableChecks):
     PAPER = "gsa"
     SEED = "gsa-gated-slot-attention.txt"
+    TABLES, FIGURES = 4, 5
 
 
 def _column(item_id: str, key: str) -> dict[str, float]:
