@@ -158,12 +158,11 @@ def accuracy_vs_state_figure(best: pd.DataFrame) -> Figure:
             ax.plot(g["state_bytes"], g["drawn"], marker=style.marker, markersize=5, linewidth=1.3, color=style.color,
                     label=label, transform=_dodged(ax, k, len(groups)), **look)  # fmt: skip
         drawn_all += list(rows["drawn"])
-        # a d_model label per width and kind of state (recurrent states and KV caches of one width lie far apart),
-        # below the group's lowest point (above, it would leave the panel at accuracy 1.0)
-        for (d, _), g in rows.groupby(["d_model", "state_kind"]):
-            low = g.loc[g["drawn"].idxmin()]
-            ax.annotate(f"d={d}", (low["state_bytes"], low["drawn"]), textcoords="offset points", xytext=(0, -12),
-                        ha="center", va="top", fontsize=7, color="0.3")  # fmt: skip
+        # one d_model label per width, above its best point (the panel's top leaves room for it)
+        for d, g in rows.groupby("d_model"):
+            top = g.loc[g["drawn"].idxmax()]
+            ax.annotate(f"d={d}", (top["state_bytes"], top["drawn"]), textcoords="offset points", xytext=(0, 6),
+                        ha="center", va="bottom", fontsize=7, color="0.3")  # fmt: skip
         ax.set_xscale("log", base=2)
         ax.set_xlim(rows["state_bytes"].min() / 2**0.4, rows["state_bytes"].max() * 2**0.4)
         ax.xaxis.set_major_locator(LogLocator(base=2))
@@ -173,7 +172,7 @@ def accuracy_vs_state_figure(best: pd.DataFrame) -> Figure:
         ax.set_title(_setting_title(length, kv))
         ax.set_xlabel("Decoding state (bytes; attention: its KV cache at T)")
         ax.grid(alpha=0.3)
-    _accuracy_axis(panels[0][1], [*drawn_all, min(drawn_all) - 0.08])  # room for the d labels below the lowest
+    _accuracy_axis(panels[0][1], [*drawn_all, max(drawn_all) + 0.06])  # room for the d labels above the highest
     panels[0][1].set_ylabel("Accuracy (best over learning rates)")
     _legend(fig, [ax for _, ax in panels], title=SPREAD_NOTE)
     return fig
@@ -191,8 +190,9 @@ def training_curves_figure(records: Iterable[dict], best: pd.DataFrame) -> Figur
     per width; a model's colour and marker as in the other MQAR figures, its learning rate as the line style; the
     legend names each model once and each learning rate once."""
     chosen = {(r["model"], r["length"], r["num_kv_pairs"], r["d_model"], r["lr"]) for _, r in best.iterrows()}
-    cells = [r for r in records if (r.get("model"), r.get("length"), r.get("num_kv_pairs"), r.get("d_model"),
-                                    r.get("lr")) in chosen and r.get("history")]  # fmt: skip
+    cells = [{**r, "model": _cell_model(r)} for r in records if r.get("history")]
+    cells = [r for r in cells if (r["model"], r.get("length"), r.get("num_kv_pairs"), r.get("d_model"),
+                                  r.get("lr")) in chosen]  # fmt: skip
     if not cells:
         raise UserError("no MQAR records with a training history to plot")
     settings = sorted({(r["length"], r["num_kv_pairs"]) for r in cells})
@@ -223,6 +223,12 @@ def training_curves_figure(records: Iterable[dict], best: pd.DataFrame) -> Figur
     labels = [styles[m].label for m in used] + [f"lr {lr:.2g}" for lr in lr_styles]
     legend_below(fig, handles, labels)
     return fig
+
+
+def _cell_model(record: dict) -> str:
+    """The name a cell's model has in the tables and in ``best``: a recipe variant's cell is ``"model [variant]"``,
+    as :func:`~evalsuite.tasks.mqar_summary.records_frame` names it."""
+    return f"{record['model']} [{record['variant']}]" if record.get("variant") else record["model"]
 
 
 def _training_column(axes, cells: list[dict], styles: dict[str, ModelStyle], lr_styles: dict) -> None:

@@ -43,7 +43,7 @@ FAMILIES = (
 FALLBACK_COLORS = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d", "#31a354")
 # Words of card names shown otherwise in a figure.
 WORDS = {"timescale-init": "time-scale init"}
-MARKERS = "os^DvP"  # models of one colour in one figure, base model first
+MARKERS = "os^DvP*Xph<>"  # models of one colour in one figure, base model first
 LINESTYLES = ("-", "--", ":", "-.", (0, (5, 1)))  # what one model's lines differ in: learning rates, repeated runs
 
 
