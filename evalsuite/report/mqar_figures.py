@@ -13,6 +13,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
+from matplotlib.transforms import offset_copy
 
 from evalsuite.errors import UserError
 from evalsuite.report.palette import ModelStyle, legend_below, model_styles, separate, spread, value_linestyles
@@ -70,8 +71,6 @@ def _separated(rows: pd.DataFrame, x: str) -> pd.Series:
 def _dodged(ax, k: int, n: int):
     """The data transform of ``ax`` moved sideways for the ``k``-th of ``n`` models (:data:`DODGE` points apart).
     Matplotlib's autoscaling skips artists drawn with another transform: the caller sets the limits."""
-    from matplotlib.transforms import offset_copy
-
     return offset_copy(ax.transData, fig=ax.figure, x=spread(n, DODGE)[k], y=0.0, units="points")
 
 

@@ -24,8 +24,8 @@ class FamilyLook:
     color: str
 
 
-# The FoX paper's colours for its models (arXiv:2503.02130, Figures 2-4: matplotlib's tab10 in this order), then
-# the other families of the suite in the remaining tab10 slots.
+# The FoX paper's colours for its models (arXiv:2503.02130; matplotlib's tab10 slots C0-C4, C8, C9), then the other
+# families of the suite in the remaining tab10 slots.
 FAMILIES = (
     FamilyLook("fox-pro", "FoX (Pro)", "#1f77b4"),
     FamilyLook("transformer-pro", "Transformer (Pro)", "#ff7f0e"),
@@ -39,8 +39,8 @@ FAMILIES = (
     FamilyLook("hgrn2", "HGRN2", "#bcbd22"),
     FamilyLook("deltanet", "DeltaNet", "#17becf"),
 )
-# Models of no family: dark tab20b shades, none of them a tab10 colour above.
-FALLBACK_COLORS = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d", "#31a354")
+# Models of no family: dark tab20b shades, none of them near a family's colour above.
+FALLBACK_COLORS = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#bd9e39")
 # Words of card names shown otherwise in a figure.
 WORDS = {"timescale-init": "time-scale init"}
 MARKERS = "os^DvP*Xph<>"  # models of one colour in one figure, base model first
@@ -159,8 +159,8 @@ def legend_columns(labels: Sequence[str], width_inches: float, fontsize: float =
 
 
 def legend_below(fig, handles: Sequence, labels: Sequence[str], **kwargs):
-    """One legend below every panel of ``fig``, wrapped into as many columns as the figure's width holds (``bbox
-    _inches="tight"`` on save grows the canvas to fit it). Lays the figure out first (``tight_layout``)."""
+    """One legend below every panel of ``fig``, wrapped into as many columns as the figure's width holds (saving
+    with ``bbox_inches="tight"`` grows the canvas downwards to fit it). Lays the figure out first (``tight_layout``)."""
     fig.tight_layout()
     ncol = legend_columns(labels, fig.get_figwidth())
     return fig.legend(
