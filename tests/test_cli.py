@@ -163,11 +163,14 @@ def test_non_utf8_corpus(tmp_path, run_cli):
 
 def test_loss_plot_table_end_to_end(tmp_path):
     runs = []
-    for model in ("fox-pro-tiny", "transformer-llama-tiny"):
+    for model, plot in (("fox-pro-tiny", "--plot"), ("transformer-llama-tiny", "--no-plot")):
         run = tmp_path / model
-        out = cli("loss", "--model", model, "--length", "256", "--max-docs", "2", "--device", "cpu", "--out", str(run))
+        out = cli("loss", "--model", model, "--length", "256", "--max-docs", "2", "--device", "cpu", "--out", str(run),
+                  plot)  # fmt: skip
         assert out.returncode == 0, out.stderr
         assert "P(l)" in out.stdout and (run / "results.json").exists()
+        # a run draws its plot into its run directory and prints the path, unless told not to
+        assert (run / "loss.png").is_file() == (f"plot: {run / 'loss.png'}" in out.stdout) == (plot == "--plot")
         runs.append(str(run))
     out = cli("plot", "loss", *runs, "--out", str(tmp_path / "fig"), "--window", "11")
     assert out.returncode == 0, out.stderr

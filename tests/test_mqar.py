@@ -19,7 +19,7 @@ import torch
 from evalsuite.cards import architecture_card
 from evalsuite.data.mqar import multiquery_ar, power_law_weights, weighted_ordered_sample
 from evalsuite.errors import UserError
-from evalsuite.report.mqar import _model_styles, best_over_lr, best_table, load_mqar, records_frame, write_mqar_report
+from evalsuite.report.mqar import best_over_lr, best_table, load_mqar, records_frame, write_mqar_report
 from evalsuite.runs.store import config_hash
 from evalsuite.tasks.mqar import (
     MQARSweep,
@@ -482,11 +482,14 @@ def test_report_files(tmp_path):
 
 def test_family_variants_get_their_own_marker():
     """Both FoX inits share the paper's FoX colour; the plots tell them apart by marker (and line style)."""
-    styles = _model_styles(["fox-llama-timescale-init", "transformer-llama", "fox-llama", "gsa"])
-    assert styles["fox-llama"][0] == styles["fox-llama-timescale-init"][0]
-    assert styles["fox-llama"][1] == "o" and styles["fox-llama-timescale-init"][1] == "s"
-    assert styles["gsa"][1] == styles["transformer-llama"][1] == "o"
-    assert len({styles[m] for m in styles}) == 4
+    from evalsuite.report.palette import model_styles
+
+    styles = model_styles(["fox-llama-timescale-init", "transformer-llama", "fox-llama", "gsa"])
+    assert styles["fox-llama"].color == styles["fox-llama-timescale-init"].color
+    assert styles["fox-llama"].marker == "o" and styles["fox-llama-timescale-init"].marker == "s"
+    assert styles["gsa"].marker == styles["transformer-llama"].marker == "o"
+    assert len({(styles[m].color, styles[m].marker) for m in styles}) == 4
+    assert styles["fox-llama"].linestyle != styles["fox-llama-timescale-init"].linestyle
 
 
 def test_variants_and_seeds_grid_and_hashes():

@@ -338,6 +338,9 @@ def test_cli_default_run_and_plot(tmp_path):
     assert out.returncode == 0, out.stderr
     runs = list((tmp_path / "results" / "runs" / "niah").glob("fox-pro-tiny-easy-*"))
     assert len(runs) == 1 and str(runs[0].relative_to(tmp_path)) in out.stdout
+    heatmap = runs[0].relative_to(tmp_path) / "heatmap.png"  # the run draws its heatmap and says where
+    assert (tmp_path / heatmap).stat().st_size > 0 and f"heatmap: {heatmap}" in out.stdout
+    assert f"evalsuite plot niah {runs[0].relative_to(tmp_path)}" in out.stdout
     results = json.loads((runs[0] / "results.json").read_text())
     cpu = resolve_config(NiahConfig(), "cpu")
     assert results["config"]["lengths"] == cpu.lengths and results["config"]["haystack"] == "synthetic"

@@ -8,10 +8,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from matplotlib.colors import to_hex
 
 from evalsuite.errors import UserError
 from evalsuite.report import tables
-from evalsuite.report.plots import cumulative_perplexity, model_colors, moving_average, plot_loss
+from evalsuite.report.palette import FAMILIES, model_color, model_styles
+from evalsuite.report.plots import cumulative_perplexity, moving_average, plot_loss
 from evalsuite.report.records import find_runs, gather_records, load_loss_curve, load_run, run_labels
 from evalsuite.report.tables import pivot_loss, write_table
 
@@ -190,13 +192,17 @@ def test_gather_records_empty(tmp_path: Path) -> None:
 # --- plots --------------------------------------------------------------------------------------------
 
 
-def test_model_colors_follow_paper_then_sorted_names() -> None:
-    colors = model_colors(["zeta", "transformer-llama-360m", "fox-pro-tiny", "alpha", "fox-llama"])
-    assert colors["fox-pro-tiny"] == "C0"
-    assert colors["fox-llama"] == "C2"
-    assert colors["transformer-llama-360m"] == "C3"
-    assert colors["alpha"] == "C1" and colors["zeta"] == "C4"  # free slots, in sorted name order
-    assert model_colors(["foxy"]) == {"foxy": "C0"}  # not a paper name: "fox" is no prefix of it
+def test_model_colors_follow_paper_and_stay_fixed() -> None:
+    """The FoX paper's colours for its models; a model of no family keeps one colour whatever else is plotted, and
+    never takes a family's colour."""
+    paper = {"fox-pro-tiny": "C0", "transformer-pro": "C1", "fox-llama": "C2", "transformer-llama-360m": "C3"}
+    for model, slot in paper.items():
+        assert model_color(model) == to_hex(slot)
+    families = {look.color for look in FAMILIES}
+    for model in ("zeta", "alpha", "foxy", "SmolLM2-135M-Instruct.Q4_1"):  # "fox" is no prefix of "foxy"
+        assert model_color(model) not in families
+        assert model_styles([model, "fox-pro-tiny"])[model].color == model_styles([model, "gsa"])[model].color
+    assert model_color("my-model", architecture="gsa") == model_color("gsa")  # a card's architecture decides
 
 
 def test_plot_loss_writes_png_and_pdf(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from evalsuite.bench.linear_ops import OP_PROVIDERS, OPS, PEERS, PROVIDERS, SDPA
+from evalsuite.report.palette import display_name, model_color
 
 
 def _get(records, **match):
@@ -138,10 +139,10 @@ def plot_linear_bench(records, path, env=None) -> None:
                       label=f"{op}: {p}")  # fmt: skip
         ax_d.set(yscale="log", title="decode step", xlabel="batch", ylabel="ms per step")
         ax_d.set_xscale("log", base=2)
-        for i, arch in enumerate(dict.fromkeys(r["arch"] for r in mem)):
+        for arch in dict.fromkeys(r["arch"] for r in mem):  # each architecture in its colour of every figure
             rs = sorted(_get(mem, arch=arch), key=lambda r: r["context"])
-            ax_m.plot([r["context"] for r in rs], [r["state_nbytes"] / 2**20 for r in rs], marker="o", color=f"C{i}",
-                      label=f"{arch} ({rs[0]['state_kind']})")  # fmt: skip
+            ax_m.plot([r["context"] for r in rs], [r["state_nbytes"] / 2**20 for r in rs], marker="o",
+                      color=model_color(arch), label=f"{display_name(arch)} ({rs[0]['state_kind']})")  # fmt: skip
         ax_m.set(yscale="log", title="decode state (model level)", xlabel="context length", ylabel="state MiB")
         ax_m.set_xscale("log", base=2)
         for ax, used in ((ax_d, dec), (ax_m, mem)):

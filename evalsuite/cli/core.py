@@ -15,6 +15,7 @@ from evalsuite.cli.options import (
     DtypeOpt,
     ModelOpt,
     OutOpt,
+    PlotOpt,
     SeedOpt,
     _adapter,
     _key_values,
@@ -110,8 +111,9 @@ def loss(
     out: OutOpt = None,
     checkpoint: CheckpointOpt = None,
     attention: BackendOpt = "auto",
+    plot: PlotOpt = True,
 ):
-    """Per-token loss L(i) and perplexity P(l) over one window per document (FoX §4.2)."""
+    """Per-token loss L(i) and perplexity P(l) over one window per document (FoX §4.2), and their plot."""
     from evalsuite.tasks.loss import LossConfig, LossTask
 
     config = LossConfig(data=data, length=length, max_docs=max_docs, roll=roll, seed=seed, batch_size=batch_size)
@@ -126,6 +128,11 @@ def loss(
     typer.echo("  P(l): " + ", ".join(f"{lng}: {by_len[lng]:.3f}" for lng in shown))
     _note_random_weights(adapter)
     typer.echo(f"  results: {results['run_dir']}")
+    if plot:
+        from evalsuite.report.plots import plot_loss
+
+        png = plot_loss([results["run_dir"]], Path(results["run_dir"]) / "loss")[0]
+        typer.echo(f"  plot: {png} (with other runs: evalsuite plot loss {results['run_dir']} RUN... --out STEM)")
 
 
 @plot_app.command("loss")

@@ -16,6 +16,7 @@ from evalsuite.cli.options import (
     DtypeOpt,
     ModelOpt,
     OutOpt,
+    PlotOpt,
     SeedOpt,
     _adapter,
     _batch_size,
@@ -60,8 +61,10 @@ def niah(
     out: OutOpt = None,
     checkpoint: CheckpointOpt = None,
     attention: BackendOpt = "auto",
+    plot: PlotOpt = True,
 ):
-    """Needle in a haystack over lengths x depths (FoX §4.3): easy, standard, or 2-hop; records and a summary."""
+    """Needle in a haystack over lengths x depths (FoX §4.3): easy, standard, or 2-hop; records, a summary and its
+    heatmap."""
     from evalsuite.metrics.judge import OpenAIJudge
     from evalsuite.tasks.niah import NiahConfig, NiahTask
 
@@ -80,7 +83,7 @@ def niah(
     task = NiahTask(config, OpenAIJudge.from_spec(judge) if judge else None)  # a missing API key fails first
     _seed_everything(seed)
     adapter = _adapter(model, device, dtype, checkpoint, attention)
-    _report(_run(task, adapter, out), adapter)
+    _report(_run(task, adapter, out), adapter, plot)
 
 
 @app.command()
@@ -98,6 +101,7 @@ def passkey(
     out: OutOpt = None,
     checkpoint: CheckpointOpt = None,
     attention: BackendOpt = "auto",
+    plot: PlotOpt = True,
 ):
     """The DRT paper's token-level retrieval tests, teacher-forced: the 2-hop passkey or the passkey (arXiv:2410.01651
     §4.2-4.3), over lengths x samples with needles at random positions."""
@@ -107,15 +111,16 @@ def passkey(
     config = DrtConfig(preset, _lengths(lengths), samples, haystack, size, seed, kind=kind)
     _seed_everything(seed)
     adapter = _adapter(model, device, dtype, checkpoint, attention)
-    _report(_run(DrtPasskeyTask(config), adapter, out), adapter)
+    _report(_run(DrtPasskeyTask(config), adapter, out), adapter, plot)
 
 
 def _lengths(value: str | None) -> list[int] | None:
     return [int(x) for x in _csv_list(value, float, "--lengths") or []] or None
 
 
-def _report(results: dict, adapter) -> None:
-    """The lengths skipped, and the scores within and beyond the training length."""
+def _report(results: dict, adapter, plot: bool) -> None:
+    """The lengths skipped, the scores within and beyond the training length and, with ``plot``, the heatmap drawn
+    into the run directory."""
     summary = results["summary"]
     for note in summary["skipped"]:
         typer.echo(f"  note: length {note['length']} skipped ({note['reason']})")
@@ -127,6 +132,12 @@ def _report(results: dict, adapter) -> None:
             typer.echo(f"  {s['subtask']:>9} {s['metric']:>12}: within {within}, beyond {beyond} ({cells})")
     _note_random_weights(adapter)
     typer.echo(f"  results: {results['run_dir']}")
+    if plot and results["records"]:
+        from evalsuite.report.niah import plot_niah
+
+        run_dir = results["run_dir"]
+        paths, _ = plot_niah([run_dir], Path(run_dir) / "heatmap")
+        typer.echo(f"  heatmap: {paths[0]} (with other runs: evalsuite plot niah {run_dir} RUN... --out STEM)")
 
 
 @plot_app.command("niah")

@@ -24,6 +24,9 @@ OutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="Run directory 
 CheckpointOpt = Annotated[
     Path | None, typer.Option(help="Checkpoint directory (ours or an official release), overriding the card.")
 ]
+PlotOpt = Annotated[
+    bool, typer.Option("--plot/--no-plot", help="Draw the run's figure (PNG and PDF) into its run directory.")
+]
 BackendOpt = Annotated[
     str, typer.Option(help="Attention backend of the model's family (FoX: auto, triton, reference, dense).")
 ]

@@ -1,8 +1,9 @@
 """Per-token loss plots in the style of the FoX paper's Figure 2.
 
-Left panel: smoothed per-token loss L(i) against token index i. Right panel: cumulative perplexity
-P(l) = exp(mean of L over the first l tokens) against context length l. A dashed vertical line marks
-each model's training context length.
+Left panel: smoothed per-token loss L(i) against position i (in tokens, or bytes for a byte-level model). Right
+panel: cumulative perplexity P(l) = exp(mean of L over the first l tokens) against context length l. A dashed
+vertical line marks each model's training context length. Colours and names come from
+:mod:`evalsuite.report.palette`, the same for a model in every figure.
 
 Figures are built with ``matplotlib.figure.Figure`` rather than pyplot: no global figure registry and no
 backend switch, so plotting is safe in notebooks, threads and tests (PNG/PDF rendering uses Agg).
@@ -18,36 +19,35 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, MultipleLocator
 
 from evalsuite.errors import UserError
-from evalsuite.report.records import LOSS_CURVE_FILE, find_runs, load_loss_curve, load_run, run_labels
+from evalsuite.report.palette import LINESTYLES, display_name, legend_below, model_color
+from evalsuite.report.records import (
+    LOSS_CURVE_FILE,
+    card_architecture,
+    find_runs,
+    length_unit,
+    load_loss_curve,
+    load_run,
+    run_labels,
+)
 from evalsuite.runs.store import atomic_write_bytes
 
-# The FoX paper's colours for its models (matched as card-name prefixes, so "fox-pro-tiny" gets C0).
-PAPER_COLORS = {
-    "fox-pro": 0,
-    "transformer-pro": 1,
-    "fox-llama": 2,
-    "transformer-llama": 3,
-    "mamba2": 4,
-    "mamba-2": 4,
-    "hgrn2": 8,
-    "deltanet": 9,
-}
-N_COLORS = 10  # matplotlib's default cycle, "C0".."C9", is tab10
-LINESTYLES = ("-", ":", "-.", (0, (5, 1)))  # repeats of one model (e.g. seeds) share a colour
 K = 1024
 
 
 @dataclass
 class LossRun:
-    """What the plot needs from one loss run directory."""
+    """What the plot needs from one loss run directory: ``loss`` is L(i), shape ``[positions]``."""
 
     run_dir: Path
     model: str
     train_length: int | None
     loss: np.ndarray
+    architecture: str | None = None  # the card's, when the model had one (its colour and name in the figure)
+    unit: str = "tokens"  # what a position counts: "tokens", or "bytes" for a byte-level tokenizer
 
 
 def moving_average(x: np.ndarray, window: int = 101) -> np.ndarray:
@@ -75,35 +75,6 @@ def cumulative_perplexity(loss: np.ndarray) -> np.ndarray:
     return np.exp(np.cumsum(loss) / np.arange(1, loss.shape[0] + 1))
 
 
-def model_colors(models: Sequence[str]) -> dict[str, str]:
-    """A fixed model -> "C<k>" mapping.
-
-    Known FoX-paper models keep the paper's colours; other models take the remaining slots in sorted
-    name order, so a model's colour does not depend on the order runs are passed in.
-    """
-    colors: dict[str, str] = {}
-    for model in set(models):
-        slot = _paper_slot(model)
-        if slot is not None:
-            colors[model] = f"C{slot}"
-    free = [k for k in range(N_COLORS) if f"C{k}" not in colors.values()] or list(range(N_COLORS))
-    others = sorted(m for m in set(models) if m not in colors)
-    for i, model in enumerate(others):
-        colors[model] = f"C{free[i % len(free)]}"
-    return colors
-
-
-def _paper_slot(model: str) -> int | None:
-    """The paper's colour slot for ``model`` by longest matching prefix (at a word boundary), if any."""
-    name = model.lower()
-    best = None
-    for prefix, slot in PAPER_COLORS.items():
-        boundary = len(name) == len(prefix) or (len(name) > len(prefix) and not name[len(prefix)].isalnum())
-        if name.startswith(prefix) and boundary and (best is None or len(prefix) > len(best[0])):
-            best = (prefix, slot)
-    return None if best is None else best[1]
-
-
 def load_loss_runs(paths: Sequence[Path | str]) -> list[LossRun]:
     """Load each loss run under ``paths`` (run dirs or folders of them), in ``find_runs`` order."""
     run_dirs = [run for run in find_runs(paths) if (run / LOSS_CURVE_FILE).is_file()]
@@ -124,6 +95,8 @@ def load_loss_runs(paths: Sequence[Path | str]) -> list[LossRun]:
                 model=str(meta.get("model") or run_dir.name),
                 train_length=int(train_length) if train_length is not None else None,
                 loss=loss[: covered[-1] + 1],
+                architecture=card_architecture(meta),
+                unit=length_unit(meta),
             )
         )
     return runs
@@ -146,22 +119,39 @@ def plot_loss(
         out_path_stem: output path without suffix.
         window: moving-average window for L(i) (FoX uses 101; 1001 in its Figure 7).
         start: first token index shown (FoX Figure 2 uses 128); smoothing uses the whole curve.
-        labels: legend labels, one per run found (default: model name, plus run dir name on collisions).
+        labels: legend labels, one per run found (default: the model's display name, plus what tells its runs
+            apart when it has several).
         loss_ylim, ppl_ylim: y limits of the two panels (default: automatic).
 
     Returns:
         ``[png_path, pdf_path]``.
     """
     loaded = load_loss_runs(runs)
+    fig = loss_figure(loaded, window, start, labels, loss_ylim=loss_ylim, ppl_ylim=ppl_ylim)
+    return save_figure(fig, out_path_stem)
+
+
+def loss_figure(
+    loaded: Sequence[LossRun],
+    window: int = 101,
+    start: int | None = None,
+    labels: Sequence[str] | None = None,
+    *,
+    loss_ylim: tuple[float, float] | None = None,
+    ppl_ylim: tuple[float, float] | None = None,
+) -> Figure:
+    """The figure of :func:`plot_loss` for loaded runs: one colour per model (:mod:`evalsuite.report.palette`),
+    repeated runs of a model told apart by line style, a legend below both panels wrapped into columns."""
     if labels is None:
-        labels = run_labels([r.model for r in loaded], [r.run_dir for r in loaded])
+        names = [display_name(r.model, r.architecture) for r in loaded]
+        labels = run_labels(names, [r.run_dir for r in loaded])
     elif len(labels) != len(loaded):
         raise UserError(f"got {len(labels)} labels for {len(loaded)} loss runs")
     start = max(int(start or 0), 0)
 
     fig = Figure(figsize=(6.4 * 2 + 2, 4.8))
     ax_loss, ax_ppl = fig.subplots(1, 2)
-    colors = model_colors([r.model for r in loaded])
+    colors = {r.model: model_color(r.model, r.architecture) for r in loaded}
     seen: dict[str, int] = {}
     for run, label in zip(loaded, labels, strict=True):
         style = LINESTYLES[seen.get(run.model, 0) % len(LINESTYLES)]
@@ -176,11 +166,12 @@ def plot_loss(
         ax_ppl.plot(length[length >= max(start, 1)], ppl[length >= max(start, 1)], **kwargs)
 
     x_max = max(r.loss.shape[0] for r in loaded)
+    unit = " / ".join(sorted({r.unit for r in loaded}))
     for ax, xlabel, ylabel, ylim in (
-        (ax_loss, "Token index $i$", "Loss $L(i)$", loss_ylim),
-        (ax_ppl, "Context length $l$", "Perplexity $P(l)$", ppl_ylim),
+        (ax_loss, f"Position $i$ ({unit})", "Loss $L(i)$ (nats)", loss_ylim),
+        (ax_ppl, f"Context length $l$ ({unit})", "Perplexity $P(l)$", ppl_ylim),
     ):
-        _draw_train_lengths(ax, loaded, colors, lo=start, hi=x_max)
+        drawn = _draw_train_lengths(ax, loaded, colors, lo=start, hi=x_max)
         _format_x_axis(ax, x_max)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
@@ -188,21 +179,16 @@ def plot_loss(
             ax.set_ylim(*ylim)
 
     handles, legend_labels = ax_loss.get_legend_handles_labels()
-    fig.tight_layout()
-    # Below both panels; bbox_inches="tight" on save grows the canvas to fit it.
-    fig.legend(
-        handles,
-        legend_labels,
-        loc="upper center",
-        bbox_to_anchor=(0.5, 0.0),
-        ncol=min(4, len(handles)),
-        frameon=False,
-    )
-    return save_figure(fig, out_path_stem)
+    if drawn:
+        handles.append(Line2D([], [], color=drawn, linestyle="--"))
+        legend_labels.append("training length")
+    legend_below(fig, handles, legend_labels)
+    return fig
 
 
-def _draw_train_lengths(ax, runs: list[LossRun], colors: dict[str, str], lo: int, hi: int) -> None:
-    """Dashed line at each distinct training length within [lo, hi].
+def _draw_train_lengths(ax, runs: Sequence[LossRun], colors: dict[str, str], lo: int, hi: int) -> str | None:
+    """Dashed line at each distinct training length within [lo, hi]; returns the colour of the legend's entry for
+    them (None when none is drawn).
 
     With one distinct length the line is black; with several, each line takes the colour of its model
     (black if models of different colours share that length).
@@ -211,11 +197,14 @@ def _draw_train_lengths(ax, runs: list[LossRun], colors: dict[str, str], lo: int
     for run in runs:
         if run.train_length is not None:
             by_length.setdefault(run.train_length, set()).add(colors[run.model])
+    drawn = set()
     for length, line_colors in sorted(by_length.items()):
         if not lo <= length <= hi:
             continue
         color = line_colors.pop() if len(by_length) > 1 and len(line_colors) == 1 else "black"
         ax.axvline(length, color=color, linestyle="--", linewidth=2.5 if color == "black" else 1.5)
+        drawn.add(color)
+    return None if not drawn else drawn.pop() if len(drawn) == 1 else "0.4"
 
 
 def _format_x_axis(ax, x_max: int) -> None:

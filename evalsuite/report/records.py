@@ -127,6 +127,17 @@ def load_loss_curve(run_dir: Path | str) -> tuple[np.ndarray, np.ndarray]:
     return loss, count
 
 
+def card_architecture(results: dict[str, Any]) -> str | None:
+    """The architecture of the model card a run used (from its provenance); None for a model without a card."""
+    card = _as_dict(_as_dict(results.get("provenance")).get("card"))
+    return card.get("architecture")
+
+
+def length_unit(results: dict[str, Any]) -> str:
+    """What a run's lengths and positions count: "bytes" when its tokenizer reads UTF-8 bytes, else "tokens"."""
+    return "bytes" if _as_dict(results.get("provenance")).get("tokenizer") == "bytes" else "tokens"
+
+
 def has_metric(entry: Any) -> bool:
     """True for a record with a ``metric`` and a ``value`` (NIAH cell lines with ``scores`` are not)."""
     return isinstance(entry, dict) and "metric" in entry and "value" in entry
