@@ -292,7 +292,8 @@ def _selector(model, ids: torch.Tensor, start, config, configs: list[GenerationC
     a greedy CUDA graph takes in). One config: the sampled rows draw in turn from one generator of its seed; one per
     row: each row from its own generator of its seed."""
     rules = LogitRules(configs, ids, start, model.vocab_size, eos, device)
-    if not rules.active and all(c.temperature == 0 for c in configs):
+    greedy = all(c.temperature == 0 for c in configs)
+    if greedy and not rules.active:
         return (lambda logits: logits.argmax(-1)), True
     if isinstance(config, GenerationConfig):
         gens = torch.Generator().manual_seed(config.seed)
@@ -300,7 +301,9 @@ def _selector(model, ids: torch.Tensor, start, config, configs: list[GenerationC
         gens = [torch.Generator().manual_seed(c.seed) for c in configs]
 
     def select(logits):
-        tok = sample_next(rules(logits) if rules.active else logits, config, gens)
+        if rules.active:
+            logits = rules(logits)
+        tok = logits.argmax(-1) if greedy else sample_next(logits, config, gens)  # greedy: on the device, no sync
         rules.update(tok)
         return tok
 
