@@ -83,11 +83,11 @@ class LogitRules:
             early = (self.min_tokens > self.made)[:, None]
             logits = logits.masked_fill(early & self.banned, float("-inf"))
         if self.counts is not None:
+            present = self.counts > 0
             if self.seen is not None:
-                hit = self.seen | (self.counts > 0)
                 penalised = torch.where(logits > 0, logits / self.rep, logits * self.rep)
-                logits = torch.where(hit, penalised, logits)
-            logits = logits - self.frequency * self.counts - self.presence * (self.counts > 0)
+                logits = torch.where(self.seen | present, penalised, logits)
+            logits = logits - self.frequency * self.counts - self.presence * present
         return logits
 
     def update(self, tok: torch.Tensor) -> None:
@@ -102,8 +102,9 @@ def sample_next(logits: torch.Tensor, config: GenerationConfig | Sequence[Genera
     """logits ``[B, V]`` -> token ids ``[B]`` on the logits' device: argmax for greedy rows (temperature 0), else
     temperature, min_p, top-k then top-p and a draw on the CPU (so seeds agree across devices).
 
-    ``config``: one for every row, or one per row; ``gen``: one generator drawing for every sampled row (one draw
-    over the batch), or one per row (each row draws from its own: its tokens do not depend on the other rows).
+    ``config``: one for every row, or one per row; ``gen``: one generator drawing a uniform for every sampled row in
+    turn, or one per row (each row draws from its own: its tokens do not depend on the other rows). The draw:
+    :func:`inverse_cdf`.
     """
     B = logits.shape[0]
     configs = per_row(config, B)
@@ -113,15 +114,28 @@ def sample_next(logits: torch.Tensor, config: GenerationConfig | Sequence[Genera
         return logits.argmax(-1)
     rows = logits if len(sampled) == B else logits[torch.tensor(sampled, device=logits.device)]
     probs = filtered_probs(rows.float().cpu(), [configs[b] for b in sampled])
-    if all(gens[b] is gens[sampled[0]] for b in sampled):
-        drawn = torch.multinomial(probs, 1, generator=gens[sampled[0]]).squeeze(-1)
+    if all(gens[b] is gens[sampled[0]] for b in sampled):  # one generator: a uniform per row, row after row
+        u = torch.rand(len(sampled), generator=gens[sampled[0]], dtype=torch.float64)
     else:
-        drawn = torch.cat([torch.multinomial(probs[i : i + 1], 1, generator=gens[b])[0] for i, b in enumerate(sampled)])
+        u = torch.cat([torch.rand(1, generator=gens[b], dtype=torch.float64) for b in sampled])
+    drawn = inverse_cdf(probs, u).to(logits.device)
     if len(sampled) == B:
-        return drawn.to(logits.device)
+        return drawn
     tok = logits.argmax(-1)
-    tok[torch.tensor(sampled, device=logits.device)] = drawn.to(logits.device)
+    tok[torch.tensor(sampled, device=logits.device)] = drawn
     return tok
+
+
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """probs ``[S, V]`` (unnormalised, >= 0) and uniforms ``u [S]`` in [0, 1) float64 -> token ids ``[S]``: per row
+    the first token whose cumulative probability passes ``u`` times the row's total (float64 sums; a zero
+    probability is never taken). One uniform per row, rather than ``torch.multinomial``'s one exponential per
+    vocabulary entry, keeps a draw from a row's own generator cheap in a large batch."""
+    cdf = probs.double().cumsum(-1)
+    total = cdf[:, -1:].contiguous()
+    chosen = torch.searchsorted(cdf, u[:, None] * total, right=True)
+    last = torch.searchsorted(cdf, total)  # the last token of nonzero probability: u * total rounding up to total
+    return torch.minimum(chosen, last)[:, 0]
 
 
 def filtered_probs(logits: torch.Tensor, configs: Sequence[GenerationConfig]) -> torch.Tensor:
