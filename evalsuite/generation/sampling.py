@@ -28,6 +28,11 @@ def per_row(config: GenerationConfig | Sequence[GenerationConfig], batch: int) -
     return configs
 
 
+def _column(values: Sequence[float], device=None) -> torch.Tensor:
+    """One value per row as a float32 ``[B, 1]`` tensor (it broadcasts over the vocabulary)."""
+    return torch.tensor(values, dtype=torch.float32, device=device)[:, None]
+
+
 class LogitRules:
     """The logit rules of one generate call's rows (see :class:`GenerationConfig`), in vLLM's order: logit_bias,
     the min_tokens mask, then the repetition, frequency and presence penalties.
@@ -44,9 +49,6 @@ class LogitRules:
         self.made = 0
         self.bias = self.banned = self.min_tokens = self.counts = self.seen = None
 
-        def column(values) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.float32, device=device)[:, None]
-
         for c in configs:
             if any(i >= vocab for i in [*c.logit_bias, *c.stop_token_ids]):
                 raise ValueError(f"logit_bias and stop_token_ids must be token ids below the vocabulary size {vocab}")
@@ -61,9 +63,9 @@ class LogitRules:
             for b, c in enumerate(configs):
                 banned[b, [*c.stop_token_ids, *([eos] if eos is not None else [])]] = True
             self.banned = banned.to(device)
-        self.rep = column([c.repetition_penalty for c in configs])
-        self.frequency = column([c.frequency_penalty for c in configs])
-        self.presence = column([c.presence_penalty for c in configs])
+        self.rep = _column([c.repetition_penalty for c in configs], device)
+        self.frequency = _column([c.frequency_penalty for c in configs], device)
+        self.presence = _column([c.presence_penalty for c in configs], device)
         if any(c.repetition_penalty != 1 or c.frequency_penalty or c.presence_penalty for c in configs):
             self.counts = torch.zeros(B, vocab, device=device)
         if any(c.repetition_penalty != 1 for c in configs):
@@ -141,9 +143,8 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 def filtered_probs(logits: torch.Tensor, configs: Sequence[GenerationConfig]) -> torch.Tensor:
     """float32 logits ``[S, V]`` of sampled rows -> probabilities ``[S, V]`` after each row's temperature, min_p,
     top_k and top_p (renormalised after each cut a row makes; a row without a cut is left bit for bit as it was)."""
-    column = lambda values: torch.tensor(values, dtype=torch.float32)[:, None]  # noqa: E731
-    probs = torch.softmax(logits / column([c.temperature for c in configs]), dim=-1)
-    min_p = column([c.min_p for c in configs])
+    probs = torch.softmax(logits / _column([c.temperature for c in configs]), dim=-1)
+    min_p = _column([c.min_p for c in configs])
     if bool((min_p > 0).any()):
         kept = probs * (probs >= min_p * probs.max(-1, keepdim=True).values)
         probs = torch.where(min_p > 0, kept / kept.sum(-1, keepdim=True), probs)
@@ -152,7 +153,7 @@ def filtered_probs(logits: torch.Tensor, configs: Sequence[GenerationConfig]) ->
         kth = probs.sort(dim=-1, descending=True).values.gather(-1, top_k.clamp(1, probs.shape[-1]) - 1)
         kept = probs * (probs >= kth)  # ties with the k-th likeliest stay
         probs = torch.where(top_k > 0, kept / kept.sum(-1, keepdim=True), probs)
-    top_p = column([c.top_p for c in configs])
+    top_p = _column([c.top_p for c in configs])
     if bool((top_p < 1).any()):
         sorted_p, order = probs.sort(dim=-1, descending=True)
         sorted_p = sorted_p * (sorted_p.cumsum(-1) - sorted_p < top_p)  # the smallest prefix reaching top_p
