@@ -1,9 +1,10 @@
 """Throughput of `evalsuite serve` on this machine, with and without batching, and where the time goes.
 
 For each ``--max-batch`` value it starts ``evalsuite serve --model MODEL`` on a free port of 127.0.0.1, sends
-``--clients`` concurrent streams of ``--requests`` greedy completions each (short prompts, ``--max-tokens`` new
-tokens, ``ignore_eos`` so every request generates the same number), and reports requests/s, generated tokens/s, the
-latency per request and the share of the wall time the model was busy (the server's ``/stats``). It then profiles
+``--clients`` concurrent streams of ``--requests`` completions each (greedy, or sampled at ``--temperature`` with a
+seed per request; short prompts, ``--max-tokens`` new tokens, ``ignore_eos`` so every request generates the same
+number), and reports requests/s, generated tokens/s, the latency per request and the share of the wall time the
+model was busy (the server's ``/stats``). It then profiles
 the parts of one request in this process: the model's generate call alone (batch 1 and a full batch), the
 tokenizer (encode the prompt, decode the answer, per-token pieces), and JSON encoding/decoding of a request and a
 reply; the rest of a request's time is HTTP, the event loop and the threads handing work over.
@@ -81,8 +82,8 @@ def start_server(model: str, max_batch: int, window_ms: float) -> tuple[subproce
     raise RuntimeError("the server did not start")
 
 
-def load_test(model: str, port: int, clients: int, requests: int, max_tokens: int) -> dict:
-    body = {"model": model, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+def load_test(model: str, port: int, clients: int, requests: int, max_tokens: int, temperature: float) -> dict:
+    body = {"model": model, "max_tokens": max_tokens, "temperature": temperature, "ignore_eos": True}
     for prompt in PROMPTS[:2]:  # warm-up
         Client(port).request("POST", "/v1/completions", {**body, "prompt": prompt})
     before = Client(port).request("GET", "/stats")
@@ -96,8 +97,9 @@ def load_test(model: str, port: int, clients: int, requests: int, max_tokens: in
         barrier.wait()
         for r in range(requests):
             prompt = PROMPTS[(index + r) % len(PROMPTS)]
+            seed = {"seed": index * requests + r} if temperature > 0 else {}  # sampled: a seed per request
             start = time.perf_counter()
-            reply = client.request("POST", "/v1/completions", {**body, "prompt": prompt})
+            reply = client.request("POST", "/v1/completions", {**body, "prompt": prompt, **seed})
             elapsed = time.perf_counter() - start
             with lock:
                 latencies.append(elapsed)
@@ -180,6 +182,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--max-batch", default="1,8", help="comma-separated --max-batch values to compare")
     parser.add_argument("--batch-window-ms", type=float, default=5.0)
+    parser.add_argument("--temperature", type=float, default=0.0, help="above 0: sampled requests, a seed each")
     parser.add_argument("--out", type=Path, help="also write the results as JSON here")
     args = parser.parse_args()
     if args.clients < 1 or args.requests < 1 or args.clients * args.requests > 2000:
@@ -189,12 +192,13 @@ def main() -> None:
         "model": args.model,
         "clients": args.clients,
         "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
         "runs": {},
     }
     for max_batch in [int(x) for x in args.max_batch.split(",")]:
         proc, port = start_server(args.model, max_batch, args.batch_window_ms)
         try:
-            run = load_test(args.model, port, args.clients, args.requests, args.max_tokens)
+            run = load_test(args.model, port, args.clients, args.requests, args.max_tokens, args.temperature)
         finally:
             proc.terminate()
             proc.wait(30)

@@ -20,7 +20,7 @@ TEXTS = ["The quick brown fox jumps over the lazy dog, twice.", "Hello", "A prom
 
 
 def reference_sample(logits, config, gen):
-    """The sampling step of the per-token reference loop (temperature, top-k, top-p; on the CPU)."""
+    """The sampling step of the per-token reference loop (temperature, top-k, top-p, the draw; on the CPU)."""
     if config.temperature == 0:
         return logits.argmax(-1)
     probs = torch.softmax(logits.float().cpu() / config.temperature, dim=-1)
@@ -32,7 +32,11 @@ def reference_sample(logits, config, gen):
         sorted_p, order = probs.sort(dim=-1, descending=True)
         sorted_p = sorted_p * (sorted_p.cumsum(-1) - sorted_p < config.top_p)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-    return torch.multinomial(probs, 1, generator=gen).squeeze(-1).to(logits.device)
+    # the draw: a uniform per row from the generator, row after row; the first token whose cumulative probability
+    # passes it (times the row's total)
+    u = torch.rand(probs.shape[0], generator=gen, dtype=torch.float64)
+    cdf = probs.double().cumsum(-1)
+    return (cdf <= u[:, None] * cdf[:, -1:]).sum(-1).to(logits.device)
 
 
 @torch.inference_mode()

@@ -94,8 +94,9 @@ def test_echo_logprobs_equal_native_loglikelihood(served_fox, native):
     assert choice["text"] == context + continuation and reply["usage"]["completion_tokens"] == 0
     ids = native.tokenizer.encode(context + continuation)  # BOS first (gpt2-json)
     assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["text_offset"]) == len(ids)
-    assert lp["tokens"][0] == "<|endoftext|>" and lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
-    assert "".join(lp["tokens"][1:]) == context + continuation
+    # the BOS the tokenizer put first adds no text: its string is empty, so the tokens join back to the text
+    assert lp["tokens"][0] == "" and lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert "".join(lp["tokens"]) == "".join(lp["tokens"][1:]) == context + continuation
     # every prompt token's log-probability is the native adapter's (one teacher-forced pass)
     import torch
 
@@ -183,7 +184,7 @@ def test_concurrent_requests_are_batched_and_correct(served_fox, native):
         ("completions", {"model": "gpt-5", "prompt": "hi"}, 404, "model", "model_not_found", "gpt-5"),
         ("completions", {"model": MODEL, "prompt": "hi", "temperature": "hot"}, 400, "temperature", None, "number"),
         ("completions", {"model": MODEL, "prompt": "hi", "max_tokens": -1}, 400, "max_tokens", None, "at least 0"),
-        ("completions", {"model": MODEL, "prompt": "hi", "n": 2}, 400, "n", None, "n=1"),
+        ("completions", {"model": MODEL, "prompt": "hi", "n": 0}, 400, "n", None, "between 1 and 128"),
         ("completions", {"model": MODEL, "prompt": "hi", "logprobs": 9}, 400, "logprobs", None, "between 0 and 5"),
         ("completions", {"model": MODEL, "prompt": 5}, 400, "prompt", None, "must be a string"),
         ("completions", {"model": MODEL, "prompt": "hi", "max_tokens": 20000}, 400, "max_tokens",
@@ -263,6 +264,9 @@ def test_text_only_adapter_and_internal_errors(text_only_server, caplog):
     assert reply["choices"][0]["finish_reason"] == "stop" and reply["choices"][0]["stop_reason"] is None
     status, reply, _ = http("POST", url, {"model": "text-only", "prompt": "abc", "logprobs": 1})
     assert status == 400 and "token-level access" in reply["error"]["message"]
+    for field, value in (("min_p", 0.1), ("stop_token_ids", [3]), ("prompt_logprobs", 1)):  # not honoured: refused
+        status, reply, _ = http("POST", url, {"model": "text-only", "prompt": "abc", field: value})
+        assert status == 400 and reply["error"]["param"] == field and field in reply["error"]["message"]
     status, reply, _ = http("POST", url, {"model": "text-only", "prompt": "x" * 70, "max_tokens": 1})
     assert (
         status == 400

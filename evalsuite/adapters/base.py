@@ -55,6 +55,10 @@ class TextAdapter(ABC):
     tokenizer: Tokenizer
     capabilities: frozenset[str] = frozenset({GENERATE})
     device: torch.device = torch.device("cpu")
+    # Generation settings beyond the basic ones (generation.types.SAMPLER_EXTRAS) that generate honours, and whether
+    # generate takes one GenerationConfig per prompt (each row with its own settings and seed) besides one for all.
+    sampler_extras: frozenset[str] = frozenset()
+    per_row_configs: bool = False
 
     @property
     def name(self) -> str:

@@ -19,7 +19,7 @@ from evalsuite.cards import ModelCard, load_card
 from evalsuite.errors import UserError
 from evalsuite.generation import engine
 from evalsuite.generation.engine import left_pad, sample_next
-from evalsuite.generation.types import Generation, GenerationConfig
+from evalsuite.generation.types import SAMPLER_EXTRAS, Generation, GenerationConfig
 from evalsuite.models.checkpoint import checkpoint_sha256, load_checkpoint
 from evalsuite.runtime import dtype_name, resolve_device, resolve_dtype
 from evalsuite.tokenizers import get_tokenizer
@@ -75,6 +75,9 @@ def resolve_checkpoint(card: ModelCard) -> Path | None:
 
 class NativeAdapter(TokenAdapter):
     """One of our models, from its card (random init, our checkpoint, or a registered released layout)."""
+
+    sampler_extras = frozenset(SAMPLER_EXTRAS)  # the decode engine applies them all, on every path
+    per_row_configs = True
 
     def __init__(
         self,
@@ -156,9 +159,10 @@ class NativeAdapter(TokenAdapter):
         return sample_next(logits, config, gen)
 
     @torch.inference_mode()
-    def generate(self, prompts: list[list[int]], config: GenerationConfig) -> list[Generation]:
+    def generate(self, prompts: list[list[int]], config: GenerationConfig | list[GenerationConfig]) -> list[Generation]:
         """Prefill once, then decode through :mod:`evalsuite.generation.engine` (path ``self.decode_path``: a CUDA graph
-        per step where the family offers a static decoder, else the eager step; outputs equal either way)."""
+        per step where the family offers a static decoder, else the eager step; outputs equal either way).
+        ``config``: one for every prompt, or one per prompt (:func:`~evalsuite.generation.engine.generate`)."""
         if not prompts or any(len(p) == 0 for p in prompts):
             raise UserError("generate needs non-empty prompts")
         self.check_length(max(len(p) for p in prompts))

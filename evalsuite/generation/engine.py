@@ -17,13 +17,15 @@ Decode paths (``path``):
 * ``auto``: on CUDA, ``graph`` where the family's static decoder is graph-safe, ``static`` where it is not; else
   ``eager``. The CPU keeps the eager path and never touches ``torch.cuda``.
 
-Host syncs: greedy tokens are chosen on the device and written into a ``[B, max_new_tokens]`` buffer; EOS sets a
-device-side ``done`` mask. The host looks every ``sync_every`` tokens only: at ``done.all()`` without stop strings,
-at the new tokens with them (stop strings need text). How each row ends is decided on the host by
-:class:`Finisher`, which applies the per-token loop's rules token by token, so the tokens made past a row's end
-(fewer than ``sync_every``) are dropped and the outputs equal the per-token loop's exactly. Sampling (temperature
-> 0) draws on the CPU from a seeded generator, so seeds agree across devices and paths (the graph replays the step
-and the LM head; the draw reads the logits it leaves); it syncs and checks every token.
+Host syncs: greedy tokens are chosen on the device and written into a ``[B, max_new_tokens]`` buffer; EOS and
+stop token ids set a device-side ``done`` mask. The host looks every ``sync_every`` tokens only: at ``done.all()``
+without stop strings, at the new tokens with them (stop strings need text). How each row ends is decided on the
+host by :class:`Finisher`, which applies the per-token loop's rules token by token, so the tokens made past a row's
+end (fewer than ``sync_every``) are dropped and the outputs equal the per-token loop's exactly. The choice itself is
+:mod:`evalsuite.generation.sampling`'s, each row under its own settings: the logit rules (penalties, logit_bias,
+min_tokens) on the device, so a greedy batch still syncs every ``sync_every`` tokens only; a batch with a sampled
+row draws on the CPU from seeded generators, so seeds agree across devices and paths (the graph replays the step
+and the LM head; the draw reads the logits it leaves), and syncs and checks every token.
 
 Also the batch size from free memory: :func:`prompts_per_call`.
 """
@@ -32,11 +34,12 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import torch
 
 from evalsuite.errors import UserError
+from evalsuite.generation.sampling import LogitRules, per_row, sample_next
 from evalsuite.generation.types import Generation, GenerationConfig, apply_stop
 
 PATHS = ("auto", "eager", "static", "graph", "compiled")
@@ -87,24 +90,6 @@ def compiled_support(model) -> bool:
     return decoder is not None and decoder.graph_safe and decoder.compile_step()
 
 
-def sample_next(logits: torch.Tensor, config: GenerationConfig, gen: torch.Generator) -> torch.Tensor:
-    """logits ``[B, V]`` -> token ids ``[B]``: argmax at temperature 0, else temperature, top-k then top-p sampling
-    on the CPU (so seeds agree across devices); the ids come back on the logits' device."""
-    if config.temperature == 0:
-        return logits.argmax(-1)
-    probs = torch.softmax(logits.float().cpu() / config.temperature, dim=-1)
-    if config.top_k > 0:
-        kth = probs.topk(min(config.top_k, probs.shape[-1]), dim=-1).values[..., -1:]
-        probs = probs * (probs >= kth)  # renormalised by multinomial and by the top_p step
-        probs = probs / probs.sum(-1, keepdim=True)
-    if config.top_p < 1:
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-        keep = sorted_p.cumsum(-1) - sorted_p < config.top_p  # smallest prefix reaching top_p
-        sorted_p = sorted_p * keep
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-    return torch.multinomial(probs, 1, generator=gen).squeeze(-1).to(logits.device)
-
-
 def left_pad(prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(ids ``[B, T]`` long, start ``[B]`` long or None without padding): prompts right-aligned, zeros before them;
     the model masks the padding through the state's ``start``."""
@@ -118,12 +103,20 @@ def left_pad(prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tens
 
 class Finisher:
     """How each row ends, decided on the host token by token with the per-token loop's rules: EOS ends a row (the
-    EOS is not kept); else the token is kept, and a stop string in the decoded text ends the row (the text cut
-    before it, the token ids up to this token); rows still open at the end stop for ``"length"``. Tokens after a
-    row's end are ignored, so feeding a block of tokens at once gives the same result as one at a time."""
+    EOS is not kept); a token of the row's ``stop_ids`` ends it (kept in the ids, its text not in the text, as
+    vLLM does); else the token is kept, and a stop string in the decoded text ends the row (the text cut before it,
+    the token ids up to this token) -- once the row has ``min_tokens`` tokens, and then only a stop string that ends
+    in the text of those tokens' successors or the last of them; rows still open at the end stop for ``"length"``.
+    Tokens after a row's end are ignored, so feeding a block of tokens at once gives the same result as one at a
+    time. ``stop_ids``, ``min_tokens``: one entry per row (default: none, 0)."""
 
-    def __init__(self, batch: int, tokenizer, eos: int | None, stop: Sequence[str]):
+    def __init__(self, batch: int, tokenizer, eos: int | None, stop: Sequence[str],
+                 stop_ids: Sequence[Collection[int]] | None = None,
+                 min_tokens: Sequence[int] | None = None):  # fmt: skip
         self.tokenizer, self.eos, self.stop = tokenizer, eos, list(stop)
+        self.stop_ids = [frozenset(s) for s in stop_ids] if stop_ids is not None else [frozenset()] * batch
+        self.min_tokens = list(min_tokens) if min_tokens is not None else [0] * batch
+        self.floor = [0] * batch  # characters of text before which no stop string may end (min_tokens)
         self.new: list[list[int]] = [[] for _ in range(batch)]
         self.results: list[Generation | None] = [None] * batch
 
@@ -141,10 +134,16 @@ class Finisher:
             self.results[b] = Generation(self.tokenizer.decode(new), new, "eos")
             return
         new.append(tok)
-        if self.stop:
-            text, stopped = apply_stop(self.tokenizer.decode(new), self.stop)
-            if stopped:
-                self.results[b] = Generation(text, new, "stop")
+        if tok in self.stop_ids[b]:
+            self.results[b] = Generation(self.tokenizer.decode(new[:-1]), new, "stop")
+            return
+        if not self.stop or len(new) < self.min_tokens[b]:
+            return
+        if len(new) == self.min_tokens[b] > 1:  # stop strings count from here (vLLM): past the text made so far
+            self.floor[b] = len(self.tokenizer.decode(new[:-1]))
+        text, stopped = apply_stop(self.tokenizer.decode(new), self.stop, self.floor[b])
+        if stopped:
+            self.results[b] = Generation(text, new, "stop")
 
     def all_done(self) -> bool:
         return all(r is not None for r in self.results)
@@ -288,11 +287,34 @@ class _NoTimer(StepTimer):
         pass
 
 
+def _selector(model, ids: torch.Tensor, start, config, configs: list[GenerationConfig], eos: int | None, device):
+    """(select: logits ``[B, V]`` -> next tokens ``[B]`` on the device, plain: whether it is the bare argmax, which
+    a greedy CUDA graph takes in). One config: the sampled rows draw in turn from one generator of its seed; one per
+    row: each row from its own generator of its seed."""
+    rules = LogitRules(configs, ids, start, model.vocab_size, eos, device)
+    greedy = all(c.temperature == 0 for c in configs)
+    if greedy and not rules.active:
+        return (lambda logits: logits.argmax(-1)), True
+    if isinstance(config, GenerationConfig):
+        gens = torch.Generator().manual_seed(config.seed)
+    else:
+        gens = [torch.Generator().manual_seed(c.seed) for c in configs]
+
+    def select(logits):
+        if rules.active:
+            logits = rules(logits)
+        tok = logits.argmax(-1) if greedy else sample_next(logits, config, gens)  # greedy: on the device, no sync
+        rules.update(tok)
+        return tok
+
+    return select, False
+
+
 def generate(
     model,
     ids: torch.Tensor,
     start: torch.Tensor | None,
-    config: GenerationConfig,
+    config: GenerationConfig | Sequence[GenerationConfig],
     tokenizer,
     *,
     path: str = "auto",
@@ -301,7 +323,9 @@ def generate(
 ) -> list[Generation]:
     """Continue the left-padded prompts ``ids [B, T]`` (``start [B]``: first real token per row, or None).
 
-    ``model``: a ``CausalLM`` on its device, under the caller's autocast and inference mode. Returns one
+    ``model``: a ``CausalLM`` on its device, under the caller's autocast and inference mode. ``config``: one for
+    every row, or one per row (the rows share ``max_new_tokens``, ``stop`` and ``stop_at_eos``; each row's other
+    settings, its seed included, are its own: a row of its own config decodes as it would alone). Returns one
     :class:`Generation` per row, equal to the per-token loop's (see the module docstring). ``timer``: a
     :class:`StepTimer` that times the call's phases (benchmarks).
     """
@@ -309,38 +333,37 @@ def generate(
         raise ValueError(f"sync_every must be at least 1, got {sync_every}")
     device = model.input_embedding.weight.device
     B, T = ids.shape
-    n = config.max_new_tokens
-    greedy = config.temperature == 0
+    configs = per_row(config, B)
+    if len({(c.max_new_tokens, tuple(c.stop), c.stop_at_eos) for c in configs}) > 1:
+        raise ValueError("the rows of one generate call share max_new_tokens, stop and stop_at_eos")
+    n, stop = configs[0].max_new_tokens, configs[0].stop
+    eos = tokenizer.eos_id if configs[0].stop_at_eos else None
     start = None if start is None else start.to(device)
     timer = timer or _NoTimer()
     timer.start(device)
     decoder, taken = _decoder(model, path, device, B, T + n, start)
     timer.phase("setup")
-    gen = torch.Generator().manual_seed(config.seed)
-
-    def select(logits):  # [B, V] -> [B] on the device
-        return logits.argmax(-1) if greedy else sample_next(logits, config, gen)
-
+    select, plain = _selector(model, ids, start, config, configs, eos, device)
     if taken in ("graph", "compiled"):
-        graph = CudaGraphStep(model, decoder, greedy=greedy)
-        step = graph if greedy else (lambda tok: select(graph(tok)))
+        graph = CudaGraphStep(model, decoder, greedy=plain)
+        step = graph if plain else (lambda tok: select(graph(tok)))
     else:
 
         def step(tok):
             return select(model.logits(decoder.step(tok[:, None])))
 
-    eos = tokenizer.eos_id if config.stop_at_eos else None
-    finisher = Finisher(B, tokenizer, eos, config.stop)
+    finisher = Finisher(B, tokenizer, eos, stop, [c.stop_token_ids for c in configs], [c.min_tokens for c in configs])
     out = torch.empty(B, n, dtype=torch.long, device=device)
     tok = select(model.logits(decoder.prefill(ids.to(device))))
     out[:, 0] = tok
     timer.phase("prefill")
-    done = tok == eos if eos is not None and not config.stop else None  # with stop strings the host sees all
-    every = sync_every if greedy else 1  # sampling has synced already: check every token
+    ending = _ending_ids(configs, eos, device)  # with stop strings the host sees all tokens
+    done = (tok[:, None] == ending).any(-1) if ending is not None and not stop else None
+    every = 1 if any(c.temperature > 0 for c in configs) else sync_every  # sampling has synced: check every token
     made, checked = 1, 0
     while made < n:
         if made % every == 0:  # a host sync: has every row ended?
-            if config.stop:
+            if stop:
                 finisher.feed(out[:, checked:made].tolist())
                 checked = made
                 if finisher.all_done():
@@ -350,7 +373,7 @@ def generate(
         tok = step(tok)
         out[:, made] = tok
         if done is not None:
-            done |= tok == eos
+            done |= (tok[:, None] == ending).any(-1)
         made += 1
         timer.after_step(made)
     timer.finish(made)
@@ -358,6 +381,15 @@ def generate(
     generations = finisher.generations()
     timer.phase("finish")
     return generations
+
+
+def _ending_ids(configs: list[GenerationConfig], eos: int | None, device) -> torch.Tensor | None:
+    """The ids that end each row, ``[B, S]`` long (EOS and the row's stop_token_ids, padded with -1), or None."""
+    rows = [[*([eos] if eos is not None else []), *c.stop_token_ids] for c in configs]
+    width = max(len(r) for r in rows)
+    if width == 0:
+        return None
+    return torch.tensor([r + [-1] * (width - len(r)) for r in rows], device=device)
 
 
 # -- batch size from free memory --------------------------------------------------------------------------------

@@ -6,12 +6,24 @@ Routes: ``GET /v1/models`` (and ``/v1/models/{id}``), ``POST /v1/completions``, 
 
 **Completions**: ``prompt`` is a string, a list of strings, or token ids (a list of ints, or a list of such lists;
 token-tier models only); ``max_tokens`` (default 16, as OpenAI; 0 with ``echo`` scores the prompt only),
-``temperature`` (default 1, as OpenAI; 0 is greedy), ``top_p``, ``top_k`` and ``ignore_eos`` (vLLM's extensions),
-``stop`` (a string or a list), ``seed``, ``n`` (1 only), ``echo``, ``logprobs`` (0..5: the log-probability of each
-token and the top ones; token-tier models only) and ``stream``. With ``echo=True, max_tokens=0, logprobs=N`` the
-reply gives the prompt's per-token log-probabilities, the first token's ``null`` as OpenAI does: when the tokenizer
-puts a BOS token first it is listed first (its ``text_offset`` 0, log-probability ``null``) and every prompt token
-is scored; ``text_offset`` counts characters of the echoed text, so a client finds a continuation by offset.
+``temperature`` (default 1, as OpenAI; 0 is greedy), ``stop`` (a string or a list), ``seed``, ``n`` (choices per
+prompt, choice i sampled with seed ``seed + i`` as vLLM does; ``best_of`` only equal to it), ``echo``, ``logprobs``
+(0..5: the log-probability of each token and the top ones; token-tier models only) and ``stream``. The sampler's
+fields, OpenAI's and vLLM's (:class:`~evalsuite.generation.types.GenerationConfig` defines each): ``top_p``,
+``top_k``, ``min_p``, ``repetition_penalty``, ``presence_penalty``, ``frequency_penalty``, ``logit_bias``,
+``min_tokens``, ``stop_token_ids`` (the stop token ends a choice: counted, not in the text; ``stop_reason`` is its
+id) and ``ignore_eos``; an adapter that does not honour one (``TextAdapter.sampler_extras``) refuses it. vLLM's
+``prompt_logprobs`` (0..20, token-tier models): per prompt token after the first, ``{token id: {"logprob", "rank",
+"decoded_token"}}`` of the prompt's token and the likeliest ones. With ``echo=True, max_tokens=0, logprobs=N`` the
+reply gives the prompt's per-token log-probabilities, the first token's ``null`` as OpenAI does; every prompt token
+is listed and scored, and ``tokens`` join back to the choice's text (a BOS token the tokenizer put before a text
+prompt has the string ``""``); ``text_offset`` counts characters of the echoed text, so a client finds a
+continuation by offset.
+
+**Fields**: every field of a request is implemented, accepted at the one value that asks for nothing more (e.g.
+``tools: []``, ``add_generation_prompt: true``), accepted because it cannot change a reply (``user``), or refused
+with a 400 naming it -- guided decoding, ``response_format`` other than text, tools, chat ``echo``, beam search,
+and any field the server does not know (:mod:`evalsuite.serve.fields` lists them).
 
 **Chat**: ``messages`` become one prompt: the tokenizer's chat template when it has one (HF models), else this
 plain template, documented here and in the README::
@@ -19,18 +31,20 @@ plain template, documented here and in the README::
     System: <content>\\n  User: <content>\\n  Assistant: <content>\\n ... then "Assistant:"
 
 (one ``Role: content`` line per message, the role capitalised, then ``Assistant:`` for the reply to follow).
-``max_tokens`` (or ``max_completion_tokens``) defaults to 256.
+``max_tokens`` (or ``max_completion_tokens``) defaults to 256; the sampler's fields, ``n`` and ``prompt_logprobs``
+(beside the choices) as for completions.
 
 **Streaming** (``stream: true``): server-sent events, ``data: {chunk}`` per token piece and a final chunk with the
 ``finish_reason``, then ``data: [DONE]``; ``stream_options.include_usage`` adds a usage chunk. The adapter API
 returns whole generations, so the chunks are sent once the generation has finished (their concatenation is the
 non-streamed text).
 
-**Batching**: greedy generation requests with the same settings (max_tokens, stop, ignore_eos) that arrive while the
-model is busy or within ``batch_window_ms`` of each other go to the adapter as one batch of up to ``max_batch``
-prompts (left-padded; the model contracts make padding invisible). Sampled requests run alone, so a seed gives the
-same sample whatever else is in flight. Every model call (generation, scoring) runs in one worker thread, so the
-event loop keeps accepting requests.
+**Batching**: generation requests with the same length, stop strings and EOS rule that arrive while the model is
+busy or within ``batch_window_ms`` of each other go to the adapter as one batch of up to ``max_batch`` prompts
+(left-padded; the model contracts make padding invisible). Where the adapter takes a config per row (the suite's own
+models) greedy and sampled requests share a batch, each row with its own settings and its own seeded generator, so
+a seed gives the same sample whatever else is in flight; with other adapters a sampled request runs alone. Every
+model call (generation, scoring) runs in one worker thread, so the event loop keeps accepting requests.
 
 **Errors** have OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``: 400 for invalid JSON or fields
 and for a request over the context length (the message gives the limit; code ``context_length_exceeded``), 404 for

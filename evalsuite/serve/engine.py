@@ -1,5 +1,6 @@
 """The engine of ``evalsuite serve``: one worker thread runs the model; a batcher on the event loop groups
-greedy requests with the same settings into one generate call."""
+requests of one batch key (:func:`~evalsuite.serve.protocol.batch_key`) into one generate call, each request with
+its own config where the adapter takes one per row."""
 
 from __future__ import annotations
 
@@ -75,7 +76,7 @@ class Engine:
 
     async def generate(self, prompt: list[int] | str, config: GenerationConfig) -> Generation:
         future = asyncio.get_running_loop().create_future()
-        await self.queue.put(_Job(batch_key(config), prompt, config, future))
+        await self.queue.put(_Job(batch_key(config, self.adapter.per_row_configs), prompt, config, future))
         return await future
 
     async def _batcher(self) -> None:
@@ -110,7 +111,8 @@ class Engine:
         self.stats.generations += len(jobs)
         self.stats.batch_sizes[len(jobs)] = self.stats.batch_sizes.get(len(jobs), 0) + 1
         try:
-            gens = await self.run(self._generate_rows, [j.prompt for j in jobs], jobs[0].config)
+            configs = [j.config for j in jobs] if self.adapter.per_row_configs else jobs[0].config
+            gens = await self.run(self._generate_rows, [j.prompt for j in jobs], configs)
         except Exception as e:  # noqa: BLE001 - handed to every waiting request
             for j in jobs:
                 if not j.future.done():
@@ -120,27 +122,30 @@ class Engine:
             if not j.future.done():
                 j.future.set_result(gen)
 
-    def _generate_rows(self, prompts: list, config: GenerationConfig) -> list[Generation]:
+    def _generate_rows(self, prompts: list, config: GenerationConfig | list[GenerationConfig]) -> list[Generation]:
         if self.tokens:
             return self.adapter.generate(prompts, config)
         return self.adapter.generate_until(prompts, config)
 
-    def score(self, ids: list[int], top: int) -> tuple[list[float], list[list[tuple[int, float]]]]:
-        """Log-probability of ``ids[t]`` given ``ids[:t]`` for t >= 1, and the ``top`` likeliest tokens there
-        (runs in the worker thread)."""
+    def score(self, ids: list[int], top: int) -> tuple[list[float], list[int], list[list[tuple[int, float]]]]:
+        """For t >= 1: the log-probability of ``ids[t]`` given ``ids[:t]``, its rank there (1: the likeliest) and
+        the ``top`` likeliest tokens there (runs in the worker thread)."""
         adapter: TokenAdapter = self.adapter
         values: list[float] = []
+        ranks: list[int] = []
         tops: list[list[tuple[int, float]]] = []
         if len(ids) < 2:
-            return values, tops
+            return values, ranks, tops
         with torch.inference_mode():
             x = torch.tensor([ids[:-1]])
             target = torch.tensor(ids[1:])
             for s, logits in adapter.chunked_logits(x):
                 logp = torch.log_softmax(logits[0].float(), -1).cpu()
                 tgt = target[s : s + logp.shape[0]]
-                values += logp.gather(-1, tgt[:, None])[:, 0].tolist()
+                picked = logp.gather(-1, tgt[:, None])
+                values += picked[:, 0].tolist()
+                ranks += ((logp > picked).sum(-1) + 1).tolist()
                 if top:
                     v, i = logp.topk(top, -1)
                     tops += [list(zip(a, b, strict=True)) for a, b in zip(i.tolist(), v.tolist(), strict=True)]
-        return values, tops
+        return values, ranks, tops

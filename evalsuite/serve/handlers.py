@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from evalsuite.adapters.base import TextAdapter
 from evalsuite.generation.types import Generation, GenerationConfig
 from evalsuite.serve.engine import Engine
+from evalsuite.serve.fields import MAX_PROMPT_LOGPROBS, check_fields, choice_configs, sampler_config
+from evalsuite.serve.logprobs import completion_logprobs, prompt_logprobs
 from evalsuite.serve.protocol import (
     COMPLETION_MAX_TOKENS,
     MAX_LOGPROBS,
@@ -19,9 +21,7 @@ from evalsuite.serve.protocol import (
     bad_request,
     bool_field,
     chat_prompt,
-    generation_config,
     int_field,
-    refuse_unsupported,
     split_text,
     token_pieces,
 )
@@ -113,9 +113,10 @@ class OpenAIServer:
     # -- completions -----------------------------------------------------------------------------------------
 
     async def completions(self, body: dict, tokenize) -> dict | list[dict]:
-        """The reply (or, with ``stream``, the list of chunks to send). ``tokenize`` runs a function off the loop."""
+        """The reply (or, with ``stream``, the list of chunks to send). ``tokenize`` runs a function off the loop.
+        Choices: ``n`` per prompt, prompt by prompt."""
         self._check_model(body.get("model", MISSING))
-        refuse_unsupported(body)
+        check_fields(body, "completions")
         echo, stream = bool_field(body, "echo"), bool_field(body, "stream")
         max_tokens = int_field(body, "max_tokens", COMPLETION_MAX_TOKENS, 0)
         logprobs = int_field(body, "logprobs", None, 0, MAX_LOGPROBS)
@@ -125,26 +126,45 @@ class OpenAIServer:
             raise bad_request(f"logprobs need a model with token-level access; {self.name} is text-only", "logprobs")
         if stream and logprobs is not None:
             raise bad_request("logprobs are not supported with stream=true", "logprobs")
-        config = generation_config(body, max(1, max_tokens))
+        configs, top_prompt = self._sampling(body, max_tokens, stream)
         prompts = await tokenize(self._prompts, body)
         self._check_length(prompts, max_tokens)
         self.engine.stats.requests += 1
-        gens = await asyncio.gather(*(self._generate(p, config, max_tokens) for p in prompts))
-        choices, usage = [], {"prompt_tokens": 0, "completion_tokens": 0}
-        for index, (p, gen) in enumerate(zip(prompts, gens, strict=True)):
+        rows = [(p, c) for p in prompts for c in configs]
+        gens = await asyncio.gather(*(self._generate(p, c, max_tokens) for p, c in rows))
+        scored = {id(p): await self._prompt_logprobs(p, top_prompt) for p in prompts} if top_prompt is not None else {}
+        choices, usage = [], {"prompt_tokens": sum(p.n_tokens for p in prompts), "completion_tokens": 0}
+        for index, ((p, config), gen) in enumerate(zip(rows, gens, strict=True)):
             choice = {"index": index, "text": (p.text if echo else "") + gen.text, "logprobs": None,
-                      **self._finish(gen, config.stop)}  # fmt: skip
+                      **self._finish(gen, config)}  # fmt: skip
             if logprobs is not None:
                 choice["logprobs"] = await self._logprobs(p, gen, logprobs, echo)
+            if scored:
+                choice["prompt_logprobs"] = scored[id(p)]
             choices.append(choice)
-            usage["prompt_tokens"] += p.n_tokens
             usage["completion_tokens"] += self._generated_tokens(gen)
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
         reply = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                  "model": self.name, "choices": choices, "usage": usage}  # fmt: skip
         if not stream:
             return reply
-        return self._completion_chunks(reply, prompts, gens, echo, body)
+        return self._completion_chunks(reply, [p for p, _ in rows], gens, echo, body)
+
+    def _sampling(self, body: dict, max_tokens: int, stream: bool) -> tuple[list[GenerationConfig], int | None]:
+        """(one config per choice, ``prompt_logprobs`` or None) of a request, refusing the sampler settings the
+        adapter would not honour."""
+        config = sampler_config(body, max(1, max_tokens), self.tokenizer.vocab_size)
+        unsupported = [name for name in config.extras() if name not in self.adapter.sampler_extras]
+        if unsupported:
+            raise bad_request(f"'{unsupported[0]}' is not supported by model {self.name} (the suite's own models "
+                              "implement it)", unsupported[0])  # fmt: skip
+        top_prompt = int_field(body, "prompt_logprobs", None, 0, MAX_PROMPT_LOGPROBS)
+        if top_prompt is not None and not self.engine.tokens:
+            raise bad_request(f"prompt_logprobs need a model with token-level access; {self.name} is text-only",
+                              "prompt_logprobs")  # fmt: skip
+        if top_prompt is not None and stream:
+            raise bad_request("prompt_logprobs are not supported with stream=true", "prompt_logprobs")
+        return choice_configs(body, config), top_prompt
 
     async def _generate(self, prompt: _Prompt, config: GenerationConfig, max_tokens: int) -> Generation:
         if max_tokens == 0:
@@ -156,48 +176,27 @@ class OpenAIServer:
             return len(gen.token_ids)
         return len(self.tokenizer.encode(gen.text, add_bos=False))
 
-    def _finish(self, gen: Generation, stop: list[str]) -> dict:
-        """OpenAI's ``finish_reason`` and vLLM's ``stop_reason``: the stop string that ended it, null for EOS."""
+    def _finish(self, gen: Generation, config: GenerationConfig) -> dict:
+        """OpenAI's ``finish_reason`` and vLLM's ``stop_reason``: the stop string or stop token id that ended it,
+        null for EOS."""
         if gen.finish_reason == "length":
             return {"finish_reason": "length", "stop_reason": None}
-        if gen.finish_reason != "stop" or not stop:
+        if gen.finish_reason == "stop" and gen.token_ids and gen.token_ids[-1] in config.stop_token_ids:
+            return {"finish_reason": "stop", "stop_reason": gen.token_ids[-1]}
+        if gen.finish_reason != "stop" or not config.stop:
             return {"finish_reason": "stop", "stop_reason": None}
         full = self.tokenizer.decode(gen.token_ids) if gen.token_ids else gen.text
-        hits = sorted((full.find(s), s) for s in stop if full.find(s) >= 0)
+        hits = sorted((full.find(s), s) for s in config.stop if full.find(s) >= 0)
         return {"finish_reason": "stop", "stop_reason": hits[0][1] if hits else None}
 
     async def _logprobs(self, prompt: _Prompt, gen: Generation, top: int, echo: bool) -> dict:
-        ids = prompt.ids + gen.token_ids
-        values, tops = await self.engine.run(self.engine.score, ids, top)
-        tok = self.tokenizer
-        bos = 1 if prompt.ids and tok.bos_id is not None and prompt.ids[0] == tok.bos_id else 0
-        n_prompt = len(prompt.ids)
-        pieces = await asyncio.to_thread(token_pieces, tok, ids[bos:])
-        strings = ([tok.decode(ids[:1])] if bos else []) + pieces
-        offsets, pos = [], 0
-        for i in range(len(ids)):
-            if i == n_prompt:
-                pos = len(prompt.text)  # generated text starts right after the echoed prompt
-            offsets.append(pos)
-            if i >= bos:
-                pos += len(strings[i])
-        token_logprobs = [None, *values]
-        top_logprobs = [None] + [self._top(row) for row in tops] if top else [None] * len(ids)
-        start = 0 if echo else n_prompt
-        shift = 0 if echo else len(prompt.text)
-        return {
-            "tokens": strings[start:],
-            "token_logprobs": token_logprobs[start:],
-            "top_logprobs": top_logprobs[start:],
-            "text_offset": [o - shift for o in offsets[start:]],
-        }
+        values, _, tops = await self.engine.run(self.engine.score, prompt.ids + gen.token_ids, top)
+        return await asyncio.to_thread(completion_logprobs, self.tokenizer, (prompt.text, prompt.ids), gen,
+                                       (values, tops), top, echo)  # fmt: skip
 
-    def _top(self, row: list[tuple[int, float]]) -> dict[str, float]:
-        """``{token text: log-probability}``, likeliest first (tokens decoding to the same text keep the best)."""
-        out: dict[str, float] = {}
-        for token_id, value in row:
-            out.setdefault(self.tokenizer.decode([token_id]), value)
-        return out
+    async def _prompt_logprobs(self, prompt: _Prompt, top: int) -> list[dict | None]:
+        scores = await self.engine.run(self.engine.score, prompt.ids, top)
+        return await asyncio.to_thread(prompt_logprobs, self.tokenizer, prompt.ids, scores)
 
     def _completion_chunks(self, reply: dict, prompts, gens, echo: bool, body: dict) -> list[dict]:
         base = {"id": reply["id"], "object": "text_completion", "created": reply["created"], "model": self.name}
@@ -241,14 +240,12 @@ class OpenAIServer:
 
     async def chat(self, body: dict, tokenize) -> dict | list[dict]:
         self._check_model(body.get("model", MISSING))
-        refuse_unsupported(body)
-        if bool_field(body, "logprobs"):
-            raise bad_request("logprobs are not supported on chat completions here; use /v1/completions", "logprobs")
+        check_fields(body, "chat")
         stream = bool_field(body, "stream")
         default = self.config.chat_max_tokens
         max_tokens = int_field(body, "max_completion_tokens", None, 1)
         max_tokens = max_tokens if max_tokens is not None else int_field(body, "max_tokens", default, 1)
-        config = generation_config(body, max_tokens)
+        configs, top_prompt = self._sampling(body, max_tokens, stream)
         messages = self._messages(body)
 
         def build():
@@ -258,23 +255,28 @@ class OpenAIServer:
         (prompt,) = await tokenize(build)
         self._check_length([prompt], max_tokens)
         self.engine.stats.requests += 1
-        gen = await self._generate(prompt, config, max_tokens)
-        usage = {"prompt_tokens": prompt.n_tokens, "completion_tokens": self._generated_tokens(gen)}
+        gens = await asyncio.gather(*(self._generate(prompt, c, max_tokens) for c in configs))
+        usage = {"prompt_tokens": prompt.n_tokens, "completion_tokens": sum(map(self._generated_tokens, gens))}
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-        finish = self._finish(gen, config.stop)
+        choices = [{"index": i, "message": {"role": "assistant", "content": gen.text}, "logprobs": None,
+                    **self._finish(gen, c)} for i, (c, gen) in enumerate(zip(configs, gens, strict=True))]  # fmt: skip
         reply = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-                 "model": self.name, "usage": usage,
-                 "choices": [{"index": 0, "message": {"role": "assistant", "content": gen.text}, "logprobs": None,
-                              **finish}]}  # fmt: skip
+                 "model": self.name, "usage": usage, "choices": choices}  # fmt: skip
+        if top_prompt is not None:  # vLLM puts them beside the choices: every choice has the one prompt
+            reply["prompt_logprobs"] = await self._prompt_logprobs(prompt, top_prompt)
         if not stream:
             return reply
         base = {"id": reply["id"], "object": "chat.completion.chunk", "created": reply["created"], "model": self.name}
-        pieces = token_pieces(self.tokenizer, gen.token_ids) if gen.token_ids else [gen.text]
-        chunks = [{**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                        "finish_reason": None}]}]  # fmt: skip
-        for text in split_text(gen.text, pieces):
-            chunks.append({**base, "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]})
-        chunks.append({**base, "choices": [{"index": 0, "delta": {}, **finish}]})
+        chunks = []
+        for choice, gen in zip(choices, gens, strict=True):
+            i = choice["index"]
+            pieces = token_pieces(self.tokenizer, gen.token_ids) if gen.token_ids else [gen.text]
+            chunks.append({**base, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                                "finish_reason": None}]})  # fmt: skip
+            for text in split_text(gen.text, pieces):
+                chunks.append({**base, "choices": [{"index": i, "delta": {"content": text}, "finish_reason": None}]})
+            end = {"finish_reason": choice["finish_reason"], "stop_reason": choice["stop_reason"]}
+            chunks.append({**base, "choices": [{"index": i, "delta": {}, **end}]})
         if (body.get("stream_options") or {}).get("include_usage"):
             chunks.append({**base, "choices": [], "usage": usage})
         return chunks

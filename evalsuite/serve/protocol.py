@@ -1,10 +1,10 @@
-"""The OpenAI API's side of ``evalsuite serve``: settings, errors, chat prompts, token pieces and the parsing
-of request bodies into :class:`GenerationConfig` (the field rules are in :mod:`evalsuite.serve`'s docstring)."""
+"""The OpenAI API's side of ``evalsuite serve``: settings, errors, chat prompts, token pieces, the validators of
+single fields and the batch key (which fields a request may carry, and the sampler's: :mod:`evalsuite.serve.fields`;
+the rules in :mod:`evalsuite.serve`'s docstring)."""
 
 from __future__ import annotations
 
 import json
-import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -136,40 +136,11 @@ def stop_field(body: dict) -> list[str]:
     raise bad_request("'stop' must be a string or a list of strings", "stop")
 
 
-def refuse_unsupported(body: dict) -> None:
-    """Refuse, rather than ignore, the fields that would change the output and are not implemented."""
-    if int_field(body, "n", 1, 1) != 1:
-        raise bad_request("only n=1 is supported", "n")
-    if int_field(body, "best_of", 1, 1) != 1:
-        raise bad_request("only best_of=1 is supported", "best_of")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if number_field(body, name, 0.0, -2.0, 2.0) != 0:
-            raise bad_request(f"'{name}' is not supported", name)
-    if body.get("logit_bias"):
-        raise bad_request("'logit_bias' is not supported", "logit_bias")
-    if body.get("suffix"):
-        raise bad_request("'suffix' is not supported", "suffix")
-
-
-def generation_config(body: dict, max_tokens: int) -> GenerationConfig:
-    """The sampling fields of a request (max_tokens >= 1 here)."""
-    temperature = number_field(body, "temperature", 1.0, 0.0, 2.0)
-    seed = int_field(body, "seed", None)
-    if seed is None:
-        seed = secrets.randbits(31) if temperature > 0 else 0
-    return GenerationConfig(
-        max_new_tokens=max_tokens,
-        temperature=temperature,
-        top_p=number_field(body, "top_p", 1.0, 0.0, 1.0, low_open=True),
-        top_k=int_field(body, "top_k", 0, 0) if body.get("top_k") != -1 else 0,  # vLLM's -1: no cut
-        stop=stop_field(body),
-        stop_at_eos=not bool_field(body, "ignore_eos"),
-        seed=seed,
-    )
-
-
-def batch_key(config: GenerationConfig):
-    """Requests with equal keys may share a batch: greedy ones with the same length, stops and EOS rule."""
-    if config.temperature > 0:
-        return object()  # sampled: alone, so its seed alone decides the sample
-    return ("greedy", config.max_new_tokens, tuple(config.stop), config.stop_at_eos)
+def batch_key(config: GenerationConfig, per_row: bool):
+    """Requests with equal keys may share a batch: those with the same length, stop strings and EOS rule. With an
+    adapter that takes a config per row (each row its own sampler settings and seed, so a sample does not depend on
+    its batch) that is all; else only greedy requests without sampler extras share, each other request runs alone."""
+    shared = (config.max_new_tokens, tuple(config.stop), config.stop_at_eos)
+    if not per_row and (config.temperature > 0 or config.extras()):
+        return object()
+    return shared

@@ -5,12 +5,15 @@ For a model card, a dtype and a left-padded batch of random prompts of mixed len
 each path -- ``eager`` (``model.forward`` with a state: the reference), ``static`` (the family's static decoder, eager
 steps), ``graph`` (its step, LM head and argmax replayed as a CUDA graph) and ``compiled`` (the step through
 torch.compile, then a graph) -- first free-running, then sampled (temperature 0.8, top-k 50, top-p 0.9, one seed:
-the graph path leaves the logits, the CPU draws), then with a stop string and an EOS id taken from the eager output
-so rows end inside a sync block. A record per (ending, path): equal to eager, equal to static, the first differing
-position per row, seconds for the call. :func:`failures` says which records break the rules (see there).
+the graph path leaves the logits, the CPU draws), then greedy under per-row logit rules (penalties, logit_bias,
+min_tokens: applied on the device to the logits the graph leaves), then with a stop string and an EOS id taken from
+the eager output so rows end inside a sync block. A record per (ending, path): equal to eager, equal to static, the
+first differing position per row, seconds for the call. :func:`failures` says which records break the rules (see
+there).
 """
 
 import time
+from dataclasses import replace
 
 import torch
 
@@ -90,7 +93,10 @@ def check_model(card, dtype: str, lengths: list[int], new_tokens: int, device="c
     # sampling: the graph replays the step and LM head, the CPU draws from the logits it leaves; same seed, same draws
     sampled = GenerationConfig(max_new_tokens=new_tokens, stop_at_eos=False, temperature=0.8, top_k=50, top_p=0.9,
                                seed=3)  # fmt: skip
-    endings = [("free", free, None), ("sampled", sampled, None)]
+    rules = [dict(repetition_penalty=1.3, presence_penalty=0.4, logit_bias={11: 1.0}),
+             dict(frequency_penalty=0.6, min_tokens=2)]  # fmt: skip
+    ruled = [replace(free, **rules[b % 2]) for b in range(len(prompts))]  # one config per row
+    endings = [("free", free, None), ("sampled", sampled, None), ("ruled", ruled, None)]
     if stop is not None and len(ref) > 1 and len(ref[1].token_ids) > new_tokens // 2:
         stopping = GenerationConfig(max_new_tokens=new_tokens, stop=[stop])
         endings.append(("stop+eos", stopping, ref[1].token_ids[new_tokens // 2]))
