@@ -13,7 +13,6 @@ from evalsuite.cli.options import (
     CheckpointOpt,
     DeviceOpt,
     DtypeOpt,
-    ModelOpt,
     OutOpt,
     PlotOpt,
     SeedOpt,
@@ -95,7 +94,10 @@ def run_cmd(
 
 @app.command()
 def loss(
-    model: ModelOpt,
+    model: Annotated[
+        list[str],
+        typer.Option("--model", "-m", help="KIND:NAME; repeat --model to compare models in one plot."),
+    ],
     data: Annotated[
         str, typer.Option(help="File or directory (.txt, .jsonl[.xz], .npy), 'synthetic' or 'books' (built in).")
     ] = ("synthetic"),
@@ -113,26 +115,44 @@ def loss(
     attention: BackendOpt = "auto",
     plot: PlotOpt = True,
 ):
-    """Per-token loss L(i) and perplexity P(l) over one window per document (FoX §4.2), and their plot."""
+    """Per-token loss L(i) and perplexity P(l) over one window per document (FoX §4.2), and their plot; several
+    models' curves in one plot with --model repeated."""
     from evalsuite.tasks.loss import LossConfig, LossTask
 
+    if len(model) > 1 and (out is not None or checkpoint is not None):
+        raise UserError("--out and --checkpoint name one model's run: give one --model with them")
     config = LossConfig(data=data, length=length, max_docs=max_docs, roll=roll, seed=seed, batch_size=batch_size)
-    _seed_everything(seed)
-    adapter = _adapter(model, device, dtype, checkpoint, attention)
-    results = _run(LossTask(config), adapter, out)
+    run_dirs = []
+    for spec in model:
+        _seed_everything(seed)
+        adapter = _adapter(spec, device, dtype, checkpoint, attention)
+        results = _run(LossTask(config), adapter, out)
+        _report_loss(spec, results, adapter)
+        run_dirs.append(Path(results["run_dir"]))
+    if plot:
+        from evalsuite.report.plots import plot_loss
+
+        stem = run_dirs[0] / "loss" if len(run_dirs) == 1 else _comparison_stem(model)
+        png = plot_loss(run_dirs, stem)[0]
+        typer.echo(f"plot: {png} (with other runs: evalsuite plot loss RUN... --out STEM)")
+
+
+def _report_loss(spec: str, results: dict, adapter) -> None:
+    """The run's windows, P(l) at each length from 64 on, and where the run is."""
     length = results["config"]["length"]  # the task's default when not given: 65536, or the model's max_length
     docs = results["summary"]["documents"]
     by_len = {r["length"]: r["value"] for r in results["records"] if r["metric"] == "perplexity"}
     shown = [lng for lng in sorted(by_len) if lng >= 64] or sorted(by_len)
-    typer.echo(f"{model}: {docs['used']} windows of {length} tokens ({docs['skipped_too_short']} docs too short)")
+    typer.echo(f"{spec}: {docs['used']} windows of {length} tokens ({docs['skipped_too_short']} docs too short)")
     typer.echo("  P(l): " + ", ".join(f"{lng}: {by_len[lng]:.3f}" for lng in shown))
     _note_random_weights(adapter)
     typer.echo(f"  results: {results['run_dir']}")
-    if plot:
-        from evalsuite.report.plots import plot_loss
 
-        png = plot_loss([results["run_dir"]], Path(results["run_dir"]) / "loss")[0]
-        typer.echo(f"  plot: {png} (with other runs: evalsuite plot loss {results['run_dir']} RUN... --out STEM)")
+
+def _comparison_stem(models: list[str]) -> Path:
+    """``results/plots/loss_<a>_vs_<b>...``: a file name made of the model specs' safe characters."""
+    names = ["".join(ch if ch.isalnum() or ch in "-." else "-" for ch in m.split(",")[0]) for m in models]
+    return Path("results") / "plots" / ("loss_" + "_vs_".join(names))
 
 
 @plot_app.command("loss")

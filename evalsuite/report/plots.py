@@ -178,6 +178,7 @@ def loss_figure(
         if ylim is not None:
             ax.set_ylim(*ylim)
 
+    ax_ppl.set_yscale("log")  # P(l) falls over orders of magnitude from l = 1
     handles, legend_labels = ax_loss.get_legend_handles_labels()
     if drawn:
         handles.append(Line2D([], [], color=drawn, linestyle="--"))
