@@ -1,14 +1,13 @@
 #!/usr/bin/env bash
 # Train the zoo (tasks/train-lm.yaml preset `zoo`: every seed family at ~2.2M parameters on UTF-8 bytes, two seeds
 # each) on one GPU, then evaluate every run beyond its 512-byte training context: the per-token loss over the
-# held-out books in windows of 16,384 bytes (32x) and the DRT paper's passkey (arXiv:2410.01651 §4.2; the
-# pre-trained models, no fine-tuning) at 512-8,192 bytes in held-out haystacks. From the repository root:
+# held-out books in windows of 16,384 bytes (32x), the records of results/claims/loss/. From the repository root:
 #
 #   OUT=/some/dir DATA=../shared/data/gutenberg WORKERS=14 bash scripts/zoo/run.sh
 #
-# Writes $OUT/zoo/<card>-seed<s>/{checkpoint,train.json}, $OUT/zoo/zoo.json, $OUT/eval/{loss,passkey}/<run>/ and
+# Writes $OUT/zoo/<card>-seed<s>/{checkpoint,train.json}, $OUT/zoo/zoo.json, $OUT/eval/loss/<run>/ and
 # $OUT/log.txt. Reruns skip what is done (trained members, finished evaluation cells). Ship the seed-0 models with
-# scripts/zoo/ship.py; results/claims/README.md reads the evaluations.
+# scripts/drt_claim/ship.py (results/zoo/README.md); results/claims/README.md reads the evaluations.
 set -euo pipefail
 OUT=${OUT:-/tmp/zoo}
 DATA=${DATA:-../shared/data/gutenberg}
@@ -25,10 +24,7 @@ es train-lm --preset zoo --corpus "$DATA/train" --out "$OUT/zoo" --workers "$WOR
 evaluate() {  # <card>-seed<s>
   local run=$1 card=${1%-seed*}
   es loss --model "$card" --checkpoint "$OUT/zoo/$run/checkpoint" --data "$DATA/heldout" --length 16384 \
-    --device "$DEVICE" --out "$OUT/eval/loss/$run" > "$OUT/eval/$run.loss.txt" 2>&1
-  es passkey --model "$card" --checkpoint "$OUT/zoo/$run/checkpoint" --kind passkey \
-    --lengths 512,1024,2048,4096,8192 --samples 40 --haystack "$DATA/heldout" --device "$DEVICE" \
-    --out "$OUT/eval/passkey/$run" > "$OUT/eval/$run.passkey.txt" 2>&1
+    --device "$DEVICE" --no-plot --out "$OUT/eval/loss/$run" > "$OUT/eval/$run.loss.txt" 2>&1
   echo "evaluated $run"
 }
 export -f evaluate es
