@@ -95,8 +95,10 @@ def card_dirs() -> list[Path]:
     extra = [Path(p) for p in os.environ.get("EVALSUITE_CARDS", "").split(os.pathsep) if p]
     for folder in extra:
         if not folder.is_dir():
-            raise UserError(f"$EVALSUITE_CARDS names {folder}, which is not a directory (folders of card YAML files, "
-                            f"separated by {os.pathsep!r})")  # fmt: skip
+            raise UserError(
+                f"$EVALSUITE_CARDS names {folder}, which is not a directory (folders of card YAML files, "
+                f"separated by {os.pathsep!r})"
+            )
     return [builtin_dir("models"), *extra]
 
 

@@ -47,15 +47,17 @@ def serve(
 
 
 def _check_address(host: str, port: int) -> None:
-    """A UserError unless ``host:port`` can be listened on now (bound as uvicorn binds it, with SO_REUSEADDR, then
-    released): a port in use, a host that is not an address of this machine, a port the user may not take."""
+    """A UserError unless ``host:port`` can be listened on now (bound as uvicorn binds it: IPv6 for a host with a
+    colon, SO_REUSEADDR; then released): a port in use, a host that is not an address of this machine, a port the
+    user may not take."""
     import errno
     import socket
 
     if port == 0:  # any free port
         return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)[0]
     except (socket.gaierror, UnicodeError) as e:
         raise UserError(f"--host {host!r} is not an address or host name ({e})") from None
     with socket.socket(family, kind, proto) as probe:
