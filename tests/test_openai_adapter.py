@@ -278,13 +278,13 @@ def test_retry_after_as_an_http_date(faults, tmp_path):
     already past means no wait."""
     import email.utils
 
-    ahead = email.utils.formatdate(time.time() + 3, usegmt=True)
+    ahead = email.utils.formatdate(time.time() + 10, usegmt=True)
     past = email.utils.formatdate(time.time() - 60, usegmt=True)
     faults.script = [("status", (429, {"Retry-After": ahead})), ("status", (503, {"Retry-After": past}))]
     sleeps = []
     adapter = fault_adapter(faults, tmp_path, sleeps=sleeps)
     adapter.generate_until(["hi"], GenerationConfig(max_new_tokens=2))
-    assert len(sleeps) == 2 and 1.5 < sleeps[0] <= 3.05 and sleeps[1] == 0.0, sleeps
+    assert len(sleeps) == 2 and 5 < sleeps[0] <= 10.05 and sleeps[1] == 0.0, sleeps  # slack for a loaded machine
 
 
 def test_replies_are_cached_per_endpoint(tmp_path):
@@ -339,7 +339,7 @@ def test_bad_endpoints_are_one_line_in_seconds(base_url, message, tmp_path, run_
     start = time.monotonic()
     code, _, err = run_cli(args, tmp_path)
     assert_one_line_error(code, err, message)
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < 15  # the backoff of transient errors alone would take 31 s
 
 
 def test_gives_up_and_rejects_with_one_line(faults, tmp_path):
