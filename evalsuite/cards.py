@@ -91,7 +91,15 @@ class ModelCard:
 
 
 def card_dirs() -> list[Path]:
+    """The built-in cards' folder, then each folder of ``$EVALSUITE_CARDS``; a named folder that is not one is a
+    UserError (skipped, its cards would be missing with no word why)."""
     extra = [Path(p) for p in os.environ.get("EVALSUITE_CARDS", "").split(os.pathsep) if p]
+    for folder in extra:
+        if not folder.is_dir():
+            raise UserError(
+                f"$EVALSUITE_CARDS names {folder}, which is not a directory (folders of card YAML files, "
+                f"separated by {os.pathsep!r})"
+            )
     return [builtin_dir("models"), *extra]
 
 
@@ -146,14 +154,25 @@ def list_cards() -> list[ModelCard]:
 def load_card(name_or_path: str) -> ModelCard:
     """A card by name, or from a YAML file path."""
     if name_or_path.endswith((".yaml", ".yml")) or os.sep in name_or_path:
+        if Path(name_or_path).is_dir():
+            raise _directory_given(name_or_path)
         if not Path(name_or_path).is_file():
             raise UserError(f"model card file {name_or_path} does not exist")
         return parse_card(Path(name_or_path))
-    for card in list_cards():
+    cards = list_cards()
+    for card in cards:
         if card.name == name_or_path:
             return card
-    names = ", ".join(c.name for c in list_cards())
-    raise UserError(f"unknown model {name_or_path!r}; known models: {names}")
+    if Path(name_or_path).is_dir():
+        raise _directory_given(name_or_path)
+    raise UserError(f"unknown model {name_or_path!r}; known models: {', '.join(c.name for c in cards)}")
+
+
+def _directory_given(path: str) -> UserError:
+    return UserError(
+        f"model {path} is a directory, not a model card (a card name or a card's YAML file); for a Hugging Face "
+        f"model directory give hf:{path}, for a checkpoint of ours its card and --checkpoint {path}"
+    )
 
 
 def architecture_card(architecture: str) -> ModelCard:

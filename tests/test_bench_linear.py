@@ -52,11 +52,36 @@ def fake_fla(monkeypatch):
         monkeypatch.setitem(sys.modules, name, mod)
 
 
+FLA_MODULES = ("fla", "fla.ops", "fla.ops.gsa", "fla.ops.simple_gla")
+
+
+@pytest.fixture
+def no_fla(monkeypatch):
+    """fla absent whatever this machine has installed: its imports fail as for a package that is not there."""
+    for name in FLA_MODULES:
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+@pytest.fixture
+def driverless_fla(monkeypatch):
+    """An fla that imports but cannot launch a kernel, as fla 0.6.0 on a machine without a GPU: Triton finds no
+    driver at the first call."""
+
+    def no_driver(*args, **kwargs):
+        raise RuntimeError("0 active drivers ([]). There should only be one.")
+
+    gsa = types.SimpleNamespace(chunk_gsa=no_driver, fused_recurrent_gsa=no_driver)
+    sgla = types.SimpleNamespace(chunk_simple_gla=no_driver, fused_recurrent_simple_gla=no_driver)
+    for name, mod in zip(FLA_MODULES, (types.SimpleNamespace(__version__="0.6.0"), types.SimpleNamespace(), gsa, sgla),
+                         strict=True):  # fmt: skip
+        monkeypatch.setitem(sys.modules, name, mod)
+
+
 def _ok(records, kind):
     return [r for r in records if r["kind"] == kind and r["status"] == "ok"]
 
 
-def test_op_bench_writes_json_png_and_records(tmp_path):
+def test_op_bench_writes_json_png_and_records(tmp_path, no_fla):
     records = linear.bench_linear(
         tmp_path, providers=linear_ops.CPU_PROVIDERS, modes=OPS_ONLY, seq_lens=(64, 128), parity_T=64, **TINY
     )
@@ -108,6 +133,23 @@ def test_fla_peers_ratios_and_parity(tmp_path, fake_fla, monkeypatch):
     }  # fmt: skip
     summary = linear_report.format_summary(records, ref_T=64)
     assert "| gsa | fwd | gsa_chunked |" in summary and ("pass" in summary or "FAIL" in summary)
+
+
+def test_fla_that_cannot_launch_is_recorded_not_fatal(tmp_path, driverless_fla, monkeypatch):
+    """fla installed on a machine where its kernels cannot run: the run completes, our providers are timed, and
+    each fla row records fla's own error (not "not installed", not a crash); no ratio to fla is made up."""
+    monkeypatch.setattr(linear_report, "plot_linear_bench", lambda *a, **k: None)  # plotted in the first test
+    providers = ("gsa_chunked", "fla_chunk_gsa", "lightning_chunked", "fla_simple_gla", "fla_recurrent_gsa")
+    records = linear.bench_linear(
+        tmp_path, providers=providers, modes=("fwd", "decode"), seq_lens=(64,), parity_T=64, **TINY
+    )
+    assert json.loads((tmp_path / linear.JSON_NAME).read_text())["env"]["fla"] == "0.6.0"
+    no_driver = "error: RuntimeError: 0 active drivers"
+    fla_rows = [r for r in records if r["provider"].startswith("fla_") or r["kind"] == "parity"]
+    assert {r["kind"] for r in fla_rows} == {"op", "decode", "parity"}
+    assert all(r["status"].startswith(no_driver) for r in fla_rows), fla_rows
+    ours = [r for r in records if r["kind"] in ("op", "decode") and not r["provider"].startswith("fla_")]
+    assert ours and all(r["status"] == "ok" and "ratio_to_fla" not in r for r in ours), ours
 
 
 def test_fox_kv_cache_grows_linearly(tmp_path):

@@ -111,6 +111,94 @@ def test_attention_triton_without_triton(tmp_path, monkeypatch, run_cli, model):
     assert_one_line_error(code, err, "--attention triton needs the 'triton' package")
 
 
+def test_attention_triton_on_a_cpu_needs_a_gpu(tmp_path):
+    """Outside the interpreter (a user's shell) the Triton kernels cannot run on a CPU: one line, before any work.
+    Under TRITON_INTERPRET=1 (this process) the same request builds, as the kernel tests need it to."""
+    import os
+
+    from evalsuite.adapters.native import NativeAdapter
+    from evalsuite.cards import load_card
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    args = ["loss", "--model", "fox-pro-tiny", "--attention", "triton", "--device", "cpu", "--length", "16"]
+    out = subprocess.run([sys.executable, "-m", "evalsuite.cli", *args], capture_output=True, text=True, cwd=tmp_path,
+                         env=env, timeout=300)  # fmt: skip
+    assert_one_line_error(out.returncode, out.stderr, "--attention triton needs a CUDA GPU, not cpu")
+    assert not (tmp_path / "results").exists()
+    interpreted = NativeAdapter(load_card("gsa-tiny"), device="cpu", attention_backend="triton")
+    assert interpreted.model.attention_backend == "triton"
+
+
+NOISE = bytes(range(128, 256)) * 8  # no byte of it starts a UTF-8 character: any text reader fails at byte 0
+
+
+@pytest.fixture
+def bad_inputs(tmp_path):
+    """Files of the wrong kind under tmp_path (the commands below run there): noise as a card, as a checkpoint and
+    as JSONL; a folder; a card whose width is a word."""
+    for name in ("noise.yaml", "noise.jsonl", "weights.bin"):
+        (tmp_path / name).write_bytes(NOISE)
+    (tmp_path / "folder").mkdir()
+    write_card(tmp_path / "words.yaml", config={"hidden_size": "sixty-four", "num_layers": 1, "num_heads": 2})
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["loss", "--model", "noise.yaml"], "model card noise.yaml is not UTF-8 text (byte 0)"),
+        (["summarize", "--model", "fox-pro-tiny", "--data", "noise.jsonl"], "noise.jsonl:1: not UTF-8 text"),
+        (["loss", "--model", "fox-pro-tiny", "--checkpoint", "weights.bin"], "checkpoint weights.bin is a file"),
+        (["loss", "--model", "folder"], "model folder is a directory, not a model card"),
+        (["loss", "--model", "./folder"], "for a Hugging Face model directory give hf:./folder"),
+        (["loss", "--model", "foo:bar"], "'foo' is not a model kind (--model KIND:NAME with KIND one of native, hf"),
+        (["loss", "--model", "words.yaml"], "hidden_size must be int, got str 'sixty-four'"),
+        (["niah", "--model", "fox-pro-tiny", "--depths", ""], "--depths needs at least one"),
+        (["niah", "--model", "fox-pro-tiny", "--lengths", ","], "--lengths needs at least one"),
+        (["mqar", "--d-model", "0"], "d_models must be positive integers, got 0"),
+        (["mqar", "--lr", "-1"], "lrs must be positive learning rates, got -1.0"),
+    ],
+)
+def test_bad_inputs_name_the_problem(args, message, bad_inputs, run_cli):
+    code, _, err = run_cli(args, bad_inputs)
+    assert_one_line_error(code, err, message)
+    assert not (bad_inputs / "results").exists()
+
+
+def test_cards_folder_that_is_not_one(tmp_path, monkeypatch, run_cli):
+    monkeypatch.setenv("EVALSUITE_CARDS", str(tmp_path / "nonexistent"))
+    code, _, err = run_cli(["models"], tmp_path)
+    assert_one_line_error(code, err, f"$EVALSUITE_CARDS names {tmp_path / 'nonexistent'}, which is not a directory")
+
+
+def test_weights_not_local_without_internet(tmp_path):
+    """No network (the hub's endpoint refuses connections; HF_HUB_OFFLINE unset): one line saying the weights are
+    not here and how to give them, as with HF_HUB_OFFLINE=1."""
+    import os
+
+    from conftest import free_port
+
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": f"http://127.0.0.1:{free_port()}"}
+    env.pop("HF_HUB_OFFLINE", None)
+    out = subprocess.run([sys.executable, "-m", "evalsuite.cli", "niah", "--model", "fox-pro", "--device", "cpu"],
+                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)  # fmt: skip
+    assert_one_line_error(out.returncode, out.stderr, "model fox-pro: weights not found locally and the download of")
+    assert "pass --checkpoint DIR" in out.stderr and "Connection refused" in out.stderr
+
+
+def test_serve_on_a_busy_port(tmp_path):
+    """A second server on a port in use: one line, before the model loads and before anything says "serving"."""
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        out = cli("serve", "--model", "fox-pro-tiny", "--port", str(port), "--device", "cpu", cwd=tmp_path)
+    assert_one_line_error(out.returncode, out.stderr, f"port {port} on 127.0.0.1 is in use")
+    assert "serving" not in out.stdout
+
+
 def test_failed_validation_leaves_no_run_directory(tmp_path, run_cli):
     (tmp_path / "short.txt").write_text("far too short")
     args = ["loss", "--model", "fox-pro-tiny", "--length", "64", "--data", tmp_path / "short.txt"]

@@ -112,8 +112,9 @@ def task_dir(tmp_path_factory, adapter):
     return tasks
 
 
-def offline_run(args, tmp_path: Path) -> subprocess.CompletedProcess:
-    """``python -m ARGS`` with the HF libraries offline, their caches under tmp_path, and no network at all."""
+def offline_run(args, tmp_path: Path, returncode: int = 0) -> subprocess.CompletedProcess:
+    """``python -m ARGS`` with the HF libraries offline, their caches under tmp_path, and no network beyond
+    127.0.0.1; it must exit with ``returncode``."""
     guard = tmp_path / "netguard"
     guard.mkdir(exist_ok=True)
     (guard / "sitecustomize.py").write_text(NET_GUARD)
@@ -130,7 +131,7 @@ def offline_run(args, tmp_path: Path) -> subprocess.CompletedProcess:
     out = subprocess.run(
         [sys.executable, "-m", *map(str, args)], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600
     )
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert out.returncode == returncode, out.stdout[-3000:] + out.stderr[-3000:]
     assert not net_log.exists(), f"network access attempted: {net_log.read_text()}"
     return out
 
@@ -177,6 +178,22 @@ def test_lm_eval_command_line_with_the_model_registered(tmp_path, task_dir):
     args += ["--device", "cuda:7", "--tasks", "es_mc", "--include_path", task_dir, "--limit", "1"]
     out = offline_run(args, tmp_path)
     assert "es_mc" in out.stdout and "acc" in out.stdout
+
+
+def test_tasks_the_model_cannot_answer_are_refused_before_any_request(tmp_path, task_dir):
+    """An API model with log-likelihoods but no token-level scores, asked for a generation, a multiple-choice and
+    a rolling-perplexity task: one line naming the task it cannot run, and not one request sent for the others."""
+    from test_openai_adapter import FaultServer
+
+    with FaultServer() as server:
+        spec = f"openai:m,base_url={server.base_url},api=completions,tokenizer=gpt2,cache=off"
+        args = ["evalsuite.cli", "lm-eval", "--model", spec, "--tasks", "es_gen,es_mc,es_ppl"]
+        out = offline_run([*args, "--include-path", task_dir, "--no-builtin-tasks"], tmp_path, returncode=2)
+        assert server.hits == []
+    message = "model m cannot answer lm-eval task(s) es_ppl (loglikelihood_rolling) (it offers: generate, loglikelihood"
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]  # after lm-eval's own notes
+    assert errors == out.stderr.strip().splitlines()[-1:] and message in errors[0], out.stderr
+    assert "Traceback" not in out.stderr
 
 
 @pytest.mark.parametrize("n_tokens", [1, 5, 7, 8, 9, 23])

@@ -18,9 +18,11 @@ from evalsuite.adapters.native import NativeAdapter
 from evalsuite.cards import load_card
 from evalsuite.data.haystack import decode_skip_special, load_haystack, safe_cut
 from evalsuite.errors import UserError
+from evalsuite.metrics.match import normalize
 from evalsuite.report.records import gather_records
 from evalsuite.tasks.niah import (
     EASY_NEEDLE,
+    KEY_PHRASES,
     QUESTION,
     STANDARD_NEEDLE,
     NiahConfig,
@@ -289,6 +291,11 @@ def test_run_records_results_and_report(adapter, tmp_path):
         assert r["prompt_tokens"] == len(adapter.tokenizer.encode(prompt)) <= r["length"]
         assert set(r["scores"]) == {"match", "score", "recall"} and r["scores"]["score"] in (1, 10)
         assert r["judge"] is None and isinstance(r["prediction"], str)
+        # Every prompt states the needle; four tokens of a random-weight model do not, so the answer scores 1 (a
+        # scorer that read the prompt would give 10).
+        assert all(normalize(k) in normalize(prompt) for k in KEY_PHRASES)
+        assert not any(normalize(k) in normalize(r["prediction"]) for k in KEY_PHRASES)
+        assert (r["scores"]["match"], r["scores"]["score"]) == (0, 1) and r["scores"]["recall"] < 1
     df = gather_records([tmp_path / "run"])
     assert set(df["metric"]) == {"match", "score", "recall"} and set(df["task"]) == {"niah"}
     assert len(df) == 4 * 3 and (df["n"] == 1).all() and set(df["depth"]) == {0.0, 100.0}

@@ -139,14 +139,16 @@ def _stats(served_fox) -> dict:
 class FaultServer(LocalHTTPServer):
     """``POST /v1/completions`` and ``/v1/chat/completions`` on 127.0.0.1, replying from a script of faults.
 
-    A script step is ``("ok" | "status" | "slow" | "malformed" | "hold", arg)``: ``ok`` answers, ``status`` sends
-    an error status (``arg = (code, headers)``), ``slow`` answers after ``arg`` seconds, ``malformed`` sends a
-    200 whose body is not JSON, ``hold`` waits until :attr:`release` is set. Without a step every request is
-    answered ``ok``, except that from request number ``hold_from`` on every request is held. An answer's text is
-    derived from the prompt, so it is deterministic. ``hits`` records every request: time, body hash, body.
+    A script step is ``("ok" | "status" | "slow" | "malformed" | "drop" | "hold", arg)``: ``ok`` answers,
+    ``status`` sends an error status (``arg = (code, headers)``), ``slow`` answers after ``arg`` seconds,
+    ``malformed`` sends a 200 whose body is not JSON, ``drop`` closes the connection without a reply, ``hold`` waits
+    until :attr:`release` is set. Without a step every request is answered ``ok``, except that from request number
+    ``hold_from`` on every request is held. An answer's text is derived from the prompt and the server's ``label``,
+    so it is deterministic. ``hits`` records every request: time, body hash, body.
     """
 
-    def __init__(self):
+    def __init__(self, label: str = ""):
+        self.label = label
         self.script: list[tuple] = []
         self.hits: list[dict] = []
         self.hold_from: int | None = None
@@ -177,7 +179,10 @@ class FaultServer(LocalHTTPServer):
                     return self.reply(code, {"error": {"message": f"injected {code}", "type": "test"}}, headers)
                 if kind == "malformed":
                     return self.reply(200, None, raw=b'{"choices": [{"text": "cut off')
-                self.reply(200, _answer(self.path, body))
+                if kind == "drop":
+                    self.close_connection = True
+                    return None
+                self.reply(200, _answer(self.path, body, server.label))
 
             def reply(self, status, payload, headers=None, raw=None):
                 data = raw if raw is not None else json.dumps(payload).encode()
@@ -206,9 +211,9 @@ def _body_hash(body: dict) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
-def _answer(path: str, body: dict) -> dict:
+def _answer(path: str, body: dict, label: str = "") -> dict:
     prompt = body.get("prompt") or body["messages"][-1]["content"]
-    text = f" answer-{hashlib.sha256(prompt.encode()).hexdigest()[:6]}"
+    text = f" answer{label}-{hashlib.sha256(prompt.encode()).hexdigest()[:6]}"
     usage = {"prompt_tokens": len(prompt) // 4, "completion_tokens": 2, "total_tokens": len(prompt) // 4 + 2}
     if path.endswith("/chat/completions"):
         choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
@@ -266,6 +271,75 @@ def test_retry_after_is_waited_for_real(faults, tmp_path):
     adapter.generate_until(["hi"], GenerationConfig(max_new_tokens=2))
     first, second = faults.hits
     assert second["time"] - first["time"] >= 0.4
+
+
+def test_retry_after_as_an_http_date(faults, tmp_path):
+    """``Retry-After`` may be an HTTP date (RFC 9110 §10.2.3): the wait is until then (whole seconds), and a date
+    already past means no wait."""
+    import email.utils
+
+    ahead = email.utils.formatdate(time.time() + 10, usegmt=True)
+    past = email.utils.formatdate(time.time() - 60, usegmt=True)
+    faults.script = [("status", (429, {"Retry-After": ahead})), ("status", (503, {"Retry-After": past}))]
+    sleeps = []
+    adapter = fault_adapter(faults, tmp_path, sleeps=sleeps)
+    adapter.generate_until(["hi"], GenerationConfig(max_new_tokens=2))
+    assert len(sleeps) == 2 and 5 < sleeps[0] <= 10.05 and sleeps[1] == 0.0, sleeps  # slack for a loaded machine
+
+
+def test_replies_are_cached_per_endpoint(tmp_path):
+    """One cache folder, two servers that answer the same request differently: each answer is cached under its own
+    endpoint, so neither server's reply is taken for the other's."""
+    with FaultServer(label="-a") as a, FaultServer(label="-b") as b:
+        config = GenerationConfig(max_new_tokens=2)
+        (from_a,) = fault_adapter(a, tmp_path).generate_until(["same prompt"], config)
+        (from_b,) = fault_adapter(b, tmp_path).generate_until(["same prompt"], config)
+        assert from_a.text.startswith(" answer-a-") and from_b.text.startswith(" answer-b-")
+        assert (len(a.hits), len(b.hits)) == (1, 1) and a.hits[0]["hash"] == b.hits[0]["hash"]  # the same body
+        (again,) = fault_adapter(b, tmp_path).generate_until(["same prompt"], config)
+        assert again == from_b and len(b.hits) == 1  # and each is reused from its own entry
+
+
+def test_unreachable_endpoint_fails_in_seconds(tmp_path):
+    """Nothing listening at the endpoint: a few short tries (a restarting server comes back), then one line; a
+    connection that drops mid-request is a transient fault and gets the full backoff instead."""
+    from conftest import free_port
+
+    sleeps = []
+    closed = f"http://127.0.0.1:{free_port()}/v1"
+    adapter = OpenAIAdapter("m", base_url=closed, api="completions", tokenizer="gpt2", cache="off",
+                            log=tmp_path / "requests.jsonl", max_attempts=6, sleep=sleeps.append)  # fmt: skip
+    assert (adapter.client.client.timeout.connect, adapter.client.client.timeout.read) == (10.0, 600.0)
+    with pytest.raises(UserError, match=r"could not be reached \(\[Errno 111\] Connection refused; 4 attempts\)"):
+        adapter.generate_until(["hi"], GenerationConfig(max_new_tokens=2))
+    assert sleeps == [0.25, 0.5, 1.0]
+    assert [r["status"] for r in log_lines(tmp_path / "requests.jsonl")] == ["connection_error"] * 4
+    with FaultServer() as faults:
+        faults.script = [("drop", None)] * 4
+        sleeps.clear()
+        dropping = fault_adapter(faults, tmp_path, max_attempts=6, sleeps=sleeps)
+        (gen,) = dropping.generate_until(["hi"], GenerationConfig(max_new_tokens=2))
+        assert gen.text.startswith(" answer-") and len(faults.hits) == 5
+        assert sleeps == [0.01, 0.02, 0.04, 0.08]
+
+
+@pytest.mark.parametrize(
+    "base_url, message",
+    [
+        ("notaurl", "base_url 'notaurl' is not an http(s) URL"),
+        ("ftp://127.0.0.1/v1", "base_url 'ftp://127.0.0.1/v1' is not an http(s) URL"),
+        ("http://127.0.0.1:PORT/v1", "could not be reached ([Errno 111] Connection refused; 4 attempts)"),
+    ],
+)
+def test_bad_endpoints_are_one_line_in_seconds(base_url, message, tmp_path, run_cli):
+    from conftest import free_port
+
+    spec = f"openai:m,base_url={base_url.replace('PORT', str(free_port()))},tokenizer=gpt2,context_length=4096"
+    args = ["niah", "--model", f"{spec},cache=off", "--lengths", "600", "--depths", "50", "--out", "run"]
+    start = time.monotonic()
+    code, _, err = run_cli(args, tmp_path)
+    assert_one_line_error(code, err, message)
+    assert time.monotonic() - start < 15  # the backoff of transient errors alone would take 31 s
 
 
 def test_gives_up_and_rejects_with_one_line(faults, tmp_path):

@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from evalsuite.adapters.base import GENERATE, ModelInfo, TextAdapter
@@ -170,6 +171,21 @@ def test_bootstrap_reproducible_and_contains_mean():
     assert bootstrap_ci([], samples=10) == {"mean": None, "low": None, "high": None, "n": 0}
 
 
+@pytest.mark.parametrize("confidence", [0.5, 0.9, 0.95])
+def test_bootstrap_interval_is_at_its_level(confidence):
+    """The resampled means of n = 400 scores spread around the mean as a normal of sd s / sqrt(n) (s: the scores'
+    own sd, ddof 0): the percentile interval's half-width is z * s / sqrt(n), with z the normal quantile at
+    (1 + confidence) / 2 (1.960 at 95%; a 97.5% interval would give 2.241, a 90% one 1.645)."""
+    from statistics import NormalDist
+
+    values = np.linspace(0.0, 1.0, 400)
+    ci = bootstrap_ci(values, samples=20_000, confidence=confidence, seed=11)
+    z = NormalDist().inv_cdf((1 + confidence) / 2)
+    half_width = (ci["high"] - ci["low"]) / 2 / (values.std() / np.sqrt(len(values)))
+    assert half_width == pytest.approx(z, rel=0.03)
+    assert (ci["high"] + ci["low"]) / 2 == pytest.approx(values.mean(), abs=0.002)
+
+
 def test_bootstrap_many_examples():
     # 30k examples: the resamples are drawn in several chunks (bounded memory); the interval stays tight and sane
     values = [i % 7 / 7 for i in range(30_000)]
@@ -231,6 +247,15 @@ def test_data_errors_name_file_and_line(tmp_path, rows, raw, message):
         with pytest.raises(UserError, match=str(path)):
             run_summarize(ScriptedAdapter(), SummarizeConfig(data=str(path)), tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()  # nothing claimed before the data passed
+
+
+def test_bytes_that_are_not_utf8_name_the_line(tmp_path):
+    path = tmp_path / "mixed.jsonl"
+    good = json.dumps(DOCS[0]).encode()
+    path.write_bytes(good + b"\r\n" + good[:5] + b"\xff\xfe" + good[5:] + b"\n")  # a CRLF line, then a bad one
+    with pytest.raises(UserError, match=rf"^{path}:2: not UTF-8 text \(byte 5 of the line\)"):
+        load_documents(path)
+    assert len(load_documents(path, max_docs=1)) == 1
 
 
 @pytest.mark.parametrize(

@@ -51,6 +51,9 @@ DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's usual default when a task names no max_g
 # (``model=hf:DIR,revision=main`` reaches the hf factory as ``hf:DIR,revision=main``).
 OWN_ARGS = ("model", "device", "dtype", "checkpoint", "attention", "batch_size", "max_batch_size", "max_length")
 GEN_KWARGS = ("until", "max_gen_toks", "do_sample", "temperature", "top_p", "top_k", "seed")
+# What the requests of each lm-eval output type ask of the adapter (multiple choice scores each choice's likelihood).
+OUTPUT_TYPE_NEEDS = {"generate_until": GENERATE, "loglikelihood": LOGLIKELIHOOD, "multiple_choice": LOGLIKELIHOOD,
+                     "loglikelihood_rolling": TOKENS}  # fmt: skip
 
 
 def split_trailing_space(context: str, continuation: str) -> tuple[str, str]:
@@ -102,6 +105,35 @@ def generation_config(gen_kwargs: dict) -> GenerationConfig:
         )
     except (TypeError, ValueError) as e:
         raise UserError(f"bad gen_kwargs {gen_kwargs}: {e}") from None
+
+
+def load_tasks(task_manager, names: Sequence[str], adapter: TextAdapter) -> list:
+    """lm-eval's tasks and groups ``names``, built once (``task_manager.load``) and checked against ``adapter``:
+    a UserError names every task whose requests it cannot answer before any request is sent (lm-eval would run the
+    other tasks' requests first, then stop). Returns the top-level tasks and groups, for ``simple_evaluate``."""
+    loaded = task_manager.load(list(names))
+    check_tasks(loaded["tasks"], adapter)
+    children = {child for kids in loaded["group_map"].values() for child in kids}
+    return [g for n, g in loaded["groups"].items() if n not in children] + [
+        t for n, t in loaded["tasks"].items() if n not in children
+    ]
+
+
+def check_tasks(tasks: dict, adapter: TextAdapter) -> None:
+    """A UserError naming each task of ``tasks`` (``{name: lm-eval Task}``) whose output type needs what
+    ``adapter`` does not offer (:data:`OUTPUT_TYPE_NEEDS`; an output type not listed there is left to lm-eval)."""
+    refused = []
+    for name, task in tasks.items():
+        kind = getattr(task, "OUTPUT_TYPE", None)
+        need = OUTPUT_TYPE_NEEDS.get(kind)
+        if need is not None and need not in adapter.capabilities:
+            refused.append(f"{name} ({kind})")
+    if refused:
+        have = ", ".join(sorted(adapter.capabilities))
+        raise UserError(
+            f"model {adapter.name} cannot answer lm-eval task(s) {', '.join(refused)} (it offers: {have}; "
+            "loglikelihood_rolling needs token-level scores); nothing was run"
+        )
 
 
 def _int_arg(value, name: str) -> int | None:

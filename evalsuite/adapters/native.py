@@ -20,7 +20,7 @@ from evalsuite.errors import UserError
 from evalsuite.generation import engine
 from evalsuite.generation.engine import left_pad, sample_next
 from evalsuite.generation.types import SAMPLER_EXTRAS, Generation, GenerationConfig
-from evalsuite.models.checkpoint import checkpoint_sha256, load_checkpoint
+from evalsuite.models.checkpoint import checkpoint_dir, checkpoint_sha256, load_checkpoint
 from evalsuite.runtime import dtype_name, resolve_device, resolve_dtype
 from evalsuite.tokenizers import get_tokenizer
 
@@ -66,9 +66,15 @@ def resolve_checkpoint(card: ModelCard) -> Path | None:
             try:
                 return Path(snapshot_download(repo, allow_patterns=["*.json", "*.safetensors", "*.bin"]))
             except Exception as e:  # noqa: BLE001 - any hub failure means "not available here"
-                raise UserError(f"model {card.name}: could not download {repo} ({type(e).__name__}: {e})") from None
-    raise UserError(
-        f"model {card.name}: weights not found locally; pass --checkpoint DIR "
+                why = (str(e).strip().splitlines() or [""])[0]  # the hub's messages run over several lines
+                failed = f" and the download of {repo} failed ({type(e).__name__}: {why})"
+                raise _not_local(card, repo, failed) from None
+    raise _not_local(card, repo)
+
+
+def _not_local(card: ModelCard, repo: str | None, why: str = "") -> UserError:
+    return UserError(
+        f"model {card.name}: weights not found locally{why}; pass --checkpoint DIR "
         f"(e.g. a download of {repo or 'the release'}) or set weights.path in the card"
     )
 
@@ -97,7 +103,7 @@ class NativeAdapter(TokenAdapter):
         self.step_timer: engine.StepTimer | None = None  # set by benchmarks: times the next generate call by phase
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype)
-        ckpt = Path(checkpoint) if checkpoint is not None else resolve_checkpoint(card)
+        ckpt = checkpoint_dir(checkpoint) if checkpoint is not None else resolve_checkpoint(card)
         if card.tokenizer == CHECKPOINT_TOKENIZER:  # a release's own tokenizer.json, beside its weights
             if ckpt is None:
                 raise UserError(f"model {card.name}: tokenizer 'checkpoint' needs weights from a checkpoint directory")
@@ -125,7 +131,7 @@ class NativeAdapter(TokenAdapter):
                 f"model {card.name}: vocab size {self.model.vocab_size} is smaller than tokenizer "
                 f"{card.tokenizer}'s {self.tokenizer.vocab_size}"
             )
-        self.model.set_attention_backend(attention_backend)
+        self.model.set_attention_backend(attention_backend, self.device)
         self.model.to(self.device).eval()
         if self.dtype != torch.float32:
             # Autocast would cast every linear weight to bf16/fp16 on every call (a copy and a launch per

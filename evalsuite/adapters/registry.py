@@ -9,6 +9,7 @@ colon and the shared :class:`AdapterOptions`, and returns a :class:`~evalsuite.a
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,4 +73,22 @@ def positive_int_option(options: dict[str, str], key: str, where: str) -> int | 
 def load_adapter(spec: str, options: AdapterOptions | None = None) -> TextAdapter:
     """The adapter for a ``--model`` value."""
     kind, name = split_spec(spec)
+    if kind == DEFAULT_KIND and name == spec:
+        _check_kind(spec)
     return ADAPTERS.get(kind)(name, options or AdapterOptions())
+
+
+def _check_kind(spec: str) -> None:
+    """A UserError naming the model kinds when ``spec`` reads as ``KIND:NAME`` of an unknown kind and is neither a
+    card's name nor a card file (names may hold a colon, so those win)."""
+    prefix, sep, _ = spec.partition(":")
+    if not sep or spec.endswith((".yaml", ".yml")) or os.sep in spec:
+        return
+    from evalsuite.cards import list_cards
+
+    if any(card.name == spec for card in list_cards()):
+        return
+    raise UserError(
+        f"unknown model {spec!r}: {prefix!r} is not a model kind (--model KIND:NAME with KIND one of "
+        f"{', '.join(ADAPTERS.names())}), nor is there a card of that name"
+    )

@@ -55,7 +55,7 @@ def bench_attention_cmd(
         n_heads=n_heads,
         tokens_per_call=tokens_per_call,
         dtype=dtype,
-        parity_seq_lens=_csv_list(parity_seq_lens, int, "--parity-seq-lens") or [],
+        parity_seq_lens=_csv_list(parity_seq_lens, int, "--parity-seq-lens", allow_empty=True),
         tune=tune,
     )
     typer.echo(f"wrote {out}/attention_bench.json and .png")

@@ -63,7 +63,7 @@ def lm_eval_cmd(
     from lm_eval.tasks import TaskManager
     from lm_eval.utils import handle_non_serializable, make_table
 
-    from evalsuite.adapters.lm_eval_bridge import EvalsuiteLM
+    from evalsuite.adapters.lm_eval_bridge import EvalsuiteLM, load_tasks
 
     task_manager = TaskManager(
         include_path=[str(p) for p in include_path] if include_path else None, include_defaults=builtin_tasks
@@ -73,11 +73,12 @@ def lm_eval_cmd(
         raise UserError(f"unknown lm-eval task(s) {', '.join(unknown)} (see `lm-eval ls tasks`, or --include-path)")
     adapter = _adapter(model, device, dtype, checkpoint, attention)
     lm = EvalsuiteLM(adapter=adapter, batch_size=batch_size, max_length=max_length)
+    built = load_tasks(task_manager, task_manager.match_tasks(names), adapter)  # every task checked before a request
     rngs = ("random", "numpy_random", "torch_random", "fewshot_random")
     seeds = {} if seed is None else {f"{k}_seed": seed for k in rngs}
     results = lm_eval.simple_evaluate(
         model=lm,
-        tasks=task_manager.match_tasks(names),
+        tasks=built,
         num_fewshot=num_fewshot,
         limit=int(limit) if limit is not None and limit >= 1 else limit,
         gen_kwargs=gen_kwargs,
@@ -107,9 +108,7 @@ def _check_options(
     max_length: int | None,
 ) -> list[str]:
     """The task names of ``--tasks``; a UserError for any option lm-eval would reject later or not at all."""
-    names = _csv_list(tasks, str, "--tasks") or []
-    if not names:
-        raise UserError("--tasks needs at least one lm-eval task name")
+    names = _csv_list(tasks, str, "--tasks")
     if limit is not None and limit <= 0:
         raise UserError("--limit must be positive")
     if batch_size < 1 or (max_length is not None and max_length < 1):

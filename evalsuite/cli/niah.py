@@ -115,7 +115,8 @@ def passkey(
 
 
 def _lengths(value: str | None) -> list[int] | None:
-    return [int(x) for x in _csv_list(value, float, "--lengths") or []] or None
+    items = _csv_list(value, float, "--lengths")
+    return None if items is None else [int(x) for x in items]
 
 
 def _report(results: dict, adapter, plot: bool) -> None:

@@ -52,15 +52,19 @@ def _adapter(model: str, device: str, dtype: str, checkpoint: Path | None, backe
     return load_adapter(model, AdapterOptions(device=device, dtype=dtype, checkpoint=checkpoint, attention=backend))
 
 
-def _csv_list(value: str | None, cast, option: str) -> list | None:
-    """``"64,128"`` -> ``[64, 128]``; None stays None."""
+def _csv_list(value: str | None, cast, option: str, allow_empty: bool = False) -> list | None:
+    """``"64,128"`` -> ``[64, 128]``; None stays None. A value with no item (``""``, ``","``) is a UserError unless
+    ``allow_empty`` (an option where ``''`` means "none"): taken as "the default" it would be ignored silently."""
     if value is None:
         return None
+    kind = "numbers" if cast in (int, float) else "values"
     try:
-        return [cast(v.strip()) for v in value.split(",") if v.strip()]
+        items = [cast(v.strip()) for v in value.split(",") if v.strip()]
     except ValueError:
-        kind = "numbers" if cast in (int, float) else "values"
         raise UserError(f"{option} takes comma-separated {kind}, got {value!r}") from None
+    if not items and not allow_empty:
+        raise UserError(f"{option} needs at least one of its comma-separated {kind}, got {value!r}")
+    return items
 
 
 def _batch_size(value: str, allow_auto: bool) -> int | str:

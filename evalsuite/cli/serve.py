@@ -40,6 +40,31 @@ def serve(
         raise UserError("--max-batch must be at least 1, --batch-window-ms at least 0, --port in 0..65535")
     if log_level not in ("critical", "error", "warning", "info", "debug", "trace"):
         raise UserError(f"unknown --log-level {log_level!r}; use debug, info, warning or error")
+    _check_address(host, port)  # before the model loads, and before uvicorn, which says it in several lines
     adapter = _adapter(model, device, dtype, checkpoint, attention)
     config = ServeConfig(served_name=served_name, max_batch=max_batch, batch_window_ms=batch_window_ms)
     run_server(adapter, host, port, config, log_level=log_level, access_log=access_log)
+
+
+def _check_address(host: str, port: int) -> None:
+    """A UserError unless ``host:port`` can be listened on now (bound as uvicorn binds it: IPv6 for a host with a
+    colon, SO_REUSEADDR; then released): a port in use, a host that is not an address of this machine, a port the
+    user may not take."""
+    import errno
+    import socket
+
+    if port == 0:  # any free port
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError) as e:
+        raise UserError(f"--host {host!r} is not an address or host name ({e})") from None
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise UserError(f"port {port} on {host} is in use (another server?); pick another --port") from None
+            raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None

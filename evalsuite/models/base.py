@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from evalsuite.errors import UserError
-from evalsuite.kernels.triton_utils import triton_installed
+from evalsuite.kernels.triton_utils import interpreting, triton_installed
 
 STATE_KINDS = ("kv-cache", "recurrent", "chunk-memory")
 # Elements of one logits chunk (B x positions x vocab): 2**25 fp32 = 128 MiB.
@@ -297,9 +297,10 @@ class CausalLM(nn.Module, ABC):
     def init_weights(self, seed: int = 0) -> None:
         """Deterministic initialisation from ``seed`` (no global RNG touched)."""
 
-    def set_attention_backend(self, backend: str) -> None:
+    def set_attention_backend(self, backend: str, device: torch.device | str | None = None) -> None:
         """Pick one of ``backends``; an unknown name is a UserError listing the family's choices, and ``"triton"``
-        needs the triton package."""
+        needs the triton package and, given the ``device`` the model will run on, a CUDA one (the kernels run on a
+        CPU only under the Triton interpreter, ``TRITON_INTERPRET=1``, as the tests run them)."""
         if backend not in self.backends:
             raise UserError(
                 f"attention backend {backend!r} is not offered by {type(self).__name__}; "
@@ -307,6 +308,11 @@ class CausalLM(nn.Module, ABC):
             )
         if backend == "triton" and not triton_installed():
             raise UserError("--attention triton needs the 'triton' package: pip install triton")
+        if backend == "triton" and device is not None and torch.device(device).type != "cuda" and not interpreting():
+            raise UserError(
+                f"--attention triton needs a CUDA GPU, not {device}; --attention auto picks the backend this device "
+                "runs"
+            )
         self._backend = backend
 
     @property

@@ -112,6 +112,16 @@ def load_state_strict(model: torch.nn.Module, state: dict[str, torch.Tensor], wh
     model.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()})
 
 
+def checkpoint_dir(path: Path) -> Path:
+    """``path`` when it is a directory; a UserError saying what it is otherwise (a file, or nothing)."""
+    path = Path(path)
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise UserError(f"checkpoint {path} is a file; give the directory holding its config.json and weights")
+    raise UserError(f"checkpoint directory {path} does not exist")
+
+
 def load_checkpoint(ckpt_dir: Path):
     """Build the model stored in ``ckpt_dir``: our format (dispatch on its saved architecture) or a family's
     released layout (dispatch on the layout detectors).
@@ -120,9 +130,7 @@ def load_checkpoint(ckpt_dir: Path):
     """
     from evalsuite.models.registry import find_layout, resolve_architecture
 
-    ckpt_dir = Path(ckpt_dir)
-    if not ckpt_dir.is_dir():
-        raise UserError(f"checkpoint directory {ckpt_dir} does not exist")
+    ckpt_dir = checkpoint_dir(ckpt_dir)
     config = read_config(ckpt_dir)
     state = read_state_dict(ckpt_dir)
     if config.get("format") == OWN_FORMAT:

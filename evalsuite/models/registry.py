@@ -11,6 +11,8 @@ Adding a family is one package that calls :func:`register_family` at import, plu
 
 from __future__ import annotations
 
+import types
+import typing
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, fields
 
@@ -56,14 +58,46 @@ class Family:
         unknown = sorted(set(values) - known)
         if unknown:
             raise UserError(f"unknown {self.name} config key(s): {', '.join(unknown)}")
+        hints = typing.get_type_hints(self.config_cls)
+        for key, value in values.items():
+            if not _has_type(value, hints[key]):
+                raise UserError(
+                    f"bad {self.name} config: {key} must be {_type_name(hints[key])}, got {type(value).__name__} "
+                    f"{value!r}"
+                )
         try:
             return self.config_cls(**values)
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, ArithmeticError) as e:
             raise UserError(f"bad {self.name} config: {e}") from None
 
     def build(self, config) -> CausalLM:
         """A fresh, uninitialised model of ``config``."""
         return self.model_cls(config)
+
+
+def _has_type(value, hint) -> bool:
+    """Whether a config value read from YAML or JSON fits a config field's annotation: a class (an int passes for a
+    float, a bool for nothing else), ``X | None`` and the like, or ``list[X]``/``tuple[X, ...]`` element-wise. A hint
+    of another form (a Literal, a Callable) is left to the config's own ``__post_init__``."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is type(None):
+        return value is None
+    if origin in (typing.Union, types.UnionType):
+        return any(_has_type(value, arg) for arg in args)
+    if origin in (list, tuple):
+        items = [a for a in args if a is not Ellipsis] or [object]
+        return isinstance(value, list | tuple) and all(any(_has_type(v, a) for a in items) for v in value)
+    if not isinstance(hint, type):
+        return True
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint)
+
+
+def _type_name(hint) -> str:
+    return getattr(hint, "__name__", None) if isinstance(hint, type) else str(hint).replace("NoneType", "None")
 
 
 FAMILIES: Registry[Family] = Registry(

@@ -138,13 +138,17 @@ def load_documents(
             f"summarization data {path} does not exist (a JSONL file of {document_field}/{summary_field} objects)"
         )
     docs: list[Doc] = []
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
+    with path.open("rb") as f:  # bytes: a line that is not UTF-8 is named like any other bad line
+        for line_no, raw in enumerate(f, 1):
             if max_docs is not None and len(docs) >= max_docs:
                 break
+            where = f"{path}:{line_no}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise UserError(f"{where}: not UTF-8 text (byte {e.start} of the line); is it a JSONL file?") from None
             if not line.strip():
                 continue
-            where = f"{path}:{line_no}"
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:

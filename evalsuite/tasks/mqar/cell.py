@@ -100,7 +100,7 @@ def run_cell(
     config = cell_config(sweep, cell, card)
     sweep, seed = sweep.for_variant(cell.variant), config["init_seed"]
     model = build_model(card, config["model"]["overrides"], seed=seed).to(device)
-    model.set_attention_backend(attention)
+    model.set_attention_backend(attention, device)
     tcfg = sweep.train_config(cell.lr, cell.seq_len)
     amp_dtype = autocast_dtype(tcfg.amp, device)
     train_x, train_y = data["train"]

@@ -99,6 +99,13 @@ class MQARSweep:
         for name, lrs in self.model_lrs.items():
             if not isinstance(lrs, list | tuple) or not lrs:
                 raise UserError(f"MQAR sweep: model_lrs[{name}] must be a non-empty list")
+        widths = [d for d in self.d_models if isinstance(d, bool) or not isinstance(d, int) or d < 1]
+        if widths:
+            raise UserError(f"MQAR sweep: d_models must be positive integers, got {', '.join(map(str, widths))}")
+        for where, lrs in [("lrs", self.lrs), *((f"model_lrs[{n}]", v) for n, v in self.model_lrs.items())]:
+            bad = [lr for lr in lrs if not _positive_number(lr)]
+            if bad:
+                raise UserError(f"MQAR sweep: {where} must be positive learning rates, got {', '.join(map(str, bad))}")
         if isinstance(self.batch_size, dict):
             self.batch_size = {int(k): int(v) for k, v in self.batch_size.items()}
         if self.seeds is not None and (not isinstance(self.seeds, list | tuple) or not self.seeds):
@@ -204,6 +211,10 @@ class MQARSweep:
                 value = by_width[d_model]
             out[key] = value
         return out
+
+
+def _positive_number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
 _GRID_FIELDS = {"models", "d_models", "seq_lens", "num_kv_pairs", "pairing", "lrs", "model_lrs"}

@@ -134,7 +134,7 @@ class MQARTask(Task):
                 with torch.device("meta"):
                     module = card.with_config(sweep.overrides(name, d)).build_module()
                 try:
-                    module.set_attention_backend(self.attention)
+                    module.set_attention_backend(self.attention, device)
                 except UserError as e:
                     raise UserError(f"MQAR model {name}: {e}") from None
         hashes = [config_hash(cell_config(sweep, c, cards[c.model])) for c in cells]
