@@ -15,6 +15,7 @@ from evalsuite.cli.options import (
     DtypeOpt,
     ModelOpt,
     OutOpt,
+    RepairOpt,
     SeedOpt,
     _adapter,
     _key_values,
@@ -73,6 +74,7 @@ def run_cmd(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "float32",
     out: OutOpt = None,
+    repair: RepairOpt = False,
     checkpoint: CheckpointOpt = None,
     attention: BackendOpt = "auto",
 ):
@@ -81,7 +83,7 @@ def run_cmd(
 
     task_obj = TASKS.get(task).from_options(_key_values(options or []))
     adapter = _adapter(model, device, dtype, checkpoint, attention) if model else None
-    results = _run(task_obj, adapter, out)
+    results = _run(task_obj, adapter, out, repair)
     records = results["records"]
     typer.echo(f"{task}: {len(records)} records in {results['run_dir']}")
     if records:
@@ -108,6 +110,7 @@ def loss(
     dtype: DtypeOpt = "float32",
     seed: SeedOpt = 0,
     out: OutOpt = None,
+    repair: RepairOpt = False,
     checkpoint: CheckpointOpt = None,
     attention: BackendOpt = "auto",
 ):
@@ -117,7 +120,7 @@ def loss(
     config = LossConfig(data=data, length=length, max_docs=max_docs, roll=roll, seed=seed, batch_size=batch_size)
     _seed_everything(seed)
     adapter = _adapter(model, device, dtype, checkpoint, attention)
-    results = _run(LossTask(config), adapter, out)
+    results = _run(LossTask(config), adapter, out, repair)
     length = results["config"]["length"]  # the task's default when not given: 65536, or the model's max_length
     docs = results["summary"]["documents"]
     by_len = {r["length"]: r["value"] for r in results["records"] if r["metric"] == "perplexity"}

@@ -16,6 +16,7 @@ from evalsuite.cli.options import (
     DtypeOpt,
     ModelOpt,
     OutOpt,
+    RepairOpt,
     SeedOpt,
     _adapter,
     _batch_size,
@@ -56,6 +57,7 @@ def niah(
     dtype: DtypeOpt = "float32",
     seed: SeedOpt = 0,
     out: OutOpt = None,
+    repair: RepairOpt = False,
     checkpoint: CheckpointOpt = None,
     attention: BackendOpt = "auto",
 ):
@@ -78,7 +80,7 @@ def niah(
     task = NiahTask(config, OpenAIJudge.from_spec(judge) if judge else None)  # a missing API key fails first
     _seed_everything(seed)
     adapter = _adapter(model, device, dtype, checkpoint, attention)
-    _report(_run(task, adapter, out), adapter)
+    _report(_run(task, adapter, out, repair), adapter)
 
 
 @app.command()
@@ -94,6 +96,7 @@ def passkey(
     dtype: DtypeOpt = "float32",
     seed: SeedOpt = 0,
     out: OutOpt = None,
+    repair: RepairOpt = False,
     checkpoint: CheckpointOpt = None,
     attention: BackendOpt = "auto",
 ):
@@ -105,7 +108,7 @@ def passkey(
     config = DrtConfig(preset, _lengths(lengths), samples, haystack, size, seed, kind=kind)
     _seed_everything(seed)
     adapter = _adapter(model, device, dtype, checkpoint, attention)
-    _report(_run(DrtPasskeyTask(config), adapter, out), adapter)
+    _report(_run(DrtPasskeyTask(config), adapter, out, repair), adapter)
 
 
 def _lengths(value: str | None) -> list[int] | None:
