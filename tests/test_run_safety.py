@@ -33,6 +33,17 @@ print("held", flush=True)
 time.sleep(600)
 """
 
+SNAPSHOT = """
+import sys, torch
+from evalsuite.errors import UserError
+from evalsuite.training.train import TrainResult, _save
+model = torch.nn.Linear(64, 64)
+try:
+    _save(__import__("pathlib").Path(sys.argv[1]), model, torch.optim.AdamW(model.parameters()), TrainResult(0, 0.0))
+except UserError as e:
+    print(e, end="")
+"""
+
 
 def start(out: Path, *extra: str, file_size: int | None = None) -> subprocess.Popen:
     """``python -m evalsuite niah ... --out out`` in a process of its own, SIGINT at its default (a test run in the
@@ -216,9 +227,16 @@ def test_a_full_disk_names_the_file_and_leaves_the_run_resumable(tmp_path, run_c
 
 
 def test_no_space_left_names_the_file(tmp_path, monkeypatch, run_cli):
-    """ENOSPC for real on /dev/full; an OSError of that kind from anywhere else is one line and status 2 too."""
+    """ENOSPC for real on /dev/full; a training snapshot (MQAR cells) past the file-size limit; an OSError of that
+    kind from anywhere else is one line and status 2 too."""
     with pytest.raises(UserError, match=r"cannot write /dev/full: No space left on device \(ENOSPC\)"):
         append_jsonl(Path("/dev/full"), {"key": "a"})
+    limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))  # noqa: E731
+    snapshot = subprocess.run([sys.executable, "-c", SNAPSHOT, str(tmp_path / "cell.pt")], capture_output=True,
+                              text=True, preexec_fn=limit)  # fmt: skip
+    expected = f"cannot write {tmp_path / 'cell.pt'}: File too large (EFBIG); make room"
+    assert snapshot.stdout.startswith(expected), snapshot.stdout + snapshot.stderr
+    assert not list(tmp_path.iterdir())  # no partial file left
     from evalsuite.adapters.native import NativeAdapter
 
     def full(*args, **kwargs):

@@ -94,22 +94,21 @@ class RunDir:
 
     @classmethod
     def claim(
-        cls, path: Path | str, task: str, config_hash: str, config: dict, outputs: tuple[str, ...] = (), *,
-        repair: bool = False, world: World = SINGLE,
-    ) -> RunDir:  # fmt: skip
+        cls, path: Path | str, task: str, config_hash: str, config: dict, outputs: tuple[str, ...] = ()
+    ) -> RunDir:
         """Take ``path`` for a run of ``task`` with ``config_hash`` (``config``: what it hashes, shown when another
         run's differs), taking in the rank files an interrupted distributed run left there. ``outputs``: the names
         of files such a run writes besides records and results (a directory holding one without a manifest is
-        refused too). ``repair``: first set aside the record lines that are not valid JSON. A writer claims through
-        :func:`writing`, which holds the directory's lock meanwhile."""
+        refused too). A writer claims through :func:`writing`, which also holds the directory's lock."""
         path = Path(path)
         check_writable(path)
-        run = cls(path, task, config_hash, not path.exists(), world)
-        run._take(config, outputs, repair)
+        run = cls(path, task, config_hash, not path.exists())
+        run._take(config, outputs, repair=False)
         return run
 
     def _take(self, config: dict, outputs: tuple[str, ...], repair: bool) -> None:
-        """:meth:`claim`'s work once the directory is known to be writable."""
+        """:meth:`claim`'s work once the directory is known to be writable; ``repair``: first set aside the record
+        lines that are not valid JSON."""
         path, manifest = self.path, self.path / MANIFEST_FILE
         if manifest.exists():
             old = read_json_file(manifest, "run manifest")
