@@ -1,9 +1,10 @@
 """The console entry point: the app with every command registered, and how errors, signals and torchrun are met.
 
 SIGINT (Ctrl-C) and SIGTERM (what schedulers send before SIGKILL) raise :class:`~evalsuite.errors.Interrupted`
-from the entry point's first line on, before torch is imported: a run unwinds as from an error (records are
-appended as they finish, so nothing is lost), prints one line saying what its run directory kept and how to resume,
-and exits with 128 + the signal's number (130, 143). A second signal takes the default action at once.
+from :func:`main`'s first line on, before torch is imported (only Python's own start and the import of this module,
+a few tenths of a second, come before it): a run unwinds as from an error (records are appended as they finish, so
+nothing is lost), prints one line saying what its run directory kept and how to resume, and exits with 128 + the
+signal's number (130, 143). A second signal takes the default action at once.
 """
 
 from __future__ import annotations
