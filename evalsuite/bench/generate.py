@@ -51,7 +51,7 @@ from evalsuite.bench.generate_cells import (
 from evalsuite.bench.generate_report import format_markdown, plot_generate_bench
 from evalsuite.errors import UserError
 from evalsuite.generation.engine import HEADROOM
-from evalsuite.runs.rundir import RunDir
+from evalsuite.runs.rundir import RunDir, writing
 from evalsuite.runs.store import config_hash
 
 PATHS = ("eager", "static", "graph", "compiled")
@@ -60,20 +60,17 @@ DEFAULT_LENGTHS = tuple(2**i for i in range(10, 17))  # 1K .. 64K
 DEFAULT_BATCHES = (1, 8, 32)
 DEFAULT_PATHS = ("eager", "graph")
 JSON_NAME, MD_NAME, PNG_NAME = "generate_bench.json", "generate_bench.md", "generate_bench.png"
-RESUME_KEYS = ("new_tokens", "dtype", "weights", "device", "seed")  # a resumed run must agree on these
+RESUME_KEYS = ("new_tokens", "dtype", "weights", "device", "seed")  # the settings a run directory holds
 
 
 def _key(r: dict) -> tuple:
     return r["model"], r["path"], r["length"], r["batch"]
 
 
-def _load_previous(out: Path, params: dict) -> tuple[RunDir, list[dict]]:
-    """The run directory ``out`` (claimed for these settings: an earlier run with other ``RESUME_KEYS`` values is a
-    UserError) and the records of the cells it finished; cells that errored are left out so they run again."""
-    resume = {k: params[k] for k in RESUME_KEYS}
-    run = RunDir.claim(out, "bench-generate", config_hash(resume), resume, outputs=(JSON_NAME,))
+def _previous(run: RunDir) -> list[dict]:
+    """The records of the cells ``run`` finished; cells that errored are left out so they run again."""
     kept = [r for r in run.latest().values() if not str(r.get("status", "")).startswith("error")]
-    return run, [{k: v for k, v in r.items() if k != "key"} for r in kept]
+    return [{k: v for k, v in r.items() if k != "key"} for r in kept]
 
 
 def _check_options(paths, weights, new_tokens, models, lengths, batches, repeats) -> None:
@@ -94,14 +91,16 @@ def _check_options(paths, weights, new_tokens, models, lengths, batches, repeats
 def bench_generate(out, *, models=DEFAULT_MODELS, lengths=DEFAULT_LENGTHS, batches=DEFAULT_BATCHES,
                    new_tokens: int = 128, paths=DEFAULT_PATHS, device: str = "auto", dtype: str | None = None,
                    weights: str = "random", copy_mib: int | None = None, warmup: bool = True, seed: int = 0,
-                   repeats: int = REPEATS, verbose: bool = True) -> list[dict]:  # fmt: skip
+                   repeats: int = REPEATS, verbose: bool = True, repair: bool = False) -> list[dict]:  # fmt: skip
     """The whole sweep; writes the JSON (as it goes), Markdown and PNG under ``out``; returns the records.
 
     ``dtype``: default bfloat16 on CUDA, float32 on a CPU. ``weights``: ``random`` (the cards' shapes, seed 0) or
     ``card`` (what each card names). ``copy_mib``: size of the bandwidth copy (default 1 GiB on CUDA, 256 MiB on a
     CPU). ``warmup``: one untimed full call per cell first. ``repeats``: timed repeats of each call (medians).
+    ``repair``: set aside the corrupt lines of ``records.jsonl`` first (their cells run again). ``out`` is claimed
+    for these settings (another run's ``RESUME_KEYS`` values there are a UserError) and locked while the sweep runs.
     """
-    from evalsuite.runs.store import atomic_write_json
+    from evalsuite.runs.store import atomic_write_bytes, atomic_write_json
     from evalsuite.runtime import resolve_device
 
     _check_options(paths, weights, new_tokens, models, lengths, batches, repeats)
@@ -113,38 +112,41 @@ def bench_generate(out, *, models=DEFAULT_MODELS, lengths=DEFAULT_LENGTHS, batch
     params = dict(models=list(models), lengths=sorted(lengths), batches=sorted(batches), new_tokens=new_tokens,
                   paths=list(paths), dtype=dtype, weights=weights, device=env["device"], seed=seed,
                   warmup=warmup, repeats=repeats)  # fmt: skip
-    run, records = _load_previous(out, params)
-    bandwidth = measure_copy_bandwidth(dev, copy_mib)
-    if dev.type == "cuda":
-        torch.cuda.empty_cache()  # the copy's buffers go back before the models load
-    env["copy_bandwidth"] = bandwidth
-    done = {_key(r): r for r in records}
+    resume = {k: params[k] for k in RESUME_KEYS}  # a resumed run must agree on these
+    with writing(out, "bench-generate", config_hash(resume), resume, outputs=(JSON_NAME,), repair=repair) as run:
+        records = _previous(run)
+        bandwidth = measure_copy_bandwidth(dev, copy_mib)
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()  # the copy's buffers go back before the models load
+        env["copy_bandwidth"] = bandwidth
+        done = {_key(r): r for r in records}
 
-    def save():
-        atomic_write_json(out / JSON_NAME, {"env": env, "params": params, "records": records})
+        def save():
+            atomic_write_json(out / JSON_NAME, {"env": env, "params": params, "records": records})
 
-    def add(rec):
-        records[:] = [r for r in records if _key(r) != _key(rec)] + [rec]
-        done[_key(rec)] = rec
-        run.append({"key": "|".join(map(str, _key(rec))), **rec})
+        def add(rec):
+            records[:] = [r for r in records if _key(r) != _key(rec)] + [rec]
+            done[_key(rec)] = rec
+            run.append({"key": "|".join(map(str, _key(rec))), **rec})
+            save()
+            if verbose:
+                decode = f"{rec['decode_tokens_per_s']:9.1f} tok/s" if "decode_tokens_per_s" in rec else "unresolved"
+                what = (f"prefill {rec['prefill_tokens_per_s']:10.0f} tok/s  decode {decode}"
+                        if rec["status"] == "ok" else rec["status"])  # fmt: skip
+                cell = f"{rec['model']:20s} {rec['path']:6s} L={rec['length']:<6d} B={rec['batch']:<4d}"
+                print(f"{cell} {what}", flush=True)
+
+        timing = dict(new_tokens=new_tokens, warmup=warmup, seed=seed, repeats=repeats)
+        for spec in models:
+            cells = [(p, L, B) for p in paths for L in sorted(lengths) for B in sorted(batches)]
+            cells = [c for c in cells if (spec, *c) not in done]
+            if not cells:
+                continue
+            _run_model(spec, cells, add, dev, dtype, weights, env["device"], bandwidth["bytes_per_s"], timing)
         save()
-        if verbose:
-            decode = f"{rec['decode_tokens_per_s']:9.1f} tok/s" if "decode_tokens_per_s" in rec else "unresolved"
-            what = (f"prefill {rec['prefill_tokens_per_s']:10.0f} tok/s  decode {decode}"
-                    if rec["status"] == "ok" else rec["status"])  # fmt: skip
-            print(f"{rec['model']:20s} {rec['path']:6s} L={rec['length']:<6d} B={rec['batch']:<4d} {what}", flush=True)
-
-    timing = dict(new_tokens=new_tokens, warmup=warmup, seed=seed, repeats=repeats)
-    for spec in models:
-        cells = [(p, L, B) for p in paths for L in sorted(lengths) for B in sorted(batches)]
-        cells = [c for c in cells if (spec, *c) not in done]
-        if not cells:
-            continue
-        _run_model(spec, cells, add, dev, dtype, weights, env["device"], bandwidth["bytes_per_s"], timing)
-    save()
-    (out / MD_NAME).write_text(format_markdown(records, env, params) + "\n")
-    plot_generate_bench(records, out / PNG_NAME, env)
-    return records
+        atomic_write_bytes(out / MD_NAME, format_markdown(records, env, params) + "\n")
+        plot_generate_bench(records, out / PNG_NAME, env)
+        return records
 
 
 def _run_model(spec, cells, add, dev, dtype, weights, device_name, bandwidth, timing) -> None:

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from evalsuite.cli.app import bench_app
-from evalsuite.cli.options import DeviceOpt, _csv_list
+from evalsuite.cli.options import DeviceOpt, RepairOpt, _csv_list
 from evalsuite.errors import UserError
 
 
@@ -147,6 +147,7 @@ def bench_generate_cmd(
     ] = None,
     warmup: Annotated[bool, typer.Option(help="One untimed call per cell first (compiles, autotunes).")] = True,
     repeats: Annotated[int, typer.Option(help="Timed repeats of each call; the medians count.", min=1)] = 3,
+    repair: RepairOpt = False,
 ):
     """Prefill and decode tokens/s of generate calls per path, length and batch, against the bandwidth bound."""
     from evalsuite.bench import generate as gen
@@ -157,7 +158,7 @@ def bench_generate_cmd(
     gen.bench_generate(out, models=model or list(gen.DEFAULT_MODELS), lengths=_csv_list(lengths, int, "--lengths"),
                        batches=_csv_list(batches, int, "--batches"), new_tokens=new_tokens,
                        paths=_csv_list(paths, str, "--paths"), device=device, dtype=dtype, weights=weights,
-                       copy_mib=copy_mib, warmup=warmup, repeats=repeats)  # fmt: skip
+                       copy_mib=copy_mib, warmup=warmup, repeats=repeats, repair=repair)  # fmt: skip
     typer.echo(f"wrote {out}/{gen.JSON_NAME}, .md and .png")
 
 

@@ -15,6 +15,7 @@ from evalsuite.cli.options import (
     DtypeOpt,
     OutOpt,
     PlotOpt,
+    RepairOpt,
     SeedOpt,
     _adapter,
     _key_values,
@@ -73,6 +74,7 @@ def run_cmd(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "float32",
     out: OutOpt = None,
+    repair: RepairOpt = False,
     checkpoint: CheckpointOpt = None,
     attention: BackendOpt = "auto",
 ):
@@ -81,7 +83,7 @@ def run_cmd(
 
     task_obj = TASKS.get(task).from_options(_key_values(options or []))
     adapter = _adapter(model, device, dtype, checkpoint, attention) if model else None
-    results = _run(task_obj, adapter, out)
+    results = _run(task_obj, adapter, out, repair)
     records = results["records"]
     typer.echo(f"{task}: {len(records)} records in {results['run_dir']}")
     if records:
@@ -111,6 +113,7 @@ def loss(
     dtype: DtypeOpt = "float32",
     seed: SeedOpt = 0,
     out: OutOpt = None,
+    repair: RepairOpt = False,
     checkpoint: CheckpointOpt = None,
     attention: BackendOpt = "auto",
     plot: PlotOpt = True,
@@ -126,7 +129,7 @@ def loss(
     for spec in model:
         _seed_everything(seed)
         adapter = _adapter(spec, device, dtype, checkpoint, attention)
-        results = _run(LossTask(config), adapter, out)
+        results = _run(LossTask(config), adapter, out, repair)
         _report_loss(spec, results, adapter)
         run_dirs.append(Path(results["run_dir"]))
     if plot:

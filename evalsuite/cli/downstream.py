@@ -18,6 +18,7 @@ from evalsuite.cli.options import (
     DtypeOpt,
     ModelOpt,
     OutOpt,
+    RepairOpt,
     SeedOpt,
     _adapter,
     _csv_list,
@@ -62,6 +63,7 @@ def longbench(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "float32",
     out: OutOpt = None,
+    repair: RepairOpt = False,
     checkpoint: CheckpointOpt = None,
     attention: BackendOpt = "auto",
 ):
@@ -86,7 +88,7 @@ def longbench(
         batch_size=batch_size,
     )
     adapter = _adapter(model, device, dtype, checkpoint, attention)
-    results = _run(LongBenchTask(config), adapter, out)
+    results = _run(LongBenchTask(config), adapter, out, repair)
     summary = results["summary"]
     for note in summary["skipped_records"]:
         typer.echo(f"  skipped {note}", err=True)
@@ -142,6 +144,7 @@ def summarize(
     dtype: DtypeOpt = "float32",
     seed: SeedOpt = 0,
     out: OutOpt = None,
+    repair: RepairOpt = False,
     checkpoint: CheckpointOpt = None,
     attention: BackendOpt = "auto",
 ):
@@ -164,7 +167,7 @@ def summarize(
         seed=seed,
     )
     adapter = _adapter(model, device, dtype, checkpoint, attention)
-    results = _run(SummarizeTask(config), adapter, out)
+    results = _run(SummarizeTask(config), adapter, out, repair)
     summary = results["summary"]
     rows = [(adapter.name, summary["metrics"])]
     if summary.get("lead_baseline"):

@@ -1,35 +1,90 @@
-"""The console entry point: the app with every command registered, and how errors, Ctrl-C and torchrun are met."""
+"""The console entry point: the app with every command registered, and how errors, signals and torchrun are met.
+
+SIGINT (Ctrl-C) and SIGTERM (what schedulers send before SIGKILL) raise :class:`~evalsuite.errors.Interrupted`
+from :func:`main`'s first line on, before torch is imported (only Python's own start and the import of this module,
+a few tenths of a second, come before it): a run unwinds as from an error (records are appended as they finish, so
+nothing is lost), prints one line saying what its run directory kept and how to resume, and exits with 128 + the
+signal's number (130, 143). A second signal takes the default action at once.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 
 import typer
 
 # Each command module registers its commands on the app (or one of its groups) when imported.
 from evalsuite.cli import bench, core, downstream, lmeval, mqar, niah, serve  # noqa: F401
 from evalsuite.cli.app import app
-from evalsuite.errors import UserError
+from evalsuite.errors import Interrupted, UserError
+
+CAUGHT = (signal.SIGINT, signal.SIGTERM)
 
 
 def main() -> None:
-    """Console entry point: one line on stderr for every error; status 2 for bad input, 130 for Ctrl-C."""
-    from evalsuite.runs import distributed
+    """Console entry point: one line on stderr for every error; status 2 for bad input (a full disk included), 130
+    for Ctrl-C, 143 for SIGTERM."""
+    replaced = _raise_on_signals()
+    try:
+        _main()
+    finally:
+        for signum, handler in replaced.items():
+            signal.signal(signum, handler)
 
+
+def _raise_on_signals() -> dict:
+    """Make SIGINT and SIGTERM raise :class:`Interrupted` in this (the main) thread; returns the handlers replaced.
+    A signal ignored when the command starts stays ignored (the shell's way of sparing a background job Ctrl-C)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def interrupted(signum, frame):
+        for caught in CAUGHT:  # a second signal, during the unwinding, ends the process at once
+            signal.signal(caught, signal.SIG_DFL)
+        raise Interrupted(signum)
+
+    return {s: signal.signal(s, interrupted) for s in CAUGHT if signal.getsignal(s) is not signal.SIG_IGN}
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM back (blocked, so the kernel keeps them pending) while torch is imported: an
+    exception raised inside a C extension's import may be swallowed there (torch's NumPy set-up turns any into a
+    warning), which would lose the signal. One that came meanwhile is met just after."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, CAUGHT)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def _main() -> None:
     click = sys.modules[typer.BadParameter.__module__]  # click's exceptions (typer may ship its own click)
     rank = 0
     debug = debug_requested(sys.argv[1:])
     try:
+        with _signals_held():
+            from evalsuite.runs import distributed  # noqa: F401 - torch, imported under the handlers above
+
         rank = _torchrun_checks(sys.argv[1:])
         rc = app(standalone_mode=False)
-    except distributed.PeerFailed as e:  # rank 0 reports it; this rank leaves quietly
-        sys.exit(2 if e.user_error else 1)
+    except Interrupted as e:
+        if not rank:  # one line, not one per rank
+            typer.echo(str(e), err=True)
+        sys.exit(e.status)
     except UserError as e:
         if debug:
             raise
         typer.echo(f"error: {f'[rank {rank}] ' if rank else ''}{e}", err=True)
         sys.exit(2)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # raised by code rather than a signal (the handlers above turn those into Interrupted)
         _interrupted(rank)
     except click.NoArgsIsHelpError as e:
         e.show()  # the help text
@@ -44,17 +99,32 @@ def main() -> None:
     except SystemExit:
         raise
     except Exception as e:
-        if debug:
-            raise
-        where = f"[rank {rank}] " if rank else ""
-        typer.echo(f"error: {where}{type(e).__name__}: {e} (rerun with --debug for the traceback)", err=True)
-        sys.exit(1)
+        _failed(e, rank, debug)
     finally:
-        distributed.teardown()
-    if rc == 130:  # typer turns Ctrl-C into Exit(130), which standalone_mode=False returns instead of raising
+        if "evalsuite.runs.distributed" in sys.modules:
+            sys.modules["evalsuite.runs.distributed"].teardown()
+    if rc == 130:  # typer turns a KeyboardInterrupt into Exit(130), which standalone_mode=False returns
         _interrupted(rank)
     if isinstance(rc, int) and rc:
         sys.exit(rc)
+
+
+def _failed(e: Exception, rank: int, debug: bool) -> None:
+    """Exit after an exception the command did not expect: 2 and one line naming the file for a write that found no
+    room (a full disk is the environment, not a bug), 1 and one line for anything else, the traceback with --debug."""
+    from evalsuite.runs import distributed
+    from evalsuite.runs.store import NO_ROOM, no_room
+
+    where = f"[rank {rank}] " if rank else ""
+    if isinstance(e, distributed.PeerFailed):  # rank 0 reports it; this rank leaves quietly
+        sys.exit(2 if e.user_error else 1)
+    if isinstance(e, OSError) and e.errno in NO_ROOM:
+        typer.echo(f"error: {where}{no_room(e.filename or 'a file', e)}", err=True)
+        sys.exit(2)
+    if debug:
+        raise e
+    typer.echo(f"error: {where}{type(e).__name__}: {e} (rerun with --debug for the traceback)", err=True)
+    sys.exit(1)
 
 
 def _torchrun_checks(args: list[str]) -> int:
@@ -113,7 +183,7 @@ def sharing_commands() -> list[str]:
 
 def _interrupted(rank: int = 0) -> None:
     if not rank:  # one line, not one per rank
-        typer.echo("interrupted: finished items are saved; rerun the same command to resume", err=True)
+        typer.echo("interrupted; rerun the same command to resume", err=True)
     sys.exit(130)
 
 

@@ -12,6 +12,7 @@ from evalsuite.cli.options import (
     BackendOpt,
     DeviceOpt,
     OutOpt,
+    RepairOpt,
     SeedOpt,
     _csv_list,
     _key_values,
@@ -50,6 +51,7 @@ def mqar(
     device: DeviceOpt = "auto",
     seed: SeedOpt = None,
     out: OutOpt = None,
+    repair: RepairOpt = False,
     attention: BackendOpt = "auto",
     progress: Annotated[bool, typer.Option(help="Show a progress bar (else one line per finished cell).")] = True,
     report: Annotated[bool, typer.Option(help="Write tables and plots into the run directory.")] = True,
@@ -78,7 +80,7 @@ def mqar(
     run_dir = out or default_run_dir(sweep, preset)
     results = run_mqar(sweep, run_dir, device=device, attention=attention, workers=workers, threads=threads,
                        cuda_graph=cuda_graph, compile=compile, time_limit=time_limit, progress=progress, preset=preset,
-                       on_record=None if progress else _echo_mqar_cell)  # fmt: skip
+                       on_record=None if progress else _echo_mqar_cell, repair=repair)  # fmt: skip
     _only_main()
     _show_sweep(results, preset, run_dir, report)
 

@@ -17,6 +17,7 @@ from evalsuite.cli.options import (
     ModelOpt,
     OutOpt,
     PlotOpt,
+    RepairOpt,
     SeedOpt,
     _adapter,
     _batch_size,
@@ -59,6 +60,7 @@ def niah(
     dtype: DtypeOpt = "float32",
     seed: SeedOpt = 0,
     out: OutOpt = None,
+    repair: RepairOpt = False,
     checkpoint: CheckpointOpt = None,
     attention: BackendOpt = "auto",
     plot: PlotOpt = True,
@@ -83,7 +85,7 @@ def niah(
     task = NiahTask(config, OpenAIJudge.from_spec(judge) if judge else None)  # a missing API key fails first
     _seed_everything(seed)
     adapter = _adapter(model, device, dtype, checkpoint, attention)
-    _report(_run(task, adapter, out), adapter, plot)
+    _report(_run(task, adapter, out, repair), adapter, plot)
 
 
 @app.command()
@@ -99,6 +101,7 @@ def passkey(
     dtype: DtypeOpt = "float32",
     seed: SeedOpt = 0,
     out: OutOpt = None,
+    repair: RepairOpt = False,
     checkpoint: CheckpointOpt = None,
     attention: BackendOpt = "auto",
     plot: PlotOpt = True,
@@ -111,7 +114,7 @@ def passkey(
     config = DrtConfig(preset, _lengths(lengths), samples, haystack, size, seed, kind=kind)
     _seed_everything(seed)
     adapter = _adapter(model, device, dtype, checkpoint, attention)
-    _report(_run(DrtPasskeyTask(config), adapter, out), adapter, plot)
+    _report(_run(DrtPasskeyTask(config), adapter, out, repair), adapter, plot)
 
 
 def _lengths(value: str | None) -> list[int] | None:

@@ -21,6 +21,9 @@ DtypeOpt = Annotated[
 ]
 SeedOpt = Annotated[int, typer.Option(help="Seed for data shuffles, rolls and sampling.")]
 OutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="Run directory (default: results/runs/...).")]
+RepairOpt = Annotated[
+    bool, typer.Option(help="Set aside corrupt lines of the run directory's records (their items run again).")
+]
 CheckpointOpt = Annotated[
     Path | None, typer.Option(help="Checkpoint directory (ours or an official release), overriding the card.")
 ]
@@ -93,11 +96,11 @@ def _key_values(pairs: list[str]) -> dict:
     return out
 
 
-def _run(task, adapter, out: Path | None) -> dict:
+def _run(task, adapter, out: Path | None, repair: bool = False) -> dict:
     """Run a task through the runner; the result carries the run directory it was written to."""
     from evalsuite.tasks.runner import run_task
 
-    results = run_task(task, adapter, out)
+    results = run_task(task, adapter, out, repair=repair)
     _only_main()
     return results
 

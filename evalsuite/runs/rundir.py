@@ -6,8 +6,15 @@ atomically at the end) and any files a task keeps beside them (e.g. the loss tas
 
 * **Claiming.** A directory belongs to one configuration: a run with another config hash is refused with one line
   naming the settings that differ, and so is a directory holding run files without a manifest.
+* **One writer.** A run writes through :func:`writing`, which holds the directory's lock
+  (:class:`~evalsuite.runs.lock.RunLock`) from before the claim to its last write: a second run on it is refused in
+  one line naming the holder, and a lock a killed run left is taken over.
 * **Resume.** :meth:`RunDir.latest` gives the records by key, a later line replacing an earlier one (a re-judged
   answer); a rerun skips what is there. Appends repair a torn tail first (:func:`evalsuite.runs.store.append_jsonl`).
+  A corrupt line elsewhere stops the run naming it; a claim with ``repair`` sets such lines aside in
+  ``records.corrupt.txt``, so their items run again.
+* **Interrupts.** An :class:`~evalsuite.errors.Interrupted` (SIGINT, SIGTERM) leaving :func:`writing` gains a note
+  of what the directory kept and how to resume.
 * **No litter.** A run that fails before writing anything removes the directory it created
   (:meth:`RunDir.abandon`), so a failed validation never leaves a claimed directory behind.
 * **Ranks.** Under torchrun (:mod:`evalsuite.runs.distributed`) with several ranks each rank appends to its own
@@ -18,28 +25,33 @@ atomically at the end) and any files a task keeps beside them (e.g. the loss tas
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from evalsuite.errors import UserError
+from evalsuite.errors import Interrupted, UserError
 from evalsuite.runs.distributed import SINGLE, World
+from evalsuite.runs.lock import LOCK_FILE, RunLock
 from evalsuite.runs.store import (
     RECORDS_FILE,
+    REPAIR_HINT,
     RESULTS_FILE,
     append_jsonl,
     atomic_write_bytes,
     atomic_write_json,
     read_json_file,
     read_jsonl,
+    set_aside_corrupt,
 )
 
 MANIFEST_FILE = "config.json"
 SHARD_PREFIX = "records.rank-"  # records.rank-<r>.jsonl: what rank r appended during a distributed run
+CORRUPT_FILE = "records.corrupt.txt"  # the lines a repair set aside, as they were
 
 
 def shard_path(path: Path, rank: int) -> Path:
@@ -68,7 +80,7 @@ def check_writable(path: Path) -> None:
 
 
 class RunDir:
-    """One run's directory; create it with :meth:`claim` (under torchrun, rank 0 claims it for all ranks).
+    """One run's directory; a writer takes it with :func:`writing` (under torchrun, rank 0 for all ranks).
 
     ``world``: this process's :class:`~evalsuite.runs.distributed.World`. With several ranks :meth:`append` writes
     this rank's own file and :meth:`records` reads ``records.jsonl`` plus that file only, so every rank computes the
@@ -87,28 +99,43 @@ class RunDir:
         """Take ``path`` for a run of ``task`` with ``config_hash`` (``config``: what it hashes, shown when another
         run's differs), taking in the rank files an interrupted distributed run left there. ``outputs``: the names
         of files such a run writes besides records and results (a directory holding one without a manifest is
-        refused too)."""
+        refused too). A writer claims through :func:`writing`, which also holds the directory's lock."""
         path = Path(path)
         check_writable(path)
-        manifest = path / MANIFEST_FILE
+        run = cls(path, task, config_hash, not path.exists())
+        run._take(config, outputs, repair=False)
+        return run
+
+    def _take(self, config: dict, outputs: tuple[str, ...], repair: bool) -> None:
+        """:meth:`claim`'s work once the directory is known to be writable; ``repair``: first set aside the record
+        lines that are not valid JSON."""
+        path, manifest = self.path, self.path / MANIFEST_FILE
         if manifest.exists():
             old = read_json_file(manifest, "run manifest")
-            if old.get("config_hash") != config_hash:
+            if old.get("config_hash") != self.config_hash:
                 raise UserError(
-                    f"{path} holds a run with other settings ({_differences(old, task, config)}); for another "
+                    f"{path} holds a run with other settings ({_differences(old, self.task, config)}); for another "
                     "configuration choose another --out"
                 )
-            created = False
         elif any((path / name).exists() for name in (RESULTS_FILE, RECORDS_FILE, *outputs)):
             raise UserError(f"{path} holds run files but no run manifest ({MANIFEST_FILE}); choose another --out")
         else:
-            created = not path.exists()
-            atomic_write_json(manifest, {"task": task, "config_hash": config_hash, "config": config})
-        run = cls(path, task, config_hash, created)
-        n = run.merge_shards()
+            atomic_write_json(manifest, {"task": self.task, "config_hash": self.config_hash, "config": config})
+        if repair:
+            self._set_aside_corrupt()
+        n = self.merge_shards()
         if n:
-            _note(f"{run.path}: took in {n} records the ranks of an interrupted distributed run had finished")
-        return run
+            _note(f"{path}: took in {n} records the ranks of an interrupted distributed run had finished")
+
+    def _set_aside_corrupt(self) -> None:
+        """Move the corrupt lines of the record files into :data:`CORRUPT_FILE`, saying which."""
+        aside = self.path / CORRUPT_FILE
+        files = (self.records_path, *shard_files(self.path))
+        found = [(f.name, n) for f in files for n in set_aside_corrupt(f, aside)]
+        if found:
+            where = ", ".join(f"{name}:{n}" for name, n in found)
+            _note(f"{self.path}: set aside {len(found)} corrupt record line(s) ({where}) in {CORRUPT_FILE}; their "
+                  "items run again")  # fmt: skip
 
     @property
     def created(self) -> bool:
@@ -177,8 +204,38 @@ class RunDir:
 
     def abandon(self) -> None:
         """Remove the directory if this claim created it and nothing but the manifest was written."""
-        if self._created and self.path.is_dir() and {p.name for p in self.path.iterdir()} <= {MANIFEST_FILE}:
+        if self._created and self.path.is_dir() and {p.name for p in self.path.iterdir()} <= {MANIFEST_FILE, LOCK_FILE}:
             shutil.rmtree(self.path, ignore_errors=True)
+
+    def kept(self) -> str:
+        """What the directory keeps after a run stopped, and how to go on (the note of an interrupt)."""
+        if self.path.is_dir():
+            return f"what finished is saved in {self.path}; rerun the same command to resume"
+        return "no item had finished, so its run directory was removed"
+
+
+@contextlib.contextmanager
+def writing(
+    path: Path | str, task: str, config_hash: str, config: dict, outputs: tuple[str, ...] = (), *,
+    repair: bool = False, world: World = SINGLE,
+) -> Iterator[RunDir]:  # fmt: skip
+    """:meth:`RunDir.claim` for the block, which is then the directory's one writer: the directory's lock is taken
+    before the claim and let go at the block's end. A block that fails removes the directory if the claim created it
+    and nothing else was written (:meth:`RunDir.abandon`); an :class:`~evalsuite.errors.Interrupted` leaves it
+    carrying :meth:`RunDir.kept`. Under torchrun rank 0 alone holds it."""
+    path = Path(path)
+    check_writable(path)
+    run = RunDir(path, task, config_hash, not path.exists(), world)
+    with RunLock.acquire(path):
+        try:
+            run._take(config, outputs, repair)
+            yield run
+        except Interrupted as e:
+            run.abandon()
+            raise Interrupted(e.signum, run.kept()) from None
+        except BaseException:
+            run.abandon()
+            raise
 
 
 class ShardFollower:
@@ -247,7 +304,7 @@ def _record_lines(path: Path) -> list[tuple[str | None, bytes]]:
         except (UnicodeDecodeError, json.JSONDecodeError):
             if i == len(lines) - 1:  # only the last line may be torn (a rank killed mid-write)
                 break
-            raise UserError(f"{path}:{number}: corrupt record (not valid JSON)") from None
+            raise UserError(f"{path}:{number}: corrupt record (not valid JSON); {REPAIR_HINT}") from None
         if isinstance(row, dict):
             kept.append((row.get("key"), line))
     return kept

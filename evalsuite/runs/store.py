@@ -4,10 +4,15 @@ A crash never leaves a half-written result: every whole-file write goes to a tem
 same directory and is moved over the target with ``os.replace`` (atomic on POSIX), and gets the mode a
 plain ``open()`` would give (``0o666 & ~umask``). JSONL appends are flushed and fsynced per record; readers
 drop a torn last line, and the next append cuts it off first (so the new record starts on a line of its own).
+A write that finds no room (a full disk, the file-size limit, the quota) is a UserError naming the file, and leaves
+the file as it was (an atomic write) or with a torn last line that the next append repairs, so a run resumes once
+there is room. A corrupt line elsewhere is an error naming it, with the way on: ``--repair`` sets such lines aside
+(:func:`set_aside_corrupt`) and their items run again.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -24,6 +29,19 @@ from evalsuite.errors import UserError
 # The two files every run directory holds (the report layer reads what the tasks write):
 RESULTS_FILE = "results.json"  # written once, atomically, when a run finishes
 RECORDS_FILE = "records.jsonl"  # one line per finished item, appended as items finish
+# A write refused for want of room: no space left (ENOSPC), past the file-size limit (EFBIG, RLIMIT_FSIZE), over the
+# disk quota (EDQUOT).
+NO_ROOM = frozenset(code for code in (errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", None)) if code is not None)
+REPAIR_HINT = "rerun the command that wrote it with --repair to set corrupt lines aside and redo their items"
+
+
+def no_room(path: Path | str, error: OSError) -> UserError:
+    """The one line for a write to ``path`` that found no room (``error.errno`` in :data:`NO_ROOM`)."""
+    code = errno.errorcode.get(error.errno, str(error.errno))
+    return UserError(
+        f"cannot write {path}: {os.strerror(error.errno)} ({code}); make room (free disk space, or raise the file-size "
+        "limit or quota) and rerun the same command"
+    )
 
 
 def config_hash(config: dict) -> str:
@@ -63,7 +81,10 @@ def atomic_write_bytes(path: Path | str, data: bytes | str) -> Path:
     path = Path(path)
     data = data.encode("utf-8") if isinstance(data, str) else data
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise no_room(path, e) if e.errno in NO_ROOM else e from None
     try:
         with os.fdopen(fd, "wb") as f:
             mode = 0o666 & ~current_umask()
@@ -75,8 +96,10 @@ def atomic_write_bytes(path: Path | str, data: bytes | str) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.errno in NO_ROOM:
+            raise no_room(path, e) from None
         raise
     return path
 
@@ -100,11 +123,16 @@ def append_jsonl(path: Path, record: dict) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     line = (json.dumps(record, default=str) + "\n").encode("utf-8")
-    with open(path, "a+b") as f:  # O_APPEND: every write goes to the end, whatever the read position
-        line = _repair_tail(f, path) + line
-        f.write(line)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(path, "a+b") as f:  # O_APPEND: every write goes to the end, whatever the read position
+            line = _repair_tail(f, path) + line
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        if e.errno in NO_ROOM:  # what got out is a torn last line: readers drop it, the next append cuts it off
+            raise no_room(path, e) from None
+        raise
 
 
 _TAIL_BLOCK = 1 << 16
@@ -167,8 +195,10 @@ def read_jsonl(path: Path) -> list[dict]:
         return []
     try:
         lines = [(n, line) for n, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1) if line.strip()]
-    except (OSError, UnicodeDecodeError) as e:
+    except OSError as e:
         raise UserError(f"cannot read {path}: {e}") from None
+    except UnicodeDecodeError as e:
+        raise UserError(f"cannot read {path}: {e}; {REPAIR_HINT}") from None
     records = []
     for i, (number, line) in enumerate(lines):
         try:
@@ -176,10 +206,34 @@ def read_jsonl(path: Path) -> list[dict]:
         except json.JSONDecodeError:
             if i == len(lines) - 1:  # only the last line may be torn
                 break
-            raise UserError(f"{path}:{number}: corrupt record (not valid JSON)") from None
+            raise UserError(f"{path}:{number}: corrupt record (not valid JSON); {REPAIR_HINT}") from None
         if isinstance(row, dict):
             records.append(row)
     return records
+
+
+def set_aside_corrupt(path: Path, aside: Path) -> list[int]:
+    """Rewrite the JSONL file ``path`` (atomically) without its lines that are not valid JSON, a torn last line
+    included, appending them to ``aside`` as they were; returns their line numbers (none: ``path`` is untouched)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    kept, bad = [], []
+    for number, line in enumerate(path.read_bytes().split(b"\n"), 1):
+        if line.strip():
+            try:
+                json.loads(line)
+                kept.append(line)
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                bad.append((number, line))
+    if bad:
+        try:
+            with open(aside, "ab") as f:
+                f.write(b"".join(line + b"\n" for _, line in bad))
+        except OSError as e:
+            raise no_room(aside, e) if e.errno in NO_ROOM else e from None
+        atomic_write_bytes(path, b"".join(line + b"\n" for line in kept))
+    return [number for number, _ in bad]
 
 
 def read_json_file(path: Path | str, what: str = "file") -> dict:

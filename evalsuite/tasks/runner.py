@@ -9,13 +9,15 @@ arrives), executes the task and writes ``results.json`` in one shape for every t
 
 Ranks (:mod:`evalsuite.runs.distributed`; a plain run is a world of one rank whose collectives return at once):
 every rank prepares the plan (the checks are deterministic, so a bad option gives one error line, not one per
-rank), rank 0 claims the directory, each works through its share of the pending work appending to its own rank file,
+rank), rank 0 claims the directory and holds its lock to the end (:func:`~evalsuite.runs.rundir.writing`: one run
+at a time writes a directory), each works through its share of the pending work appending to its own rank file,
 and rank 0 alone shows progress, merges the rank files, aggregates and writes ``results.json``. A task that does not
 share its work (``shards = False``) refuses to run on several ranks.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -24,45 +26,45 @@ from evalsuite.adapters.base import TextAdapter
 from evalsuite.errors import UserError
 from evalsuite.runs import distributed
 from evalsuite.runs.provenance import provenance
-from evalsuite.runs.rundir import MANIFEST_FILE, RunDir
+from evalsuite.runs.rundir import MANIFEST_FILE, RunDir, writing
 from evalsuite.runs.store import config_hash
 from evalsuite.tasks.base import Plan, Task, check_capabilities
 
 
-def run_task(task: Task, adapter: TextAdapter | None, out_dir: Path | str | None = None, progress: bool = True) -> dict:
+def run_task(
+    task: Task, adapter: TextAdapter | None, out_dir: Path | str | None = None, progress: bool = True,
+    repair: bool = False,
+) -> dict:  # fmt: skip
     """Run, resume or re-aggregate ``task`` on ``adapter`` into ``out_dir`` (default: the task's directory for this
-    configuration); returns (and writes) ``results.json``'s content, the same on every rank."""
+    configuration); returns (and writes) ``results.json``'s content, the same on every rank. ``repair``: set aside
+    the corrupt lines of the directory's records first (their items run again)."""
     world = distributed.setup()
     plan, chash, hashed = world.agree(lambda: _prepare(task, adapter, world.size))
+    with contextlib.ExitStack() as held:  # rank 0's claim: the directory's one writer until the run ends
+        mine: list[RunDir] = []
 
-    def claim():  # rank 0 alone writes the manifest and takes in rank files an interrupted run left
-        path = Path(out_dir) if out_dir is not None else task.default_dir(plan, adapter, chash)
-        run = RunDir.claim(path, task.name, chash, hashed)
-        finished = run.load_results() if task.reuse_finished else None
-        return str(run.path), run.created, finished
+        def claim():  # rank 0 alone writes the manifest and takes in rank files an interrupted run left
+            path = Path(out_dir) if out_dir is not None else task.default_dir(plan, adapter, chash)
+            mine.append(held.enter_context(writing(path, task.name, chash, hashed, repair=repair, world=world)))
+            return str(mine[0].path), mine[0].load_results() if task.reuse_finished else None
 
-    path, created, finished = world.from_main(claim)
-    if finished is not None:
-        return finished
-    run = RunDir(Path(path), task.name, chash, created=created and world.is_main, world=world)
-    world.agree(lambda: _check_shared(run))
-    if adapter is not None:
-        adapter.attach_run(run.path)
-    t0 = time.monotonic()
-    try:
+        path, finished = world.from_main(claim)
+        if finished is not None:
+            return finished
+        run = mine[0] if mine else RunDir(Path(path), task.name, chash, created=False, world=world)
+        world.agree(lambda: _check_shared(run))
+        if adapter is not None:
+            adapter.attach_run(run.path)
+        t0 = time.monotonic()
         outcome = task.execute(plan, adapter, run, progress and world.is_main)
-    except BaseException:
-        if world.is_main:
-            run.abandon()
-        raise
 
-    def finish():  # rank 0 alone aggregates and writes; every rank returns the results
-        run.merge_shards()  # a no-op for the tasks that merge in run order themselves
-        records, summary = task.aggregate(plan, outcome, adapter, run)
-        seconds = round(time.monotonic() - t0, 3)  # rank 0's share of the work, from its start to every rank's end
-        return _finish(task, plan, outcome, adapter, run, records, summary, world.size, seconds)
+        def finish():  # rank 0 alone aggregates and writes; every rank returns the results
+            run.merge_shards()  # a no-op for the tasks that merge in run order themselves
+            records, summary = task.aggregate(plan, outcome, adapter, run)
+            seconds = round(time.monotonic() - t0, 3)  # rank 0's share of the work, from its start to every rank's end
+            return _finish(task, plan, outcome, adapter, run, records, summary, world.size, seconds)
 
-    return world.from_main(finish)
+        return world.from_main(finish)
 
 
 def _prepare(task: Task, adapter: TextAdapter | None, ranks: int) -> tuple[Plan, str, dict]:

@@ -16,6 +16,7 @@ with overrides, through the architecture registry.
 
 from __future__ import annotations
 
+import io
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -30,6 +31,7 @@ from torch import nn
 from evalsuite.cards import ModelCard
 from evalsuite.errors import UserError
 from evalsuite.models.base import CausalLM
+from evalsuite.runs.store import atomic_write_bytes
 from evalsuite.training.train_step import EagerStep, GraphedStep, autocast
 
 IGNORE_INDEX = -100
@@ -393,10 +395,11 @@ def _evaluate(model: nn.Module, evaluate, config: TrainConfig, result: TrainResu
 
 def _save(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, result: TrainResult) -> None:
     """Write the run's state to ``path`` atomically (a kill mid-write leaves the previous snapshot)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "result": asdict(result)}, tmp)
-    tmp.replace(path)
+    # Serialised in memory first (the models that snapshot are small): torch.save into a file turns a full disk
+    # into a RuntimeError that names no file, atomic_write_bytes into a UserError naming it.
+    buffer = io.BytesIO()
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "result": asdict(result)}, buffer)
+    atomic_write_bytes(path, buffer.getvalue())
 
 
 def _resume(path: Path | None, model: nn.Module, optimizer: torch.optim.Optimizer, result: TrainResult) -> float:

@@ -303,9 +303,11 @@ def run_mqar(
     progress: bool = True,
     preset: str | None = None,
     on_record=None,
+    repair: bool = False,
 ) -> dict:
     """Run (or resume) a sweep into ``out_dir`` (default: :func:`default_run_dir`); write ``results.json`` and
-    return it. Options as :class:`MQARTask`'s; a spent ``time_limit`` leaves cells pending for a rerun."""
+    return it. Options as :class:`MQARTask`'s; a spent ``time_limit`` leaves cells pending for a rerun; ``repair``:
+    set aside corrupt record lines first (their cells train again)."""
     task = MQARTask(
         sweep,
         device=device,
@@ -318,4 +320,4 @@ def run_mqar(
         preset=preset,
         on_record=on_record,
     )
-    return run_task(task, None, out_dir, progress)
+    return run_task(task, None, out_dir, progress, repair=repair)
