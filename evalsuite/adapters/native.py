@@ -19,6 +19,7 @@ from evalsuite.cards import ModelCard, load_card
 from evalsuite.errors import UserError
 from evalsuite.generation import engine
 from evalsuite.generation.engine import left_pad, sample_next
+from evalsuite.generation.steps import DecodeRun
 from evalsuite.generation.types import Generation, GenerationConfig
 from evalsuite.models.checkpoint import checkpoint_sha256, load_checkpoint
 from evalsuite.runtime import dtype_name, resolve_device, resolve_dtype
@@ -167,6 +168,18 @@ class NativeAdapter(TokenAdapter):
         with self._autocast():
             return engine.generate(self.model, ids, start, config, self.tokenizer, path=self.decode_path,
                                    sync_every=self.sync_every, timer=self.step_timer)  # fmt: skip
+
+    def decode_run(self, prompts: list[list[int]], max_new_tokens: int) -> DecodeRun:
+        """The prompts (token ids) as a :class:`~evalsuite.generation.steps.DecodeRun` with room for
+        ``max_new_tokens`` more, decoded on this adapter's path and under its autocast: one step at a time, for a
+        caller that schedules between steps (``evalsuite serve``)."""
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise UserError("generate needs non-empty prompts")
+        self.check_length(max(len(p) for p in prompts))
+        ids, start = left_pad(prompts)
+        self._check_ids(ids)
+        return DecodeRun(self.model, ids, start, ids.shape[1] + max_new_tokens, path=self.decode_path,
+                         context=self._autocast)  # fmt: skip
 
     def provenance(self) -> dict:
         return {

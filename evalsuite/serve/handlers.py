@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from evalsuite.adapters.base import TextAdapter
 from evalsuite.generation.types import Generation, GenerationConfig
+from evalsuite.serve import tokenizer_api
 from evalsuite.serve.engine import Engine
+from evalsuite.serve.live import LiveText
 from evalsuite.serve.protocol import (
     COMPLETION_MAX_TOKENS,
     MAX_LOGPROBS,
@@ -22,15 +25,15 @@ from evalsuite.serve.protocol import (
     generation_config,
     int_field,
     refuse_unsupported,
-    split_text,
     token_pieces,
 )
+from evalsuite.serve.tokenizer_api import encode_text
 
 
 @dataclass
 class _Prompt:
     text: str
-    ids: list[int] | None  # token-tier models: the ids the model sees (BOS included)
+    ids: list[int] | None  # token-tier models: the ids the model sees (a string's BOS included, token ids as given)
     n_tokens: int
 
 
@@ -67,6 +70,22 @@ class OpenAIServer:
             raise APIError(404, f"The model `{model}` does not exist (this server serves `{self.name}`)",
                            param="model", code="model_not_found")  # fmt: skip
 
+    # -- the tokenizer ---------------------------------------------------------------------------------------
+
+    def tokenizer_info(self) -> dict:
+        return tokenizer_api.tokenizer_info(self.tokenizer, self.adapter.max_length)
+
+    def tokenize(self, body: dict) -> dict:
+        if "model" in body:
+            self._check_model(body["model"])
+        text = lambda b: chat_prompt(self._messages(b), self.tokenizer)  # noqa: E731
+        return tokenizer_api.tokenize(self.tokenizer, body, self.adapter.max_length, text)
+
+    def detokenize(self, body: dict) -> dict:
+        if "model" in body:
+            self._check_model(body["model"])
+        return tokenizer_api.detokenize(self.tokenizer, body)
+
     # -- prompts ---------------------------------------------------------------------------------------------
 
     def _prompts(self, body: dict) -> list[_Prompt]:
@@ -84,7 +103,7 @@ class OpenAIServer:
         prompts = []
         for p in raw:
             if isinstance(p, str):
-                ids = self.tokenizer.encode(p)
+                ids = encode_text(self.tokenizer, p)
                 prompts.append(_Prompt(p, ids if self.engine.tokens else None, len(ids)))
             elif p and all(isinstance(v, int) and not isinstance(v, bool) for v in p):
                 if not self.engine.tokens:
@@ -112,8 +131,8 @@ class OpenAIServer:
 
     # -- completions -----------------------------------------------------------------------------------------
 
-    async def completions(self, body: dict, tokenize) -> dict | list[dict]:
-        """The reply (or, with ``stream``, the list of chunks to send). ``tokenize`` runs a function off the loop."""
+    async def completions(self, body: dict, tokenize) -> dict | AsyncIterator[dict]:
+        """The reply (or, with ``stream``, the chunks as they are made). ``tokenize`` runs a function off the loop."""
         self._check_model(body.get("model", MISSING))
         refuse_unsupported(body)
         echo, stream = bool_field(body, "echo"), bool_field(body, "stream")
@@ -128,7 +147,10 @@ class OpenAIServer:
         config = generation_config(body, max(1, max_tokens))
         prompts = await tokenize(self._prompts, body)
         self._check_length(prompts, max_tokens)
-        self.engine.stats.requests += 1
+        self.engine.metrics.prompt(sum(p.n_tokens for p in prompts))
+        rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        if stream:
+            return self._completion_stream(rid, created, prompts, config, max_tokens, echo, body)
         gens = await asyncio.gather(*(self._generate(p, config, max_tokens) for p in prompts))
         choices, usage = [], {"prompt_tokens": 0, "completion_tokens": 0}
         for index, (p, gen) in enumerate(zip(prompts, gens, strict=True)):
@@ -140,16 +162,16 @@ class OpenAIServer:
             usage["prompt_tokens"] += p.n_tokens
             usage["completion_tokens"] += self._generated_tokens(gen)
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-        reply = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-                 "model": self.name, "choices": choices, "usage": usage}  # fmt: skip
-        if not stream:
-            return reply
-        return self._completion_chunks(reply, prompts, gens, echo, body)
+        return {"id": rid, "object": "text_completion", "created": created, "model": self.name, "choices": choices,
+                "usage": usage}  # fmt: skip
+
+    def _model_prompt(self, prompt: _Prompt) -> list[int] | str:
+        return prompt.ids if self.engine.tokens else prompt.text
 
     async def _generate(self, prompt: _Prompt, config: GenerationConfig, max_tokens: int) -> Generation:
         if max_tokens == 0:
             return Generation("", [], "length")
-        return await self.engine.generate(prompt.ids if self.engine.tokens else prompt.text, config)
+        return await self.engine.generate(self._model_prompt(prompt), config)
 
     def _generated_tokens(self, gen: Generation) -> int:
         if gen.token_ids or not gen.text:
@@ -199,21 +221,41 @@ class OpenAIServer:
             out.setdefault(self.tokenizer.decode([token_id]), value)
         return out
 
-    def _completion_chunks(self, reply: dict, prompts, gens, echo: bool, body: dict) -> list[dict]:
-        base = {"id": reply["id"], "object": "text_completion", "created": reply["created"], "model": self.name}
-        chunks = []
-        for choice, p, gen in zip(reply["choices"], prompts, gens, strict=True):
-            pieces = token_pieces(self.tokenizer, gen.token_ids) if gen.token_ids else [gen.text]
-            texts = ([p.text] if echo and p.text else []) + split_text(gen.text, pieces)
-            for text in texts:
-                chunks.append({**base, "choices": [{"index": choice["index"], "text": text, "logprobs": None,
-                                                    "finish_reason": None}]})  # fmt: skip
-            end = {"index": choice["index"], "text": "", "logprobs": None, "finish_reason": choice["finish_reason"],
-                   "stop_reason": choice["stop_reason"]}  # fmt: skip
-            chunks.append({**base, "choices": [end]})
+    async def _live(self, prompt: _Prompt, config: GenerationConfig, max_tokens: int, out: list):
+        """The text of one generation as it is made (``out`` receives the finished :class:`Generation`)."""
+        if max_tokens == 0:
+            out.append(Generation("", [], "length"))
+            return
+        stream = self.engine.stream(self._model_prompt(prompt), config)
+        live = LiveText(self.tokenizer, config.stop)
+        try:
+            async for ids in stream:
+                text = live.add(ids)
+                if text:
+                    yield text
+        finally:
+            stream.cancel()  # a no-op once finished; a client gone mid-stream frees its row
+        rest = live.finish(stream.generation)
+        if rest:
+            yield rest
+        out.append(stream.generation)
+
+    async def _completion_stream(self, rid: str, created: int, prompts: list[_Prompt], config: GenerationConfig,
+                                 max_tokens: int, echo: bool, body: dict) -> AsyncIterator[dict]:  # fmt: skip
+        """Chunks sent as tokens are made: per choice, the echoed prompt, the text, then its finish reason."""
+        base = {"id": rid, "object": "text_completion", "created": created, "model": self.name}
+        usage = {"prompt_tokens": sum(p.n_tokens for p in prompts), "completion_tokens": 0}
+        for index, p in enumerate(prompts):
+            gens: list[Generation] = []
+            head = [p.text] if echo and p.text else []
+            async for text in _prepend(head, self._live(p, config, max_tokens, gens)):
+                yield {**base, "choices": [{"index": index, "text": text, "logprobs": None, "finish_reason": None}]}
+            usage["completion_tokens"] += self._generated_tokens(gens[0])
+            end = {"index": index, "text": "", "logprobs": None, **self._finish(gens[0], config.stop)}
+            yield {**base, "choices": [end]}
         if (body.get("stream_options") or {}).get("include_usage"):
-            chunks.append({**base, "choices": [], "usage": reply["usage"]})
-        return chunks
+            usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+            yield {**base, "choices": [], "usage": usage}
 
     # -- chat ------------------------------------------------------------------------------------------------
 
@@ -239,7 +281,7 @@ class OpenAIServer:
             out.append({"role": m["role"], "content": content})
         return out
 
-    async def chat(self, body: dict, tokenize) -> dict | list[dict]:
+    async def chat(self, body: dict, tokenize) -> dict | AsyncIterator[dict]:
         self._check_model(body.get("model", MISSING))
         refuse_unsupported(body)
         if bool_field(body, "logprobs"):
@@ -257,24 +299,32 @@ class OpenAIServer:
 
         (prompt,) = await tokenize(build)
         self._check_length([prompt], max_tokens)
-        self.engine.stats.requests += 1
+        self.engine.metrics.prompt(prompt.n_tokens)
+        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        if stream:
+            return self._chat_stream(rid, created, prompt, config, max_tokens, body)
         gen = await self._generate(prompt, config, max_tokens)
         usage = {"prompt_tokens": prompt.n_tokens, "completion_tokens": self._generated_tokens(gen)}
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-        finish = self._finish(gen, config.stop)
-        reply = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-                 "model": self.name, "usage": usage,
-                 "choices": [{"index": 0, "message": {"role": "assistant", "content": gen.text}, "logprobs": None,
-                              **finish}]}  # fmt: skip
-        if not stream:
-            return reply
-        base = {"id": reply["id"], "object": "chat.completion.chunk", "created": reply["created"], "model": self.name}
-        pieces = token_pieces(self.tokenizer, gen.token_ids) if gen.token_ids else [gen.text]
-        chunks = [{**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                        "finish_reason": None}]}]  # fmt: skip
-        for text in split_text(gen.text, pieces):
-            chunks.append({**base, "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]})
-        chunks.append({**base, "choices": [{"index": 0, "delta": {}, **finish}]})
+        return {"id": rid, "object": "chat.completion", "created": created, "model": self.name, "usage": usage,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": gen.text}, "logprobs": None,
+                             **self._finish(gen, config.stop)}]}  # fmt: skip
+
+    async def _chat_stream(self, rid: str, created: int, prompt: _Prompt, config: GenerationConfig,
+                           max_tokens: int, body: dict) -> AsyncIterator[dict]:  # fmt: skip
+        base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": self.name}
+        yield {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
+        gens: list[Generation] = []
+        async for text in self._live(prompt, config, max_tokens, gens):
+            yield {**base, "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
+        yield {**base, "choices": [{"index": 0, "delta": {}, **self._finish(gens[0], config.stop)}]}
         if (body.get("stream_options") or {}).get("include_usage"):
-            chunks.append({**base, "choices": [], "usage": usage})
-        return chunks
+            usage = {"prompt_tokens": prompt.n_tokens, "completion_tokens": self._generated_tokens(gens[0])}
+            yield {**base, "choices": [], "usage": {**usage, "total_tokens": sum(usage.values())}}
+
+
+async def _prepend(head: list[str], rest: AsyncIterator[str]) -> AsyncIterator[str]:
+    for text in head:
+        yield text
+    async for text in rest:
+        yield text
