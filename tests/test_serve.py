@@ -173,6 +173,51 @@ def test_concurrent_requests_are_batched_and_correct(served_fox, native):
     assert any(int(size) > 1 for size in after["batch_sizes"])
 
 
+def test_tokenizer_routes(served_fox, native):
+    """vLLM's /tokenize, /detokenize and /tokenizer_info: the string BOS rule, chat prompts, round trips."""
+    tok = native.tokenizer
+    text = "The river, quiet \"and\" old"
+    status, reply, _ = http("POST", f"{served_fox.url}/tokenize", {"model": MODEL, "prompt": text})
+    assert status == 200 and reply["tokens"] == tok.encode(text) and reply["tokens"][0] == tok.bos_id
+    assert (reply["count"], reply["max_model_len"]) == (len(reply["tokens"]), 16384)
+    bare = http("POST", f"{served_fox.url}/tokenize", {"prompt": text, "add_special_tokens": False})[1]["tokens"]
+    assert bare == tok.encode(text, add_bos=False)
+    once = http("POST", f"{served_fox.url}/tokenize", {"prompt": "<|endoftext|>" + text})[1]["tokens"]
+    assert once == reply["tokens"]  # a text that begins with BOS gets no second one
+    messages = [{"role": "user", "content": "Hi"}]
+    chat = http("POST", f"{served_fox.url}/tokenize", {"messages": messages})[1]["tokens"]
+    assert chat == tok.encode(chat_prompt(messages, tok))
+    assert http("POST", f"{served_fox.url}/detokenize", {"tokens": bare})[1] == {"prompt": text}
+    info = http("GET", f"{served_fox.url}/tokenizer_info")[1]
+    assert (info["bos_token"], info["eos_token"], info["bos_token_id"], info["add_bos_token"]) == (
+        "<|endoftext|>", "<|endoftext|>", tok.bos_id, True)  # fmt: skip
+    bad = [("tokenize", {"prompt": 3}, "prompt"), ("detokenize", {"tokens": "x"}, "tokens"),
+           ("detokenize", {"tokens": [10**9]}, "tokens"), ("tokenize", {"model": "gpt-5", "prompt": "a"}, "model")]
+    for route, body, param in bad:
+        status, reply, _ = http("POST", f"{served_fox.url}/{route}", body)
+        assert status in (400, 404) and reply["error"]["param"] == param
+
+
+def test_metrics_in_the_prometheus_format(served_fox):
+    def scrape() -> dict[str, float]:
+        status, text, headers = http("GET", f"{served_fox.url}/metrics")
+        assert status == 200 and headers["content-type"].startswith("text/plain")
+        lines = [line for line in text.splitlines() if line and not line.startswith("#")]
+        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in lines}
+
+    before = scrape()
+    complete(served_fox, prompt=PROMPTS[0], max_tokens=5, temperature=0, ignore_eos=True)
+    after = scrape()
+    ok = 'evalsuite_requests_total{endpoint="completions",status="200"}'
+    assert after[ok] == before.get(ok, 0) + 1
+    assert after["evalsuite_generation_tokens_total"] - before["evalsuite_generation_tokens_total"] == 5
+    count = 'evalsuite_request_latency_seconds_count{endpoint="completions"}'
+    assert after[count] == before[count] + 1
+    assert after['evalsuite_request_latency_seconds_bucket{endpoint="completions",le="+Inf"}'] == after[count]
+    assert after["evalsuite_step_batch_rows_count"] > before["evalsuite_step_batch_rows_count"]
+    assert after["evalsuite_running_requests"] == 0
+
+
 @pytest.mark.parametrize(
     "path, body, status, param, code, message",
     [

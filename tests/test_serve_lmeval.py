@@ -24,7 +24,7 @@ from test_lm_eval_bridge import GEN_PROMPTS, MC_DOCS, PPL_DOCS, task_yaml, write
 
 lm_eval = pytest.importorskip("lm_eval")
 pytest.importorskip("tenacity")  # lm-eval's API models need it (the lm-eval extra installs it)
-import lm_eval.models.openai_completions  # noqa: E402,F401 - registers local-completions and local-chat-completions
+pytest.importorskip("lm_eval.models.openai_completions")  # registers local-completions and local-chat-completions
 from lm_eval.tasks import TaskManager  # noqa: E402
 
 from evalsuite.adapters.lm_eval_bridge import EvalsuiteLM  # noqa: E402
@@ -81,7 +81,8 @@ def completions_args(server: ServeProcess, name: str, **extra) -> dict:
 
 def chat_answers(tm: TaskManager, server: ServeProcess, name: str) -> list[str]:
     args = {"base_url": f"{server.base_url}/chat/completions", "model": name}
-    return [doc[0] for doc in answers(tm, ["sv_gen"], "local-chat-completions", args, apply_chat_template=True)["sv_gen"]]
+    got = answers(tm, ["sv_gen"], "local-chat-completions", args, apply_chat_template=True)
+    return [doc[0] for doc in got["sv_gen"]]
 
 
 def bridge_chat(adapter, prompts: list[str]) -> list[str]:
@@ -172,3 +173,36 @@ def test_hf_model_through_local_completions_and_chat(tasks, tmp_path):
         assert chat_answers(tasks, server, "tiny-llama") == bridge_chat(adapter, GEN_PROMPTS)
     finally:
         server.stop()
+
+
+# -- RULER: a long-context task lm-eval builds offline ---------------------------------------------------------------
+
+
+def test_ruler_niah_single_1_agrees(tmp_path, served_fox, monkeypatch):
+    """lm-eval's RULER ``niah_single_1`` (its haystack is a repeated sentence, so no data is downloaded), sized by
+    a local tokenizer: the bridge and ``local-completions`` against the server generate the same answers.
+
+    RULER's module asks nltk for its ``punkt_tab`` sentence model at import and downloads it when absent; only the
+    essay haystacks split sentences, so an empty ``punkt_tab`` folder on nltk's path keeps the import offline (a task
+    that did split sentences would fail on the missing files, not pass)."""
+    pytest.importorskip("wonderwords")
+    import nltk
+    from test_hf_adapter import build_tiny_model
+
+    (tmp_path / "nltk" / "tokenizers" / "punkt_tab").mkdir(parents=True)
+    monkeypatch.setattr(nltk.data, "path", [str(tmp_path / "nltk"), *nltk.data.path])
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    sizer = build_tiny_model(tmp_path / "sizer")  # RULER sizes its haystacks with a transformers tokenizer
+    ruler = Path(lm_eval.__file__).parent / "tasks" / "ruler"
+    tm = TaskManager(include_path=str(ruler), include_defaults=False,
+                     metadata={"tokenizer": str(sizer), "max_seq_lengths": [512]})  # fmt: skip
+
+    def run(model, model_args=None) -> list:
+        out = lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=["niah_single_1"], task_manager=tm,
+                                      limit=2, log_samples=True)  # fmt: skip
+        return [s["resps"] for s in sorted(out["samples"]["niah_single_1"], key=lambda s: s["doc_id"])]
+
+    adapter = load_adapter("fox-pro-tiny", AdapterOptions(device="cpu"))
+    want = run(EvalsuiteLM(adapter=adapter))
+    got = run("local-completions", completions_args(served_fox, "fox-pro-tiny", tokenized_requests=False))
+    assert got == want and len(want) == 2 and all(r[0][0] for r in want)

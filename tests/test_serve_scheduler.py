@@ -85,7 +85,7 @@ class LongStream:
     def __init__(self, port: int, max_tokens: int, prompt: str = "Once upon a time"):
         payload = body(prompt, max_tokens, stream=True)
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=60)
-        head = f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        head = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         self.sock.sendall(f"{head}Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
         self.received = b""
 
@@ -138,19 +138,23 @@ def test_a_disconnected_client_cancels_its_generation(server):
     """A 4,000-token request whose client leaves after a second stops generating; the next request is answered at
     once. Both a plain request (its connection closed while waiting) and a stream."""
     for streamed in (False, True):
-        before = stats(server)
-        sock = socket.create_connection(("127.0.0.1", server.port), timeout=60)
-        payload = body("A long story:", 4000, stream=streamed)
-        head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        sock.sendall(f"{head}Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
-        assert wait_for(lambda: stats(server)["generated_tokens"] > before["generated_tokens"] + 100)
-        sock.close()
-        assert wait_for(lambda: stats(server)["cancelled"] == before["cancelled"] + 1), stats(server)
-        assert stats(server)["running"] == 0
-        seconds, reply = post(server.port, body("Next:", 4))
-        assert reply["usage"]["completion_tokens"] == 4 and seconds < 5.0
-        made = stats(server)["generated_tokens"] - before["generated_tokens"]
-        assert made < 4000  # the cancelled generation stopped early
+        leave_early(server, streamed)
+
+
+def leave_early(server, streamed: bool) -> None:
+    before = stats(server)
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=60)
+    payload = body("A long story:", 4000, stream=streamed)
+    head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    sock.sendall(f"{head}Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+    assert wait_for(lambda: stats(server)["generated_tokens"] > before["generated_tokens"] + 100)
+    sock.close()
+    assert wait_for(lambda: stats(server)["cancelled"] == before["cancelled"] + 1), stats(server)
+    assert stats(server)["running"] == 0
+    seconds, reply = post(server.port, body("Next:", 4))
+    assert reply["usage"]["completion_tokens"] == 4 and seconds < 5.0
+    made = stats(server)["generated_tokens"] - before["generated_tokens"]
+    assert made < 4000  # the cancelled generation stopped early
 
 
 def test_tokens_are_streamed_as_they_are_made(server):
@@ -193,7 +197,8 @@ def test_rows_of_a_batch_end_independently_and_equal_native(server, native):
 
 def test_decode_run_steps_equal_generate(native):
     """The step API: prefill in passes of any size (left-padded rows), then steps, gives generate's tokens."""
-    prompts = [native.tokenizer.encode(t) for t in ("The river was quiet and", "A letter arrived at the old mill", "Hi")]
+    texts = ("The river was quiet and", "A letter arrived at the old mill", "Hi")
+    prompts = [native.tokenizer.encode(t) for t in texts]
     config = GenerationConfig(max_new_tokens=8, stop_at_eos=False)
     want = [g.token_ids for g in native.generate(prompts, config)]
     for budget in (None, 1, 3, 100):

@@ -78,8 +78,10 @@ class OpenAIServer:
     def tokenize(self, body: dict) -> dict:
         if "model" in body:
             self._check_model(body["model"])
-        text = lambda b: chat_prompt(self._messages(b), self.tokenizer)  # noqa: E731
-        return tokenizer_api.tokenize(self.tokenizer, body, self.adapter.max_length, text)
+        def chat_text(b: dict) -> str:
+            return chat_prompt(self._messages(b), self.tokenizer)
+
+        return tokenizer_api.tokenize(self.tokenizer, body, self.adapter.max_length, chat_text)
 
     def detokenize(self, body: dict) -> dict:
         if "model" in body:
