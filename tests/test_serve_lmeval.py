@@ -33,6 +33,7 @@ from evalsuite.serve import chat_prompt  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 GEN_KWARGS = {"until": ["\n"], "max_gen_toks": 8, "do_sample": False}
+FAST = {"TRITON_INTERPRET": None, "OMP_NUM_THREADS": "1"}  # a server as it runs on a CPU, beside its clients
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +111,7 @@ def test_native_model_through_local_completions_and_chat(tasks, gpt2_card):
     adapter = load_adapter(str(gpt2_card), AdapterOptions(device="cpu"))
     assert not adapter.tokenizer.add_bos
     want = answers(tasks, ["sv_mc", "sv_ppl", "sv_gen"], EvalsuiteLM(adapter=adapter))
-    server = ServeProcess(str(gpt2_card)).wait_ready()
+    server = ServeProcess(str(gpt2_card), env=FAST).wait_ready()
     try:
         info = http("GET", f"{server.url}/tokenizer_info")[1]
         assert (info["eos_token"], info["add_bos_token"]) == ("<|endoftext|>", False)
@@ -161,7 +162,7 @@ def test_hf_model_through_local_completions_and_chat(tasks, tmp_path):
     path = build_tiny_model(tmp_path / "tiny-llama")
     adapter = load_adapter(f"hf:{path}", AdapterOptions(device="cpu"))
     want = answers(tasks, ["sv_mc", "sv_ppl", "sv_gen"], EvalsuiteLM(adapter=adapter))
-    server = ServeProcess(f"hf:{path}").wait_ready()
+    server = ServeProcess(f"hf:{path}", env=FAST).wait_ready()
     try:
         for tokenized in (True, False):
             args = completions_args(server, "tiny-llama", tokenized_requests=tokenized, add_bos_token=True,
