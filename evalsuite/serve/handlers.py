@@ -78,6 +78,7 @@ class OpenAIServer:
     def tokenize(self, body: dict) -> dict:
         if "model" in body:
             self._check_model(body["model"])
+
         def chat_text(b: dict) -> str:
             return chat_prompt(self._messages(b), self.tokenizer)
 
