@@ -3,7 +3,8 @@
 A long generation must not stall short ones (16 clients of 16-token requests, one client streaming 8,000 tokens:
 the short requests' p99 latency with it stays within 3x their p99 without it), a client that disconnects frees its
 generation (streamed or not), tokens are streamed as they are made, and a batch's rows finish independently with
-the same tokens as the native adapter. Beside it, the step API itself (DecodeRun) against ``generate``.
+the same tokens as the native adapter. Beside it, the step API itself (DecodeRun) against ``generate``, and a
+StepBatch of rows with their own rules, seeds and stops against each request's ``generate`` alone.
 """
 
 from __future__ import annotations
