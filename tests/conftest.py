@@ -125,9 +125,10 @@ def http(method: str, url: str, body=None, raw: bytes | None = None, timeout: fl
 
 
 class ServeProcess:
-    """``evalsuite serve --model MODEL`` on a free port of 127.0.0.1, ready when ``/health`` answers."""
+    """``evalsuite serve --model MODEL`` on a free port of 127.0.0.1, ready when ``/health`` answers. ``env``:
+    changes to the environment it inherits (a value None removes the variable), for a server timed as it runs."""
 
-    def __init__(self, model: str, *args: str):
+    def __init__(self, model: str, *args: str, env: dict[str, str | None] | None = None):
         import os
         import subprocess
         import tempfile
@@ -138,7 +139,8 @@ class ServeProcess:
         self.log = tempfile.TemporaryFile("w+")  # the server's output, shown when it fails
         cmd = [sys.executable, "-m", "evalsuite.cli", "serve", "--model", model, "--port", str(self.port),
                "--device", "cpu", "--log-level", "warning", *args]  # fmt: skip
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        env = {k: v for k, v in env.items() if v is not None}
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
 
     def wait_ready(self, timeout: float = 120.0) -> "ServeProcess":

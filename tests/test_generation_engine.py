@@ -163,7 +163,7 @@ def test_finisher_takes_blocks_like_single_tokens():
     tok = get_tokenizer("bytes")
     ids = [[*b"ab\ncd"], [*b"xyz"], [*b"q"]]
     eos = ids[1][1]  # "y" ends row 1
-    one, block = (engine.Finisher(3, tok, eos, ["\n"]) for _ in range(2))
+    one, block = (engine.Finisher(tok, [GenerationConfig(stop=["\n"])] * 3, eos) for _ in range(2))
     for i in range(5):
         one.feed([row[i : i + 1] for row in ids])
     block.feed(ids)
@@ -174,7 +174,7 @@ def test_finisher_takes_blocks_like_single_tokens():
             ("x", [*b"x"], "eos"),  # EOS not kept; tokens after it ignored
             ("q", [*b"q"], "length"),
         ]
-    assert block.all_done() is False and engine.Finisher(1, tok, None, []).all_done() is False
+    assert block.all_done() is False and engine.Finisher(tok, [GenerationConfig()], None).all_done() is False
 
 
 # -- batch size from memory ---------------------------------------------------------------------------------

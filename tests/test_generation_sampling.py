@@ -91,7 +91,8 @@ def test_each_row_draws_from_its_own_generator():
 def test_finisher_stop_token_ids_and_min_tokens():
     tok = get_tokenizer("bytes")
     rows = [[*b"ab\ncd"], [*b"xyz"], [*b"a\nb\nc"]]
-    f = engine.Finisher(3, tok, None, ["\n"], stop_ids=[[], [ord("y")], []], min_tokens=[0, 0, 3])
+    stops = [{}, {"stop_token_ids": [ord("y")]}, {"min_tokens": 3}]
+    f = engine.Finisher(tok, [GenerationConfig(stop=["\n"], **extra) for extra in stops], None)
     f.feed(rows)
     assert [(g.text, g.token_ids, g.finish_reason) for g in f.generations()] == [
         ("ab", [*b"ab\n"], "stop"),

@@ -174,6 +174,51 @@ def test_concurrent_requests_are_batched_and_correct(served_fox, native):
     assert any(int(size) > 1 for size in after["batch_sizes"])
 
 
+def test_tokenizer_routes(served_fox, native):
+    """vLLM's /tokenize, /detokenize and /tokenizer_info: the string BOS rule, chat prompts, round trips."""
+    tok = native.tokenizer
+    text = "The river, quiet \"and\" old"
+    status, reply, _ = http("POST", f"{served_fox.url}/tokenize", {"model": MODEL, "prompt": text})
+    assert status == 200 and reply["tokens"] == tok.encode(text) and reply["tokens"][0] == tok.bos_id
+    assert (reply["count"], reply["max_model_len"]) == (len(reply["tokens"]), 16384)
+    bare = http("POST", f"{served_fox.url}/tokenize", {"prompt": text, "add_special_tokens": False})[1]["tokens"]
+    assert bare == tok.encode(text, add_bos=False)
+    once = http("POST", f"{served_fox.url}/tokenize", {"prompt": "<|endoftext|>" + text})[1]["tokens"]
+    assert once == reply["tokens"]  # a text that begins with BOS gets no second one
+    messages = [{"role": "user", "content": "Hi"}]
+    chat = http("POST", f"{served_fox.url}/tokenize", {"messages": messages})[1]["tokens"]
+    assert chat == tok.encode(chat_prompt(messages, tok))
+    assert http("POST", f"{served_fox.url}/detokenize", {"tokens": bare})[1] == {"prompt": text}
+    info = http("GET", f"{served_fox.url}/tokenizer_info")[1]
+    assert (info["bos_token"], info["eos_token"], info["bos_token_id"], info["add_bos_token"]) == (
+        "<|endoftext|>", "<|endoftext|>", tok.bos_id, True)  # fmt: skip
+    bad = [("tokenize", {"prompt": 3}, "prompt"), ("detokenize", {"tokens": "x"}, "tokens"),
+           ("detokenize", {"tokens": [10**9]}, "tokens"), ("tokenize", {"model": "gpt-5", "prompt": "a"}, "model")]
+    for route, body, param in bad:
+        status, reply, _ = http("POST", f"{served_fox.url}/{route}", body)
+        assert status in (400, 404) and reply["error"]["param"] == param
+
+
+def test_metrics_in_the_prometheus_format(served_fox):
+    def scrape() -> dict[str, float]:
+        status, text, headers = http("GET", f"{served_fox.url}/metrics")
+        assert status == 200 and headers["content-type"].startswith("text/plain")
+        lines = [line for line in text.splitlines() if line and not line.startswith("#")]
+        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in lines}
+
+    before = scrape()
+    complete(served_fox, prompt=PROMPTS[0], max_tokens=5, temperature=0, ignore_eos=True)
+    after = scrape()
+    ok = 'evalsuite_requests_total{endpoint="completions",status="200"}'
+    assert after[ok] == before.get(ok, 0) + 1
+    assert after["evalsuite_generation_tokens_total"] - before["evalsuite_generation_tokens_total"] == 5
+    count = 'evalsuite_request_latency_seconds_count{endpoint="completions"}'
+    assert after[count] == before[count] + 1
+    assert after['evalsuite_request_latency_seconds_bucket{endpoint="completions",le="+Inf"}'] == after[count]
+    assert after["evalsuite_step_batch_rows_count"] > before["evalsuite_step_batch_rows_count"]
+    assert after["evalsuite_running_requests"] == 0
+
+
 @pytest.mark.parametrize(
     "path, body, status, param, code, message",
     [
@@ -227,25 +272,33 @@ def test_token_pieces_and_split_text():
 
 
 class TextOnly(TextAdapter):
-    """Echoes the prompt's length; raises on "boom" (a bug, not bad input)."""
+    """Echoes the prompt's length; raises on "boom" (a bug, not bad input). ``calls``: (prompts, temperature) of
+    every generate call, in order."""
 
     def __init__(self):
         self.tokenizer = get_tokenizer("bytes")
         self.info = ModelInfo("text-only", "none", "bytes", "none", 64, 64)
+        self.calls: list[tuple[list[str], float]] = []
 
     def generate_until(self, prompts, config):
+        self.calls.append((list(prompts), config.temperature))
         if "boom" in prompts:
             raise RuntimeError("the model fell over")
         return [Generation(f"<{len(p)}>", [], "eos") for p in prompts]
 
 
 @pytest.fixture(scope="module")
-def text_only_server():
+def text_only():
+    return TextOnly()
+
+
+@pytest.fixture(scope="module")
+def text_only_server(text_only):
     import time
 
     import uvicorn
 
-    app = build_app(TextOnly(), ServeConfig(max_batch=4))
+    app = build_app(text_only, ServeConfig(max_batch=8, batch_window_ms=500))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="critical"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -279,6 +332,44 @@ def test_text_only_adapter_and_internal_errors(text_only_server, caplog):
     assert any("fell over" in (r.exc_text or "") or r.exc_info for r in caplog.records)
     status, reply, _ = http("POST", url, {"model": "text-only", "prompt": "fine", "temperature": 0})
     assert status == 200 and reply["choices"][0]["text"] == "<4>"  # still serving
+
+
+def test_text_only_adapter_batches_greedy_requests_and_runs_sampled_ones_alone(text_only_server, text_only):
+    """An adapter without steps or per-row configs: concurrent greedy requests share one whole generate call, each
+    sampled one (its seed alone decides it) gets a call of its own -- and every request is answered."""
+    bodies = [{"model": "text-only", "prompt": "x" * i, "temperature": 0.0 if i % 2 else 0.8, "seed": i}
+              for i in range(1, 7)]  # fmt: skip
+    barrier = threading.Barrier(len(bodies))
+
+    def ask(body):
+        barrier.wait()
+        return http("POST", f"{text_only_server}/completions", body, timeout=20)[1]["choices"][0]["text"]
+
+    before = len(text_only.calls)
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        assert list(pool.map(ask, bodies)) == [f"<{i}>" for i in range(1, 7)]
+    calls = text_only.calls[before:]
+    assert sorted(len(p) for p, t in calls if t > 0) == [1, 1, 1]  # three sampled requests, one call each
+    assert sorted(len(p) for p, t in calls if t == 0) == [3]  # the greedy ones together (within the 500 ms window)
+
+
+def test_tokenizer_route_fields(served_fox):
+    """/tokenize and /detokenize take the fields vLLM's do where they are implemented, and refuse the others by
+    name (as the generation routes do); null is a field left out."""
+    url = served_fox.url
+    ok = http("POST", f"{url}/tokenize", {"model": None, "prompt": "Hi", "add_special_tokens": None,
+                                          "add_generation_prompt": True, "return_token_strs": False})  # fmt: skip
+    assert ok[0] == 200 and ok[1]["tokens"] == http("POST", f"{url}/tokenize", {"prompt": "Hi"})[1]["tokens"]
+    refused = [("tokenize", {"prompt": "Hi", "return_token_strs": True}, "return_token_strs", "no token strings"),
+               ("tokenize", {"messages": [{"role": "user", "content": "Hi"}], "add_generation_prompt": False},
+                "add_generation_prompt", "assistant's turn"),
+               ("tokenize", {"prompt": "Hi", "messages": [{"role": "user", "content": "Hi"}]}, "prompt", "not both"),
+               ("tokenize", {"prompt": "Hi", "max_tokens": 3}, "max_tokens", "unknown field"),
+               ("tokenize", {"prompt": "Hi", "chat_template": "{{ x }}"}, "chat_template", "model's own"),
+               ("detokenize", {"tokens": [1], "skip_special_tokens": True}, "skip_special_tokens", "unknown field")]
+    for route, body, param, message in refused:  # fmt: skip
+        status, reply, _ = http("POST", f"{url}/{route}", body)
+        assert status == 400 and reply["error"]["param"] == param and message in reply["error"]["message"], reply
 
 
 def test_serve_refuses_bad_options(run_cli, tmp_path):

@@ -3,7 +3,9 @@ every sampler field changes the reply exactly as the native adapter's generate s
 and keep their seeds; ``n`` choices; ``prompt_logprobs``; echo's tokens join back to the text; every field the
 server does not implement is a 400 naming it, the harmless ones are accepted. The openai SDK where it sends a field."""
 
+import json
 import threading
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -119,6 +121,46 @@ def test_n_choices_sample_with_seed_plus_index(served_fox, client):
     assert [c.index for c in chat.choices] == [0, 1]
     assert chat.choices[1].message.content == one.choices[0].message.content
     assert chat.usage.completion_tokens == 12
+
+
+def sse(server, path: str, body: dict) -> list[dict]:
+    """The JSON chunks of a streamed reply, in order (the ``[DONE]`` line dropped)."""
+    request = urllib.request.Request(f"{server.base_url}/{path}", data=json.dumps({"model": MODEL, **body}).encode(),
+                                     method="POST", headers={"Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(request, timeout=60) as response:
+        lines = response.read().decode().split("\n")
+    data = [line[len("data: ") :] for line in lines if line.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    return [json.loads(d) for d in data[:-1]]
+
+
+def test_streamed_choices_equal_the_reply(served_fox):
+    """``stream`` with several prompts and ``n``: every choice's chunks join to its non-streamed text, with its
+    finish reason and stop reason; the usage chunk counts every choice (completions and chat)."""
+    body = {"prompt": ["Hi", "Yo"], "n": 2, "seed": 7, "temperature": 1.0, "max_tokens": 6, "echo": True,
+            "stop": ["e"]}  # fmt: skip
+    want = complete(served_fox, **body)
+    chunks = sse(served_fox, "completions", {**body, "stream": True, "stream_options": {"include_usage": True}})
+    texts, ends = ["", "", "", ""], {}
+    for chunk in chunks[:-1]:
+        (choice,) = chunk["choices"]
+        texts[choice["index"]] += choice["text"]
+        if choice["finish_reason"] is not None:
+            ends[choice["index"]] = (choice["finish_reason"], choice["stop_reason"])
+    assert texts == [c["text"] for c in want["choices"]]
+    assert ends == {c["index"]: (c["finish_reason"], c["stop_reason"]) for c in want["choices"]}
+    assert chunks[-1]["usage"] == want["usage"] and chunks[-1]["choices"] == []
+    messages = [{"role": "user", "content": "Hi"}]
+    chat = {"messages": messages, "n": 2, "seed": 7, "temperature": 1.0, "max_tokens": 6}
+    want = complete(served_fox, "chat/completions", **chat)
+    chunks = sse(served_fox, "chat/completions", {**chat, "stream": True})
+    texts = ["", ""]
+    for chunk in chunks:
+        (choice,) = chunk["choices"]
+        texts[choice["index"]] += choice["delta"].get("content", "")
+    assert texts == [c["message"]["content"] for c in want["choices"]] and texts[0] != texts[1]
+    roles = [c["choices"][0]["index"] for c in chunks if c["choices"][0]["delta"].get("role") == "assistant"]
+    assert roles == [0, 1]
 
 
 def test_prompt_logprobs(served_fox, native, client):

@@ -18,7 +18,9 @@ from evalsuite.adapters.registry import ADAPTERS, AdapterOptions
 from evalsuite.cards import ModelCard, load_card
 from evalsuite.errors import UserError
 from evalsuite.generation import engine
-from evalsuite.generation.engine import left_pad, sample_next
+from evalsuite.generation.engine import left_pad
+from evalsuite.generation.sampling import sample_next
+from evalsuite.generation.steps import DecodeRun
 from evalsuite.generation.types import SAMPLER_EXTRAS, Generation, GenerationConfig
 from evalsuite.models.checkpoint import checkpoint_dir, checkpoint_sha256, load_checkpoint
 from evalsuite.runtime import dtype_name, resolve_device, resolve_dtype
@@ -164,19 +166,33 @@ class NativeAdapter(TokenAdapter):
         """logits ``[B, V]`` -> token ids ``[B]``; sampling runs on the CPU so seeds agree across devices."""
         return sample_next(logits, config, gen)
 
+    def _left_padded(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The checked prompts as left-padded ids ``[B, T]`` and ``start`` (padded keys are masked through it)."""
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise UserError("generate needs non-empty prompts")
+        self.check_length(max(len(p) for p in prompts))
+        ids, start = left_pad(prompts)
+        self._check_ids(ids)
+        return ids, start
+
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], config: GenerationConfig | list[GenerationConfig]) -> list[Generation]:
         """Prefill once, then decode through :mod:`evalsuite.generation.engine` (path ``self.decode_path``: a CUDA graph
         per step where the family offers a static decoder, else the eager step; outputs equal either way).
         ``config``: one for every prompt, or one per prompt (:func:`~evalsuite.generation.engine.generate`)."""
-        if not prompts or any(len(p) == 0 for p in prompts):
-            raise UserError("generate needs non-empty prompts")
-        self.check_length(max(len(p) for p in prompts))
-        ids, start = left_pad(prompts)  # padded keys are masked through the state's start
-        self._check_ids(ids)
+        ids, start = self._left_padded(prompts)
         with self._autocast():
             return engine.generate(self.model, ids, start, config, self.tokenizer, path=self.decode_path,
                                    sync_every=self.sync_every, timer=self.step_timer)  # fmt: skip
+
+    def decode_run(self, prompts: list[list[int]], config: GenerationConfig | list[GenerationConfig]) -> DecodeRun:
+        """The prompts (token ids) as a :class:`~evalsuite.generation.steps.DecodeRun` under ``config`` (one for
+        every prompt, or one per prompt, as :meth:`generate` takes it), decoded on this adapter's path and under its
+        autocast: one step at a time, for a caller that schedules between steps (``evalsuite serve``); its tokens
+        are :meth:`generate`'s."""
+        ids, start = self._left_padded(prompts)
+        return DecodeRun(self.model, ids, start, config, self.tokenizer.eos_id, path=self.decode_path,
+                         context=self._autocast)  # fmt: skip
 
     def provenance(self) -> dict:
         return {

@@ -20,10 +20,13 @@ def serve(
     served_name: Annotated[
         str | None, typer.Option(help="The model name clients send (default: the model's own name).")
     ] = None,
-    max_batch: Annotated[int, typer.Option(help="Most greedy requests batched into one generate call (1: none).")] = 8,
+    max_batch: Annotated[int, typer.Option(help="Most requests prefilled together into one batch (1: none).")] = 8,
     batch_window_ms: Annotated[
         float, typer.Option(help="How long the first request of a batch waits for others to join it.")
     ] = 5.0,
+    prefill_chunk: Annotated[
+        int, typer.Option(help="Prompt tokens a batch prefills per scheduler step (0: whole prompts at once).")
+    ] = 512,
     log_level: Annotated[str, typer.Option(help="uvicorn's log level: debug, info, warning, error.")] = "info",
     access_log: Annotated[bool, typer.Option(help="Log every request (uvicorn's access log).")] = False,
     device: DeviceOpt = "auto",
@@ -36,13 +39,16 @@ def serve(
     from evalsuite.serve import serve as run_server
 
     require_serve()  # before the model loads
-    if max_batch < 1 or batch_window_ms < 0 or not 0 <= port < 65536:
-        raise UserError("--max-batch must be at least 1, --batch-window-ms at least 0, --port in 0..65535")
+    if max_batch < 1 or batch_window_ms < 0 or prefill_chunk < 0 or not 0 <= port < 65536:
+        raise UserError(
+            "--max-batch must be at least 1, --batch-window-ms and --prefill-chunk at least 0, --port in 0..65535"
+        )
     if log_level not in ("critical", "error", "warning", "info", "debug", "trace"):
         raise UserError(f"unknown --log-level {log_level!r}; use debug, info, warning or error")
     _check_address(host, port)  # before the model loads, and before uvicorn, which says it in several lines
     adapter = _adapter(model, device, dtype, checkpoint, attention)
-    config = ServeConfig(served_name=served_name, max_batch=max_batch, batch_window_ms=batch_window_ms)
+    config = ServeConfig(served_name=served_name, max_batch=max_batch, batch_window_ms=batch_window_ms,
+                         prefill_chunk=prefill_chunk or None)  # fmt: skip
     run_server(adapter, host, port, config, log_level=log_level, access_log=access_log)
 
 

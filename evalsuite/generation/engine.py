@@ -20,12 +20,14 @@ Decode paths (``path``):
 Host syncs: greedy tokens are chosen on the device and written into a ``[B, max_new_tokens]`` buffer; EOS and
 stop token ids set a device-side ``done`` mask. The host looks every ``sync_every`` tokens only: at ``done.all()``
 without stop strings, at the new tokens with them (stop strings need text). How each row ends is decided on the
-host by :class:`Finisher`, which applies the per-token loop's rules token by token, so the tokens made past a row's
-end (fewer than ``sync_every``) are dropped and the outputs equal the per-token loop's exactly. The choice itself is
-:mod:`evalsuite.generation.sampling`'s, each row under its own settings: the logit rules (penalties, logit_bias,
-min_tokens) on the device, so a greedy batch still syncs every ``sync_every`` tokens only; a batch with a sampled
-row draws on the CPU from seeded generators, so seeds agree across devices and paths (the graph replays the step
-and the LM head; the draw reads the logits it leaves), and syncs and checks every token.
+host by :class:`~evalsuite.generation.finish.Finisher`, which applies the per-token loop's rules token by token, so
+the tokens made past a row's end (fewer than ``sync_every``) are dropped and the outputs equal the per-token loop's
+exactly. The choice itself is :class:`~evalsuite.generation.sampling.TokenChooser`'s, each row under its own
+settings: the logit rules (penalties, logit_bias, min_tokens) on the device, so a greedy batch still syncs every
+``sync_every`` tokens only; a batch with a sampled row draws on the CPU from seeded generators, so seeds agree across
+devices and paths (the graph replays the step and the LM head; the draw reads the logits it leaves), and syncs and
+checks every token. :class:`~evalsuite.generation.steps.DecodeRun` holds the same decoder and chooser between calls,
+for a caller that schedules step by step.
 
 Also the batch size from free memory: :func:`prompts_per_call`.
 """
@@ -34,13 +36,14 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 
 import torch
 
 from evalsuite.errors import UserError
-from evalsuite.generation.sampling import LogitRules, per_row, sample_next
-from evalsuite.generation.types import Generation, GenerationConfig, apply_stop
+from evalsuite.generation.finish import Finisher
+from evalsuite.generation.sampling import TokenChooser, per_row
+from evalsuite.generation.types import Generation, GenerationConfig
 
 PATHS = ("auto", "eager", "static", "graph", "compiled")
 SYNC_EVERY = 16  # tokens between host checks of EOS / stop strings on the greedy path
@@ -99,58 +102,6 @@ def left_pad(prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tens
         ids[b, longest - len(p) :] = torch.tensor(p, dtype=torch.long)
     start = torch.tensor([longest - len(p) for p in prompts])
     return ids, (start if int(start.max()) > 0 else None)
-
-
-class Finisher:
-    """How each row ends, decided on the host token by token with the per-token loop's rules: EOS ends a row (the
-    EOS is not kept); a token of the row's ``stop_ids`` ends it (kept in the ids, its text not in the text, as
-    vLLM does); else the token is kept, and a stop string in the decoded text ends the row (the text cut before it,
-    the token ids up to this token) -- once the row has ``min_tokens`` tokens, and then only a stop string that ends
-    in the text of those tokens' successors or the last of them; rows still open at the end stop for ``"length"``.
-    Tokens after a row's end are ignored, so feeding a block of tokens at once gives the same result as one at a
-    time. ``stop_ids``, ``min_tokens``: one entry per row (default: none, 0)."""
-
-    def __init__(self, batch: int, tokenizer, eos: int | None, stop: Sequence[str],
-                 stop_ids: Sequence[Collection[int]] | None = None,
-                 min_tokens: Sequence[int] | None = None):  # fmt: skip
-        self.tokenizer, self.eos, self.stop = tokenizer, eos, list(stop)
-        self.stop_ids = [frozenset(s) for s in stop_ids] if stop_ids is not None else [frozenset()] * batch
-        self.min_tokens = list(min_tokens) if min_tokens is not None else [0] * batch
-        self.floor = [0] * batch  # characters of text before which no stop string may end (min_tokens)
-        self.new: list[list[int]] = [[] for _ in range(batch)]
-        self.results: list[Generation | None] = [None] * batch
-
-    def feed(self, rows: list[list[int]]) -> None:
-        """``rows[b]``: row b's next tokens, in order."""
-        for b, tokens in enumerate(rows):
-            for tok in tokens:
-                if self.results[b] is not None:
-                    break
-                self._take(b, tok)
-
-    def _take(self, b: int, tok: int) -> None:
-        new = self.new[b]
-        if tok == self.eos:
-            self.results[b] = Generation(self.tokenizer.decode(new), new, "eos")
-            return
-        new.append(tok)
-        if tok in self.stop_ids[b]:
-            self.results[b] = Generation(self.tokenizer.decode(new[:-1]), new, "stop")
-            return
-        if not self.stop or len(new) < self.min_tokens[b]:
-            return
-        if len(new) == self.min_tokens[b] > 1:  # stop strings count from here (vLLM): past the text made so far
-            self.floor[b] = len(self.tokenizer.decode(new[:-1]))
-        text, stopped = apply_stop(self.tokenizer.decode(new), self.stop, self.floor[b])
-        if stopped:
-            self.results[b] = Generation(text, new, "stop")
-
-    def all_done(self) -> bool:
-        return all(r is not None for r in self.results)
-
-    def generations(self) -> list[Generation]:
-        done = zip(self.results, self.new, strict=True)
-        return [r or Generation(self.tokenizer.decode(new), new, "length") for r, new in done]
 
 
 class CudaGraphStep:
@@ -287,29 +238,6 @@ class _NoTimer(StepTimer):
         pass
 
 
-def _selector(model, ids: torch.Tensor, start, config, configs: list[GenerationConfig], eos: int | None, device):
-    """(select: logits ``[B, V]`` -> next tokens ``[B]`` on the device, plain: whether it is the bare argmax, which
-    a greedy CUDA graph takes in). One config: the sampled rows draw in turn from one generator of its seed; one per
-    row: each row from its own generator of its seed."""
-    rules = LogitRules(configs, ids, start, model.vocab_size, eos, device)
-    greedy = all(c.temperature == 0 for c in configs)
-    if greedy and not rules.active:
-        return (lambda logits: logits.argmax(-1)), True
-    if isinstance(config, GenerationConfig):
-        gens = torch.Generator().manual_seed(config.seed)
-    else:
-        gens = [torch.Generator().manual_seed(c.seed) for c in configs]
-
-    def select(logits):
-        if rules.active:
-            logits = rules(logits)
-        tok = logits.argmax(-1) if greedy else sample_next(logits, config, gens)  # greedy: on the device, no sync
-        rules.update(tok)
-        return tok
-
-    return select, False
-
-
 def generate(
     model,
     ids: torch.Tensor,
@@ -343,16 +271,16 @@ def generate(
     timer.start(device)
     decoder, taken = _decoder(model, path, device, B, T + n, start)
     timer.phase("setup")
-    select, plain = _selector(model, ids, start, config, configs, eos, device)
+    select = TokenChooser(config, ids, start, model.vocab_size, eos, device)
     if taken in ("graph", "compiled"):
-        graph = CudaGraphStep(model, decoder, greedy=plain)
-        step = graph if plain else (lambda tok: select(graph(tok)))
+        graph = CudaGraphStep(model, decoder, greedy=select.plain)
+        step = graph if select.plain else (lambda tok: select(graph(tok)))
     else:
 
         def step(tok):
             return select(model.logits(decoder.step(tok[:, None])))
 
-    finisher = Finisher(B, tokenizer, eos, stop, [c.stop_token_ids for c in configs], [c.min_tokens for c in configs])
+    finisher = Finisher(tokenizer, configs, eos)
     out = torch.empty(B, n, dtype=torch.long, device=device)
     tok = select(model.logits(decoder.prefill(ids.to(device))))
     out[:, 0] = tok

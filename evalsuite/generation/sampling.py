@@ -1,12 +1,14 @@
 """How the decode engine turns a step's logits into the next tokens, each row under its own settings
 (:class:`~evalsuite.generation.types.GenerationConfig`; one config per row, or one for every row).
 
-:class:`LogitRules`: the rules that change the logits before the choice -- ``logit_bias``, ``min_tokens``, the
-repetition, frequency and presence penalties -- as per-row tensors on the model's device, with the token counts
-they need, so a greedy batch still chooses on the device without a host sync. :func:`sample_next`: the choice --
-argmax for greedy rows, and for sampled rows temperature, ``min_p``, ``top_k``, ``top_p`` and a draw on the CPU
-from the row's ``torch.Generator`` (so a seed gives the same tokens on every device, and a row's tokens depend on
-its own seed alone, not on the other rows of its batch).
+:class:`TokenChooser` is the one choice of both decoding loops, the decode engine's whole-call ``generate`` and the
+step-by-step :class:`~evalsuite.generation.steps.DecodeRun` (the serve scheduler), so a request gives the same tokens
+through either. It applies :class:`LogitRules` -- the rules that change the logits before the choice: ``logit_bias``,
+``min_tokens``, the repetition, frequency and presence penalties, as per-row tensors on the model's device with the
+token counts they need, so a greedy batch still chooses on the device without a host sync -- then the choice,
+:func:`sample_next`: argmax for greedy rows, and for sampled rows temperature, ``min_p``, ``top_k``, ``top_p`` and a
+draw on the CPU from the row's ``torch.Generator`` (:func:`generators`; so a seed gives the same tokens on every
+device, and with one config per row a row's tokens depend on its own seed alone, not on the other rows of its batch).
 """
 
 from __future__ import annotations
@@ -38,9 +40,9 @@ class LogitRules:
     the min_tokens mask, then the repetition, frequency and presence penalties.
 
     ``prompts``: the left-padded prompt ids ``[B, T]`` and ``start`` ``[B]`` (first real token, or None), read for
-    the repetition penalty; ``eos``: the EOS id when EOS ends rows (masked under min_tokens), else None. State: the
-    output token counts ``[B, V]`` and the number of tokens made, advanced by :meth:`update`. ``active`` is False
-    when no row sets any rule: then the engine skips this class and the logits stay untouched.
+    the repetition penalty; ``eos``: the tokenizer's EOS id or None (masked under min_tokens in the rows that stop at
+    EOS). State: the output token counts ``[B, V]`` and the number of tokens made, advanced by :meth:`update`.
+    ``active`` is False when no row sets any rule: then :class:`TokenChooser` skips it, the logits untouched.
     """
 
     def __init__(self, configs: Sequence[GenerationConfig], prompts: torch.Tensor, start: torch.Tensor | None,
@@ -61,7 +63,7 @@ class LogitRules:
             self.min_tokens = torch.tensor([c.min_tokens for c in configs], device=device)
             banned = torch.zeros(B, vocab, dtype=torch.bool)
             for b, c in enumerate(configs):
-                banned[b, [*c.stop_token_ids, *([eos] if eos is not None else [])]] = True
+                banned[b, [*c.stop_token_ids, *([eos] if eos is not None and c.stop_at_eos else [])]] = True
             self.banned = banned.to(device)
         self.rep = _column([c.repetition_penalty for c in configs], device)
         self.frequency = _column([c.frequency_penalty for c in configs], device)
@@ -97,6 +99,46 @@ class LogitRules:
         self.made += 1
         if self.counts is not None:
             self.counts.scatter_add_(1, tok[:, None], torch.ones_like(self.counts[:, :1]))
+
+
+def generators(config: GenerationConfig | Sequence[GenerationConfig], batch: int) -> list[torch.Generator]:
+    """The draws' generators, one per row: one config for every row -> one generator of its seed, shared (the
+    sampled rows draw from it in turn); one config per row -> each row its own generator of its own seed, so a
+    row's tokens depend on its seed alone, not on the other rows of its batch."""
+    if isinstance(config, GenerationConfig):
+        return [torch.Generator().manual_seed(config.seed)] * batch
+    return [torch.Generator().manual_seed(c.seed) for c in per_row(config, batch)]
+
+
+class TokenChooser:
+    """The next token of every row of one batch from a step's logits: the rows' :class:`LogitRules`, then the
+    argmax for greedy rows (on the device, no host sync) or :func:`sample_next`'s draw from the row's generator
+    (:func:`generators`). Called once per position, in order: it counts the tokens it chose (the penalties and
+    ``min_tokens`` read the counts).
+
+    ``config``: one for every row or one per row; ``prompts`` ``[B, T]``, ``start``, ``vocab``, ``eos``, ``device``
+    as :class:`LogitRules` takes them. ``plain``: every row greedy without rules, the choice the bare argmax (which
+    a greedy CUDA graph takes in).
+    """
+
+    def __init__(self, config: GenerationConfig | Sequence[GenerationConfig], prompts: torch.Tensor,
+                 start: torch.Tensor | None, vocab: int, eos: int | None, device: torch.device):  # fmt: skip
+        B = prompts.shape[0]
+        self.configs = per_row(config, B)
+        self.rules = LogitRules(self.configs, prompts, start, vocab, eos, device)
+        self.greedy = all(c.temperature == 0 for c in self.configs)
+        self.plain = self.greedy and not self.rules.active
+        self.gens = None if self.greedy else generators(config, B)
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits ``[B, V]`` -> token ids ``[B]`` on the logits' device."""
+        if self.plain:
+            return logits.argmax(-1)
+        if self.rules.active:
+            logits = self.rules(logits)
+        tok = logits.argmax(-1) if self.greedy else sample_next(logits, self.configs, self.gens)
+        self.rules.update(tok)
+        return tok
 
 
 def sample_next(logits: torch.Tensor, config: GenerationConfig | Sequence[GenerationConfig],

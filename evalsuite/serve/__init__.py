@@ -1,8 +1,13 @@
 """Any adapter as an OpenAI-compatible HTTP API (``evalsuite serve --model M``): a Starlette app under uvicorn, the
 ``serve`` extra (``pip install 'evalsuite[serve]'``; without it this package imports, and serving says what is missing).
 
-Routes: ``GET /v1/models`` (and ``/v1/models/{id}``), ``POST /v1/completions``, ``POST /v1/chat/completions``, and
-``GET /health`` and ``GET /stats`` (requests, batches, time the model was busy) for operators.
+Routes: ``GET /v1/models`` (and ``/v1/models/{id}``), ``POST /v1/completions``, ``POST /v1/chat/completions``; the
+tokenizer as vLLM serves it (``POST /tokenize``, ``POST /detokenize``, ``GET /tokenizer_info``:
+:mod:`evalsuite.serve.tokenizer_api`); and ``GET /health``, ``GET /stats`` (JSON) and ``GET /metrics`` (Prometheus
+text, :mod:`evalsuite.serve.metrics`) for operators.
+
+**BOS**: token-id prompts are taken as given; a string prompt gets the tokenizer's BOS when its convention adds one,
+unless it already begins with the BOS token (:func:`~evalsuite.serve.tokenizer_api.encode_text`).
 
 **Completions**: ``prompt`` is a string, a list of strings, or token ids (a list of ints, or a list of such lists;
 token-tier models only); ``max_tokens`` (default 16, as OpenAI; 0 with ``echo`` scores the prompt only),
@@ -34,17 +39,19 @@ plain template, documented here and in the README::
 ``max_tokens`` (or ``max_completion_tokens``) defaults to 256; the sampler's fields, ``n`` and ``prompt_logprobs``
 (beside the choices) as for completions.
 
-**Streaming** (``stream: true``): server-sent events, ``data: {chunk}`` per token piece and a final chunk with the
-``finish_reason``, then ``data: [DONE]``; ``stream_options.include_usage`` adds a usage chunk. The adapter API
-returns whole generations, so the chunks are sent once the generation has finished (their concatenation is the
-non-streamed text).
+**Streaming** (``stream: true``): server-sent events, ``data: {chunk}`` as tokens are made
+(:class:`~evalsuite.serve.live.LiveText`) and a final chunk with the ``finish_reason``, then ``data: [DONE]``;
+``stream_options.include_usage`` adds a usage chunk. Their concatenation is the non-streamed text. With ``n`` or
+several prompts, every choice generates from the start and they are sent choice after choice.
 
-**Batching**: generation requests with the same length, stop strings and EOS rule that arrive while the model is
-busy or within ``batch_window_ms`` of each other go to the adapter as one batch of up to ``max_batch`` prompts
-(left-padded; the model contracts make padding invisible). Where the adapter takes a config per row (the suite's own
-models) greedy and sampled requests share a batch, each row with its own settings and its own seeded generator, so
-a seed gives the same sample whatever else is in flight; with other adapters a sampled request runs alone. Every
-model call (generation, scoring) runs in one worker thread, so the event loop keeps accepting requests.
+**Scheduling**: :mod:`evalsuite.serve.scheduler` -- one model thread, continuous batching one step at a time
+(requests join between decode steps and leave when they end or their client disconnects), every model call
+(generation, scoring) in that thread, so the event loop keeps accepting requests. On the suite's own models greedy
+and sampled requests share a batch, each row chosen and ended by the native adapter's own rules
+(:class:`~evalsuite.generation.sampling.TokenChooser`, :class:`~evalsuite.generation.finish.Finisher`) with its own
+settings and its own seeded generator, so a request gets the tokens it gets alone, whatever else is in flight. Other
+adapters run a batch of requests with the same length, stop strings and EOS rule as one generate call; there a
+sampled request runs alone.
 
 **Errors** have OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``: 400 for invalid JSON or fields
 and for a request over the context length (the message gives the limit; code ``context_length_exceeded``), 404 for

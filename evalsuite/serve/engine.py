@@ -1,135 +1,111 @@
-"""The engine of ``evalsuite serve``: one worker thread runs the model; a batcher on the event loop groups
-requests of one batch key (:func:`~evalsuite.serve.protocol.batch_key`) into one generate call, each request with
-its own config where the adapter takes one per row."""
+"""The engine of ``evalsuite serve`` on the event loop's side: generations go to the model thread's
+:class:`~evalsuite.serve.scheduler.Scheduler` and come back token by token (:class:`TokenStream`); one-off model
+calls (scoring) go to the same thread (:meth:`Engine.run`). Cancelling a coroutine that waits on either -- the
+routes do that when a client disconnects -- cancels its work in the model thread."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
 
 import torch
 
 from evalsuite.adapters.base import TextAdapter, TokenAdapter
 from evalsuite.generation.types import Generation, GenerationConfig
-from evalsuite.serve.protocol import ServeConfig, batch_key
+from evalsuite.serve.metrics import Metrics
+from evalsuite.serve.protocol import ServeConfig
+from evalsuite.serve.scheduler import Call, Job, Scheduler
 
 
-@dataclass
-class _Job:
-    key: object
-    prompt: list[int] | str
-    config: GenerationConfig
-    future: asyncio.Future
+def _emitter(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue):
+    """``emit(kind, payload)`` for the model thread: the event lands on ``queue`` in ``loop``."""
+
+    def emit(kind: str, payload) -> None:
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, (kind, payload))
+        except RuntimeError:  # the loop has closed: the server is stopping and nobody waits
+            pass
+
+    return emit
 
 
-@dataclass
-class Stats:
-    requests: int = 0
-    generations: int = 0
-    batches: int = 0
-    batch_sizes: dict = field(default_factory=dict)
-    busy_s: float = 0.0  # time the worker spent in the model (generation and scoring)
-    started: float = field(default_factory=time.time)
+class TokenStream:
+    """One generation as it is made: ``async for ids in stream`` yields lists of new token ids (a text-only adapter
+    yields none), then :attr:`generation` holds the finished :class:`Generation`. :meth:`cancel` (or cancelling the
+    iterating task) takes it out of its batch at the next step."""
 
-    def to_dict(self) -> dict:
-        up = time.time() - self.started
-        return {"requests": self.requests, "generations": self.generations, "batches": self.batches,
-                "batch_sizes": {str(k): v for k, v in sorted(self.batch_sizes.items())},
-                "model_busy_s": round(self.busy_s, 4), "uptime_s": round(up, 3)}  # fmt: skip
+    def __init__(self, engine: Engine, prompt: list[int] | str, config: GenerationConfig):
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.job = Job(prompt, config, _emitter(asyncio.get_running_loop(), self.queue))
+        self.engine, self.submitted = engine, time.monotonic()
+        self.generation: Generation | None = None
+        engine.scheduler.submit(self.job)
+
+    def cancel(self) -> None:
+        if self.generation is None:
+            self.job.cancelled = True
+
+    async def __aiter__(self) -> AsyncIterator[list[int]]:
+        first = True
+        try:
+            while self.generation is None:
+                kind, payload = await self.queue.get()
+                if first:
+                    self.engine.metrics.first_token_after(time.monotonic() - self.submitted)
+                    first = False
+                if kind == "error":
+                    self.generation = Generation("", [], "error")
+                    raise payload
+                if kind == "done":
+                    self.generation = payload
+                else:
+                    yield payload
+        finally:
+            self.cancel()  # a consumer that stopped early (or was cancelled) leaves the batch
+
+    async def result(self) -> Generation:
+        async for _ in self:
+            pass
+        return self.generation
 
 
 class Engine:
-    """Runs the adapter: generation through the batcher, scoring directly, both in one worker thread."""
+    """Runs the adapter in the model thread: generation through the scheduler, scoring as calls between steps."""
 
     def __init__(self, adapter: TextAdapter, config: ServeConfig):
         self.adapter = adapter
         self.tokens = isinstance(adapter, TokenAdapter)
-        self.max_batch = max(1, config.max_batch)
-        self.window = max(0.0, config.batch_window_ms) / 1000
-        self.worker = ThreadPoolExecutor(1, thread_name_prefix="evalsuite-model")
-        self.stats = Stats()
-        self.queue: asyncio.Queue | None = None
-        self._task: asyncio.Task | None = None
+        self.metrics = Metrics()
+        window = config.batch_window_ms / 1000
+        self.scheduler = Scheduler(adapter, self.metrics, max_batch=config.max_batch, window_s=window,
+                                   prefill_chunk=config.prefill_chunk)  # fmt: skip
 
     async def start(self) -> None:
-        self.queue = asyncio.Queue()
-        self._task = asyncio.create_task(self._batcher())
+        self.scheduler.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-        self.worker.shutdown(wait=False, cancel_futures=True)
+        self.scheduler.stop()
 
-    async def run(self, fn, *args):
-        """``fn(*args)`` in the worker thread, its time counted as model time."""
-
-        def timed():
-            start = time.perf_counter()
-            try:
-                return fn(*args)
-            finally:
-                self.stats.busy_s += time.perf_counter() - start
-
-        return await asyncio.get_running_loop().run_in_executor(self.worker, timed)
+    def stream(self, prompt: list[int] | str, config: GenerationConfig) -> TokenStream:
+        """Submit a generation; iterate the stream for its tokens."""
+        return TokenStream(self, prompt, config)
 
     async def generate(self, prompt: list[int] | str, config: GenerationConfig) -> Generation:
-        future = asyncio.get_running_loop().create_future()
-        await self.queue.put(_Job(batch_key(config, self.adapter.per_row_configs), prompt, config, future))
-        return await future
+        return await self.stream(prompt, config).result()
 
-    async def _batcher(self) -> None:
-        loop = asyncio.get_running_loop()
-        pending: list[_Job] = []
-        while True:
-            if not pending:
-                pending.append(await self.queue.get())
-            deadline = loop.time() + self.window
-            while self.max_batch > 1:
-                while not self.queue.empty():
-                    pending.append(self.queue.get_nowait())
-                if sum(j.key == pending[0].key for j in pending) >= self.max_batch:
-                    break
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    break
-                try:
-                    pending.append(await asyncio.wait_for(self.queue.get(), remaining))
-                except asyncio.TimeoutError:  # noqa: UP041 - distinct from TimeoutError before Python 3.11
-                    break
-            key = pending[0].key
-            group = [j for j in pending if j.key == key][: self.max_batch]
-            taken = {id(j) for j in group}
-            pending = [j for j in pending if id(j) not in taken]
-            await self._run_group([j for j in group if not j.future.done()])
-
-    async def _run_group(self, jobs: list[_Job]) -> None:
-        if not jobs:
-            return
-        self.stats.batches += 1
-        self.stats.generations += len(jobs)
-        self.stats.batch_sizes[len(jobs)] = self.stats.batch_sizes.get(len(jobs), 0) + 1
-        try:
-            configs = [j.config for j in jobs] if self.adapter.per_row_configs else jobs[0].config
-            gens = await self.run(self._generate_rows, [j.prompt for j in jobs], configs)
-        except Exception as e:  # noqa: BLE001 - handed to every waiting request
-            for j in jobs:
-                if not j.future.done():
-                    j.future.set_exception(e)
-            return
-        for j, gen in zip(jobs, gens, strict=True):
-            if not j.future.done():
-                j.future.set_result(gen)
-
-    def _generate_rows(self, prompts: list, config: GenerationConfig | list[GenerationConfig]) -> list[Generation]:
-        if self.tokens:
-            return self.adapter.generate(prompts, config)
-        return self.adapter.generate_until(prompts, config)
+    async def run(self, fn, *args):
+        """``fn(*args)`` in the model thread, between decode steps, its time counted as model time."""
+        queue: asyncio.Queue = asyncio.Queue()
+        self.scheduler.call(Call(fn, args, _emitter(asyncio.get_running_loop(), queue)))
+        kind, payload = await queue.get()
+        if kind == "error":
+            raise payload
+        return payload
 
     def score(self, ids: list[int], top: int) -> tuple[list[float], list[int], list[list[tuple[int, float]]]]:
         """For t >= 1: the log-probability of ``ids[t]`` given ``ids[:t]``, its rank there (1: the likeliest) and
-        the ``top`` likeliest tokens there (runs in the worker thread)."""
+        the ``top`` likeliest tokens there (runs in the model thread)."""
         adapter: TokenAdapter = self.adapter
         values: list[float] = []
         ranks: list[int] = []

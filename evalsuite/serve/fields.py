@@ -27,6 +27,9 @@ _COMMON = ("model", "max_tokens", "stream", "stream_options", "n", "seed", "temp
 IMPLEMENTED = {
     "completions": frozenset({*_COMMON, "prompt", "echo", "logprobs", "best_of"}),
     "chat": frozenset({*_COMMON, "messages", "max_completion_tokens"}),
+    # vLLM's tokenizer routes (:mod:`evalsuite.serve.tokenizer_api`)
+    "tokenize": frozenset({"model", "prompt", "messages", "add_special_tokens"}),
+    "detokenize": frozenset({"model", "tokens"}),
 }
 
 # Accepted whatever their value: they cannot change a reply.
@@ -56,6 +59,13 @@ DEFAULT_ONLY: dict[str, dict[str, tuple[tuple, str]]] = {
         "functions": (([],), _NO_TOOLS),
         "function_call": (("none", "auto"), _NO_TOOLS),
     },
+    "tokenize": {
+        "add_generation_prompt": ((True,), "a chat prompt always ends with the assistant's turn"),
+        "continue_final_message": ((False,), "a chat prompt always ends with a new assistant turn"),
+        "return_token_strs": ((False,), "no token strings (/detokenize gives a token's text)"),
+        "tools": (([],), _NO_TOOLS),
+    },
+    "detokenize": {},
 }
 
 # OpenAI and vLLM fields this server does not implement, refused whatever their value, with the reason.
@@ -79,9 +89,10 @@ def _same(value, accepted) -> bool:
 
 
 def check_fields(body: dict, endpoint: str) -> None:
-    """A 400 naming the first field of ``body`` that ``endpoint`` (``completions`` or ``chat``) would not honour."""
+    """A 400 naming the first field of ``body`` that ``endpoint`` (a key of :data:`IMPLEMENTED`) would not honour."""
     options = body.get("stream_options")
-    if options is not None and (not isinstance(options, dict) or set(options) - {"include_usage"}):
+    valid = isinstance(options, dict) and not set(options) - {"include_usage"}
+    if options is not None and "stream_options" in IMPLEMENTED[endpoint] and not valid:
         raise bad_request("'stream_options' must be an object with 'include_usage' only", "stream_options")
     default_only = DEFAULT_ONLY[endpoint]
     for name, value in body.items():

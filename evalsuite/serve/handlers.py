@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from evalsuite.adapters.base import TextAdapter
 from evalsuite.generation.types import Generation, GenerationConfig
+from evalsuite.serve import tokenizer_api
 from evalsuite.serve.engine import Engine
 from evalsuite.serve.fields import MAX_PROMPT_LOGPROBS, check_fields, choice_configs, sampler_config
+from evalsuite.serve.live import LiveText
 from evalsuite.serve.logprobs import completion_logprobs, prompt_logprobs
 from evalsuite.serve.protocol import (
     COMPLETION_MAX_TOKENS,
@@ -22,15 +25,14 @@ from evalsuite.serve.protocol import (
     bool_field,
     chat_prompt,
     int_field,
-    split_text,
-    token_pieces,
 )
+from evalsuite.serve.tokenizer_api import encode_text
 
 
 @dataclass
 class _Prompt:
     text: str
-    ids: list[int] | None  # token-tier models: the ids the model sees (BOS included)
+    ids: list[int] | None  # token-tier models: the ids the model sees (a string's BOS included, token ids as given)
     n_tokens: int
 
 
@@ -67,6 +69,29 @@ class OpenAIServer:
             raise APIError(404, f"The model `{model}` does not exist (this server serves `{self.name}`)",
                            param="model", code="model_not_found")  # fmt: skip
 
+    # -- the tokenizer ---------------------------------------------------------------------------------------
+
+    def tokenizer_info(self) -> dict:
+        return tokenizer_api.tokenizer_info(self.tokenizer, self.adapter.max_length)
+
+    def tokenize(self, body: dict) -> dict:
+        self._check_tokenizer_request(body, "tokenize")
+
+        def chat_text(b: dict) -> str:
+            return chat_prompt(self._messages(b), self.tokenizer)
+
+        return tokenizer_api.tokenize(self.tokenizer, body, self.adapter.max_length, chat_text)
+
+    def detokenize(self, body: dict) -> dict:
+        self._check_tokenizer_request(body, "detokenize")
+        return tokenizer_api.detokenize(self.tokenizer, body)
+
+    def _check_tokenizer_request(self, body: dict, endpoint: str) -> None:
+        """The fields of a tokenizer route: ``model`` optional (vLLM's), the rest as :func:`check_fields` says."""
+        if body.get("model") is not None:
+            self._check_model(body["model"])
+        check_fields(body, endpoint)
+
     # -- prompts ---------------------------------------------------------------------------------------------
 
     def _prompts(self, body: dict) -> list[_Prompt]:
@@ -84,7 +109,7 @@ class OpenAIServer:
         prompts = []
         for p in raw:
             if isinstance(p, str):
-                ids = self.tokenizer.encode(p)
+                ids = encode_text(self.tokenizer, p)
                 prompts.append(_Prompt(p, ids if self.engine.tokens else None, len(ids)))
             elif p and all(isinstance(v, int) and not isinstance(v, bool) for v in p):
                 if not self.engine.tokens:
@@ -112,8 +137,8 @@ class OpenAIServer:
 
     # -- completions -----------------------------------------------------------------------------------------
 
-    async def completions(self, body: dict, tokenize) -> dict | list[dict]:
-        """The reply (or, with ``stream``, the list of chunks to send). ``tokenize`` runs a function off the loop.
+    async def completions(self, body: dict, tokenize) -> dict | AsyncIterator[dict]:
+        """The reply (or, with ``stream``, the chunks as they are made). ``tokenize`` runs a function off the loop.
         Choices: ``n`` per prompt, prompt by prompt."""
         self._check_model(body.get("model", MISSING))
         check_fields(body, "completions")
@@ -129,11 +154,16 @@ class OpenAIServer:
         configs, top_prompt = self._sampling(body, max_tokens, stream)
         prompts = await tokenize(self._prompts, body)
         self._check_length(prompts, max_tokens)
-        self.engine.stats.requests += 1
+        usage = {"prompt_tokens": sum(p.n_tokens for p in prompts), "completion_tokens": 0}
+        self.engine.metrics.prompt(usage["prompt_tokens"])
         rows = [(p, c) for p in prompts for c in configs]
+        head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                "model": self.name}  # fmt: skip
+        if stream:
+            return self._completion_stream(head, rows, max_tokens, echo, usage, body)
         gens = await asyncio.gather(*(self._generate(p, c, max_tokens) for p, c in rows))
         scored = {id(p): await self._prompt_logprobs(p, top_prompt) for p in prompts} if top_prompt is not None else {}
-        choices, usage = [], {"prompt_tokens": sum(p.n_tokens for p in prompts), "completion_tokens": 0}
+        choices = []
         for index, ((p, config), gen) in enumerate(zip(rows, gens, strict=True)):
             choice = {"index": index, "text": (p.text if echo else "") + gen.text, "logprobs": None,
                       **self._finish(gen, config)}  # fmt: skip
@@ -144,11 +174,7 @@ class OpenAIServer:
             choices.append(choice)
             usage["completion_tokens"] += self._generated_tokens(gen)
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-        reply = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-                 "model": self.name, "choices": choices, "usage": usage}  # fmt: skip
-        if not stream:
-            return reply
-        return self._completion_chunks(reply, [p for p, _ in rows], gens, echo, body)
+        return {**head, "choices": choices, "usage": usage}
 
     def _sampling(self, body: dict, max_tokens: int, stream: bool) -> tuple[list[GenerationConfig], int | None]:
         """(one config per choice, ``prompt_logprobs`` or None) of a request, refusing the sampler settings the
@@ -166,10 +192,13 @@ class OpenAIServer:
             raise bad_request("prompt_logprobs are not supported with stream=true", "prompt_logprobs")
         return choice_configs(body, config), top_prompt
 
+    def _model_prompt(self, prompt: _Prompt) -> list[int] | str:
+        return prompt.ids if self.engine.tokens else prompt.text
+
     async def _generate(self, prompt: _Prompt, config: GenerationConfig, max_tokens: int) -> Generation:
         if max_tokens == 0:
             return Generation("", [], "length")
-        return await self.engine.generate(prompt.ids if self.engine.tokens else prompt.text, config)
+        return await self.engine.generate(self._model_prompt(prompt), config)
 
     def _generated_tokens(self, gen: Generation) -> int:
         if gen.token_ids or not gen.text:
@@ -198,21 +227,65 @@ class OpenAIServer:
         scores = await self.engine.run(self.engine.score, prompt.ids, top)
         return await asyncio.to_thread(prompt_logprobs, self.tokenizer, prompt.ids, scores)
 
-    def _completion_chunks(self, reply: dict, prompts, gens, echo: bool, body: dict) -> list[dict]:
-        base = {"id": reply["id"], "object": "text_completion", "created": reply["created"], "model": self.name}
-        chunks = []
-        for choice, p, gen in zip(reply["choices"], prompts, gens, strict=True):
-            pieces = token_pieces(self.tokenizer, gen.token_ids) if gen.token_ids else [gen.text]
-            texts = ([p.text] if echo and p.text else []) + split_text(gen.text, pieces)
-            for text in texts:
-                chunks.append({**base, "choices": [{"index": choice["index"], "text": text, "logprobs": None,
-                                                    "finish_reason": None}]})  # fmt: skip
-            end = {"index": choice["index"], "text": "", "logprobs": None, "finish_reason": choice["finish_reason"],
-                   "stop_reason": choice["stop_reason"]}  # fmt: skip
-            chunks.append({**base, "choices": [end]})
+    # -- streams ---------------------------------------------------------------------------------------------
+
+    async def _live(self, rows: list[tuple[_Prompt, GenerationConfig]],
+                    max_tokens: int) -> AsyncIterator[tuple[int, str | Generation | None]]:  # fmt: skip
+        """Every row's generation submitted at once (so they may share a batch), then told row by row as it is
+        made: ``(index, None)`` as the row begins, ``(index, text)`` as its text grows (:class:`LiveText`), then
+        ``(index, the finished Generation)``. Closing the iterator early (the client went away) takes every
+        unfinished row out of its batch."""
+        streams = [self.engine.stream(self._model_prompt(p), c) if max_tokens else None for p, c in rows]
+        try:
+            for index, ((_, config), stream) in enumerate(zip(rows, streams, strict=True)):
+                yield index, None
+                if stream is None:
+                    yield index, Generation("", [], "length")
+                    continue
+                live = LiveText(self.tokenizer, config.stop)
+                async for ids in stream:
+                    text = live.add(ids)
+                    if text:
+                        yield index, text
+                rest = live.finish(stream.generation)
+                if rest:
+                    yield index, rest
+                yield index, stream.generation
+        finally:
+            for stream in streams:
+                if stream is not None:
+                    stream.cancel()  # a no-op once finished
+
+    async def _completion_stream(self, head: dict, rows: list, max_tokens: int, echo: bool, usage: dict,
+                                 body: dict) -> AsyncIterator[dict]:  # fmt: skip
+        """Chunks sent as tokens are made: choice after choice, the echoed prompt, the text, then its finish."""
+        async for index, item in self._live(rows, max_tokens):
+            prompt, config = rows[index]
+            choice = {"index": index, "text": item, "logprobs": None, "finish_reason": None}
+            if item is None and echo and prompt.text:
+                choice["text"] = prompt.text
+            elif isinstance(item, Generation):
+                usage["completion_tokens"] += self._generated_tokens(item)
+                choice = {**choice, "text": "", **self._finish(item, config)}
+            if choice["text"] is not None:
+                yield {**head, "choices": [choice]}
         if (body.get("stream_options") or {}).get("include_usage"):
-            chunks.append({**base, "choices": [], "usage": reply["usage"]})
-        return chunks
+            yield {**head, "choices": [], "usage": {**usage, "total_tokens": sum(usage.values())}}
+
+    async def _chat_stream(self, head: dict, rows: list, max_tokens: int, usage: dict,
+                           body: dict) -> AsyncIterator[dict]:  # fmt: skip
+        """Chunks sent as tokens are made: choice after choice, the assistant's role, the text, then its finish."""
+        head = {**head, "object": "chat.completion.chunk"}
+        async for index, item in self._live(rows, max_tokens):
+            choice = {"index": index, "delta": {"content": item}, "finish_reason": None}
+            if item is None:
+                choice["delta"] = {"role": "assistant", "content": ""}
+            elif isinstance(item, Generation):
+                usage["completion_tokens"] += self._generated_tokens(item)
+                choice = {"index": index, "delta": {}, **self._finish(item, rows[index][1])}
+            yield {**head, "choices": [choice]}
+        if (body.get("stream_options") or {}).get("include_usage"):
+            yield {**head, "choices": [], "usage": {**usage, "total_tokens": sum(usage.values())}}
 
     # -- chat ------------------------------------------------------------------------------------------------
 
@@ -238,7 +311,7 @@ class OpenAIServer:
             out.append({"role": m["role"], "content": content})
         return out
 
-    async def chat(self, body: dict, tokenize) -> dict | list[dict]:
+    async def chat(self, body: dict, tokenize) -> dict | AsyncIterator[dict]:
         self._check_model(body.get("model", MISSING))
         check_fields(body, "chat")
         stream = bool_field(body, "stream")
@@ -254,29 +327,18 @@ class OpenAIServer:
 
         (prompt,) = await tokenize(build)
         self._check_length([prompt], max_tokens)
-        self.engine.stats.requests += 1
+        self.engine.metrics.prompt(prompt.n_tokens)
+        usage = {"prompt_tokens": prompt.n_tokens, "completion_tokens": 0}
+        head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+                "model": self.name}  # fmt: skip
+        if stream:
+            return self._chat_stream(head, [(prompt, c) for c in configs], max_tokens, usage, body)
         gens = await asyncio.gather(*(self._generate(prompt, c, max_tokens) for c in configs))
-        usage = {"prompt_tokens": prompt.n_tokens, "completion_tokens": sum(map(self._generated_tokens, gens))}
+        usage["completion_tokens"] = sum(map(self._generated_tokens, gens))
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
         choices = [{"index": i, "message": {"role": "assistant", "content": gen.text}, "logprobs": None,
                     **self._finish(gen, c)} for i, (c, gen) in enumerate(zip(configs, gens, strict=True))]  # fmt: skip
-        reply = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-                 "model": self.name, "usage": usage, "choices": choices}  # fmt: skip
+        reply = {**head, "usage": usage, "choices": choices}
         if top_prompt is not None:  # vLLM puts them beside the choices: every choice has the one prompt
             reply["prompt_logprobs"] = await self._prompt_logprobs(prompt, top_prompt)
-        if not stream:
-            return reply
-        base = {"id": reply["id"], "object": "chat.completion.chunk", "created": reply["created"], "model": self.name}
-        chunks = []
-        for choice, gen in zip(choices, gens, strict=True):
-            i = choice["index"]
-            pieces = token_pieces(self.tokenizer, gen.token_ids) if gen.token_ids else [gen.text]
-            chunks.append({**base, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                                "finish_reason": None}]})  # fmt: skip
-            for text in split_text(gen.text, pieces):
-                chunks.append({**base, "choices": [{"index": i, "delta": {"content": text}, "finish_reason": None}]})
-            end = {"finish_reason": choice["finish_reason"], "stop_reason": choice["stop_reason"]}
-            chunks.append({**base, "choices": [{"index": i, "delta": {}, **end}]})
-        if (body.get("stream_options") or {}).get("include_usage"):
-            chunks.append({**base, "choices": [], "usage": usage})
-        return chunks
+        return reply

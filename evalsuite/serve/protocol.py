@@ -30,11 +30,13 @@ class APIError(Exception):
 
 @dataclass
 class ServeConfig:
-    """Server settings. ``served_name`` defaults to the adapter's name."""
+    """Server settings. ``served_name`` defaults to the adapter's name; ``prefill_chunk``: prompt tokens a batch
+    prefills per scheduler step (None: whole prompts), see :mod:`evalsuite.serve.scheduler`."""
 
     served_name: str | None = None
     max_batch: int = 8
     batch_window_ms: float = 5.0
+    prefill_chunk: int | None = 512
     chat_max_tokens: int = CHAT_MAX_TOKENS
 
 

@@ -4,17 +4,20 @@ as HTTP endpoints, with OpenAI-shaped errors. Starlette is the ``serve`` extra: 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from evalsuite.errors import UserError
 from evalsuite.serve.handlers import OpenAIServer
@@ -22,7 +25,7 @@ from evalsuite.serve.protocol import APIError, bad_request
 
 log = logging.getLogger("evalsuite.serve")
 
-Handler = Callable[[OpenAIServer, Request], Awaitable[dict | list[dict]]]
+Handler = Callable[[OpenAIServer, Request], Awaitable[dict | Response | AsyncIterator[dict]]]
 
 
 def error_response(e: APIError) -> JSONResponse:
@@ -41,34 +44,112 @@ async def read_json(request: Request) -> dict:
     return body
 
 
-def sse(chunks: list[dict]) -> StreamingResponse:
-    """Server-sent events: one ``data:`` line per chunk, then ``data: [DONE]``."""
+async def _disconnected(receive: Receive) -> None:
+    """Returns when the client has gone (the request body is read by then, so ``receive`` waits for that)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
-    async def events():
-        for chunk in chunks:
-            yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+
+async def until_disconnect(work: Awaitable, receive: Receive):
+    """``work``'s result; when the client disconnects first, ``work`` is cancelled -- and with it its generation in
+    the model thread -- and :class:`ClientGone` raised."""
+    task, watch = asyncio.ensure_future(work), asyncio.ensure_future(_disconnected(receive))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+    if task.done() and not task.cancelled():
+        return task.result()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    raise ClientGone
+
+
+class ClientGone(Exception):
+    """The client disconnected before its reply was ready."""
+
+
+class EventStream(StreamingResponse):
+    """Server-sent events as they are made: ``data: {chunk}`` per chunk of ``chunks``, then ``data: [DONE]``; an error
+    midway is sent as a ``data: {"error": ...}`` event. When the client goes away the chunks' iterator is closed, which
+    takes its generation out of the running batch. ``done(status)`` is called once the stream has ended."""
+
+    def __init__(self, chunks: AsyncIterator[dict], done: Callable[[int], None]):
+        self.chunks, self.done = chunks, done
+        super().__init__(self._events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    async def _events(self):
+        try:
+            async for chunk in self.chunks:
+                yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+        except (APIError, UserError) as e:
+            yield f"data: {json.dumps(_api_error(e).body(), ensure_ascii=False)}\n\n"
+        except Exception:  # noqa: BLE001 - logged; the stream ends with an error event
+            log.exception("error while streaming")
+            yield f"data: {json.dumps(INTERNAL.body())}\n\n"
         yield "data: [DONE]\n\n"
 
-    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        status = 499  # nginx's "client closed request", counted when the client leaves midway
+        try:
+            await until_disconnect(self.stream_response(send), receive)
+            status = 200
+        except (ClientGone, OSError):
+            pass
+        finally:
+            await self.chunks.aclose()
+            self.done(status)
 
 
-def endpoint(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
-    """``handler(server, request)`` as a Starlette endpoint: a dict is JSON, a list of chunks a stream, an
-    APIError (or the adapter's UserError, a 400) its OpenAI-shaped reply; anything else is logged and a 500."""
+INTERNAL = APIError(500, "internal server error (logged by the server)", "server_error")
+
+
+def _api_error(e: Exception) -> APIError:
+    return e if isinstance(e, APIError) else APIError(400, str(e))  # a UserError: the adapter refused the input
+
+
+def endpoint(handler: Handler, name: str | None = None) -> Callable[[Request], Awaitable[Response]]:
+    """``handler(server, request)`` as a Starlette endpoint: a dict is JSON, an async iterator of chunks a live event
+    stream, an APIError (or the adapter's UserError, a 400) its OpenAI-shaped reply; anything else is logged and a
+    500. A client that disconnects while its reply is made cancels the handler (and its generations). ``name``:
+    the endpoint's label in ``/metrics``."""
 
     async def wrapped(request: Request) -> Response:
+        server: OpenAIServer = request.app.state.server
+        start = time.monotonic()
+
+        def done(status: int) -> None:
+            if name:
+                server.engine.metrics.request_done(name, status, time.monotonic() - start)
+
         try:
-            result = await handler(request.app.state.server, request)
-        except APIError as e:
-            return error_response(e)
-        except UserError as e:  # the adapter refused the input
-            return error_response(APIError(400, str(e)))
+            await request.body()  # read (and kept) before the disconnect watch takes over the receive channel
+            result = await until_disconnect(handler(server, request), request.receive)
+        except ClientGone:
+            done(499)
+            return Response(status_code=499)
+        except (APIError, UserError) as e:
+            done(_api_error(e).status)
+            return error_response(_api_error(e))
         except Exception:  # noqa: BLE001 - logged; the server stays up
             log.exception("error while handling %s %s", request.method, request.url.path)
-            return error_response(APIError(500, "internal server error (logged by the server)", "server_error"))
-        return sse(result) if isinstance(result, list) else JSONResponse(result)
+            done(500)
+            return error_response(INTERNAL)
+        if isinstance(result, Response):
+            done(200)
+            return result
+        if isinstance(result, dict | list):
+            done(200)
+            return JSONResponse(result)
+        return EventStream(result, done)
 
     return wrapped
+
+
+def named(name: str):
+    return lambda handler: endpoint(handler, name)
 
 
 @endpoint
@@ -81,12 +162,12 @@ async def get_model(server: OpenAIServer, request: Request):
     return server.model(request.path_params["model"])
 
 
-@endpoint
+@named("completions")
 async def completions(server: OpenAIServer, request: Request):
     return await server.completions(await read_json(request), run_in_threadpool)
 
 
-@endpoint
+@named("chat")
 async def chat(server: OpenAIServer, request: Request):
     return await server.chat(await read_json(request), run_in_threadpool)
 
@@ -98,7 +179,27 @@ async def health(server: OpenAIServer, request: Request):
 
 @endpoint
 async def stats(server: OpenAIServer, request: Request):
-    return server.engine.stats.to_dict()
+    return server.engine.metrics.stats()
+
+
+@endpoint
+async def metrics(server: OpenAIServer, request: Request):
+    return PlainTextResponse(server.engine.metrics.prometheus(), media_type="text/plain; version=0.0.4")
+
+
+@named("tokenize")
+async def tokenize(server: OpenAIServer, request: Request):
+    return await run_in_threadpool(server.tokenize, await read_json(request))
+
+
+@named("detokenize")
+async def detokenize(server: OpenAIServer, request: Request):
+    return await run_in_threadpool(server.detokenize, await read_json(request))
+
+
+@endpoint
+async def tokenizer_info(server: OpenAIServer, request: Request):
+    return server.tokenizer_info()
 
 
 async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
@@ -132,6 +233,10 @@ ROUTES = [
     Route("/v1/chat/completions", chat, methods=["POST"]),
     Route("/health", health, methods=["GET"]),
     Route("/stats", stats, methods=["GET"]),
+    Route("/metrics", metrics, methods=["GET"]),
+    Route("/tokenize", tokenize, methods=["POST"]),
+    Route("/detokenize", detokenize, methods=["POST"]),
+    Route("/tokenizer_info", tokenizer_info, methods=["GET"]),
 ]
 
 

@@ -18,7 +18,7 @@ from dataclasses import replace
 import torch
 
 from evalsuite.adapters.native import NativeAdapter
-from evalsuite.generation import engine as generation
+from evalsuite.generation import sampling
 from evalsuite.generation.engine import compiled_support, static_support
 from evalsuite.generation.types import GenerationConfig
 
@@ -28,24 +28,25 @@ NEAR_TIE = 1e-3  # largest logit difference (float32) under which a sampled row'
 
 class LogitRecorder:
     """Keeps the logits every sampled draw of ``engine.generate`` reads (``steps``: one ``[B, V]``
-    float32 CPU tensor per new token, the prefill's first), by wrapping the module's ``sample_next`` while active."""
+    float32 CPU tensor per new token, the prefill's first), by wrapping the sampling module's ``sample_next`` (which
+    its ``TokenChooser`` calls) while active."""
 
     def __init__(self):
         self.steps: list[torch.Tensor] = []
         self._original = None
 
     def __enter__(self):
-        self._original = generation.sample_next
+        self._original = sampling.sample_next
 
         def recording(logits, config, gen):
             self.steps.append(logits.float().cpu())
             return self._original(logits, config, gen)
 
-        generation.sample_next = recording
+        sampling.sample_next = recording
         return self
 
     def __exit__(self, *exc):
-        generation.sample_next = self._original
+        sampling.sample_next = self._original
 
 
 def logit_gaps(ref: list[torch.Tensor], got: list[torch.Tensor], first_diff: list[int | None]) -> list[float]:
