@@ -167,6 +167,8 @@ def test_mqar_model_colour_is_the_same_in_every_figure(tmp_path):
     (run / "results.json").write_text(json.dumps({"task": "loss", "model": "fox-pro-tiny", "train_length": 16}))
     loss = loss_figure(load_loss_runs([run]))
     assert to_hex(loss.axes[0].get_lines()[0].get_color()) == model_color("fox-pro") == to_hex("C0")
+    assert loss.axes[0].get_xlabel() == "Position $i$ (tokens)"  # the loss plot names its unit too
+    assert [t.get_text() for t in loss.legends[0].get_texts()] == ["FoX (Pro), tiny", "training length"]
 
 
 def test_mqar_training_curves_tell_learning_rates_apart_and_wrap_the_legend(tmp_path):
