@@ -92,7 +92,7 @@ def test_niah_x_axis_names_its_unit_and_the_judge_scale(tmp_path):
     drt, fox = (heatmap_axes(niah_figure(load_niah_runs([tmp_path / name])))[0] for name in ("drt", "fox"))
     assert drt.get_xlabel().startswith("Context length (bytes)") and "training length 1,024" in drt.get_xlabel()
     assert fox.get_xlabel().startswith("Context length (tokens)")
-    assert drt.get_title() == "DRT, gutenberg\nPasskey (DRT)"
+    assert drt.get_title() == "DRT, Gutenberg\nPasskey (DRT)"
     judged = niah_figure(load_niah_runs([tmp_path / "fox"]))
     assert "LLM judge" in next(ax for ax in judged.axes if ax not in heatmap_axes(judged)).get_ylabel()
 
