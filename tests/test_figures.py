@@ -92,7 +92,7 @@ def test_niah_x_axis_names_its_unit_and_the_judge_scale(tmp_path):
     drt, fox = (heatmap_axes(niah_figure(load_niah_runs([tmp_path / name])))[0] for name in ("drt", "fox"))
     assert drt.get_xlabel().startswith("Context length (bytes)") and "training length 1,024" in drt.get_xlabel()
     assert fox.get_xlabel().startswith("Context length (tokens)")
-    assert drt.get_title() == "DRT, gutenberg\nPasskey (DRT)"
+    assert drt.get_title() == "DRT, Gutenberg\nPasskey (DRT)"
     judged = niah_figure(load_niah_runs([tmp_path / "fox"]))
     assert "LLM judge" in next(ax for ax in judged.axes if ax not in heatmap_axes(judged)).get_ylabel()
 
@@ -167,6 +167,8 @@ def test_mqar_model_colour_is_the_same_in_every_figure(tmp_path):
     (run / "results.json").write_text(json.dumps({"task": "loss", "model": "fox-pro-tiny", "train_length": 16}))
     loss = loss_figure(load_loss_runs([run]))
     assert to_hex(loss.axes[0].get_lines()[0].get_color()) == model_color("fox-pro") == to_hex("C0")
+    assert loss.axes[0].get_xlabel() == "Position $i$ (tokens)"  # the loss plot names its unit too
+    assert [t.get_text() for t in loss.legends[0].get_texts()] == ["FoX (Pro), tiny", "training length"]
 
 
 def test_mqar_training_curves_tell_learning_rates_apart_and_wrap_the_legend(tmp_path):

@@ -40,9 +40,9 @@ FAMILIES = (
     FamilyLook("deltanet", "DeltaNet", "#17becf"),
 )
 # Models of no family: dark tab20b shades, none of them near a family's colour above.
-FALLBACK_COLORS = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#bd9e39")
+FALLBACK_COLORS = ("#8c6d31", "#637939", "#7b4173", "#843c39", "#393b79", "#bd9e39")
 # Words of card names shown otherwise in a figure.
-WORDS = {"timescale-init": "time-scale init"}
+WORDS = {"timescale-init": "time-scale init", "gutenberg": "Gutenberg"}
 MARKERS = "os^DvP*Xph<>"  # models of one colour in one figure, base model first
 LINESTYLES = ("-", "--", ":", "-.", (0, (5, 1)))  # what one model's lines differ in: learning rates, repeated runs
 

@@ -180,16 +180,16 @@ def loss_figure(
 
     ax_ppl.set_yscale("log")  # P(l) falls over orders of magnitude from l = 1
     handles, legend_labels = ax_loss.get_legend_handles_labels()
-    if drawn:
-        handles.append(Line2D([], [], color=drawn, linestyle="--"))
-        legend_labels.append("training length")
+    if drawn:  # one entry for the dashed lines: in their colour, or grey for lines each in its model's colour
+        one = len(drawn) == 1
+        handles.append(Line2D([], [], color=next(iter(drawn)) if one else "0.4", linestyle="--"))
+        legend_labels.append("training length" if one else "training length (in its model's colour)")
     legend_below(fig, handles, legend_labels)
     return fig
 
 
-def _draw_train_lengths(ax, runs: Sequence[LossRun], colors: dict[str, str], lo: int, hi: int) -> str | None:
-    """Dashed line at each distinct training length within [lo, hi]; returns the colour of the legend's entry for
-    them (None when none is drawn).
+def _draw_train_lengths(ax, runs: Sequence[LossRun], colors: dict[str, str], lo: int, hi: int) -> set[str]:
+    """Dashed line at each distinct training length within [lo, hi]; returns the colours drawn.
 
     With one distinct length the line is black; with several, each line takes the colour of its model
     (black if models of different colours share that length).
@@ -205,7 +205,7 @@ def _draw_train_lengths(ax, runs: Sequence[LossRun], colors: dict[str, str], lo:
         color = line_colors.pop() if len(by_length) > 1 and len(line_colors) == 1 else "black"
         ax.axvline(length, color=color, linestyle="--", linewidth=2.5 if color == "black" else 1.5)
         drawn.add(color)
-    return None if not drawn else drawn.pop() if len(drawn) == 1 else "0.4"
+    return drawn
 
 
 def _format_x_axis(ax, x_max: int) -> None:
