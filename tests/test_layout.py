@@ -107,6 +107,7 @@ FLOORS = (
     ("adapters", "metrics", "training"),
     ("tasks",),
     ("report", "bench", "serve"),
+    ("papers",),
     ("cli", "lm_eval_main", "__main__"),
 )
 
