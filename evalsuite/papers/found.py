@@ -9,6 +9,7 @@ samples wins, then the newest; the value names its run directory.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import os
@@ -156,27 +157,45 @@ def _summarize(results: Results, recipe: dict, model: str):
                 yield Found(float(r["value"]) * 100, r.get("n"), run["run_dir"]), run["mtime"]
 
 
+@functools.lru_cache(maxsize=256)
+def preset_keys(preset: str, model: str, d_model: int, budgets: tuple[int, ...]) -> frozenset[str]:
+    """The config hashes (record keys) of ``model``'s cells at ``d_model`` in an MQAR preset, and of the same cells
+    under the smaller step ``budgets`` (a pure function of its arguments and the preset file: cached)."""
+    from evalsuite.runs.store import config_hash
+    from evalsuite.tasks.mqar import MQARSweep
+    from evalsuite.tasks.mqar.sweep import (
+        cell_config,
+        hashes_at_smaller_budgets,
+        load_preset,
+        resolve_model,
+        sweep_cells,
+    )
+
+    sweep = MQARSweep.from_dict({**load_preset(preset).to_dict(), "models": [model], "d_models": [d_model]})
+    card = resolve_model(model)
+    keys = set()
+    for cell in sweep_cells(sweep):
+        keys.add(config_hash(cell_config(sweep, cell, card)))
+        keys.update(hashes_at_smaller_budgets(sweep, cell, budgets, card))
+    return frozenset(keys)
+
+
 def _mqar(results: Results, recipe: dict, model: str):
     """The best accuracy over the preset's learning rates, from records of exactly the preset's cells (their config
     hashes), a cell solved under a smaller step budget included (as the sweep itself reuses it)."""
-    from evalsuite.runs.store import config_hash
-    from evalsuite.tasks.mqar import MQARSweep
-    from evalsuite.tasks.mqar.sweep import cell_config, hashes_at_smaller_budgets, load_preset, sweep_cells
-
     records = [r for r in results.mqar if r.get("model") == model]
     if not records:
         return
-    base = load_preset(recipe["preset"]).to_dict()
-    sweep = MQARSweep.from_dict({**base, "models": [model], "d_models": [recipe["d_model"]]})
-    budgets = sorted({(r.get("config") or {}).get("train", {}).get("max_steps") for r in records} - {None})
-    keys = set()
-    for cell in sweep_cells(sweep):
-        keys.add(config_hash(cell_config(sweep, cell)))
-        keys.update(hashes_at_smaller_budgets(sweep, cell, budgets))
+    budgets = tuple(sorted({(r.get("config") or {}).get("train", {}).get("max_steps") for r in records} - {None}))
+    keys = preset_keys(recipe["preset"], model, recipe["d_model"], budgets)
     cells = [r for r in records if r.get("key", r.get("config_hash")) in keys and r.get("value") is not None]
-    if cells:
-        top = max(cells, key=lambda r: r["value"])
-        yield Found(float(top["value"]) * recipe.get("scale", 100), top.get("n"), top["run_dir"]), 0.0
+    by_dir: dict[str, dict] = {}
+    for r in cells:  # a cell trained again elsewhere (a budget probe) is another run: one directory's sweep wins
+        by_dir.setdefault(r["run_dir"], {})[r.get("key", r.get("config_hash"))] = r  # its latest record per cell
+    if by_dir:
+        sweep_dir = max(sorted(by_dir), key=lambda d: len(by_dir[d]))
+        top = max(by_dir[sweep_dir].values(), key=lambda r: r["value"])
+        yield Found(float(top["value"]) * recipe.get("scale", 100), top.get("n"), sweep_dir), 0.0
 
 
 # One finder per run kind of evalsuite.papers.recipes.RUN_KINDS (a test checks they match).

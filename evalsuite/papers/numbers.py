@@ -80,7 +80,7 @@ class NumberFormat:
         text = str(round(mantissa, decimals)) if self.trim and decimals else f"{mantissa:.{decimals}f}"
         if text.startswith("-") and float(text) == 0:
             text = text[1:]
-        if signed and not text.startswith("-"):
+        if signed and not text.startswith("-") and float(text) != 0:
             text = "+" + text
         if self.exponent is not None:
             return f"{text}×10{str(self.exponent).translate(_TO_SUPERSCRIPT)}"

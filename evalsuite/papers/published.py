@@ -207,9 +207,9 @@ def _averages(data, keys: list[str], where: str) -> tuple[Average, ...]:
 
 
 def _item(data, paper: str, arxiv: str, where: str) -> Item:
+    item_id = data.get("id") if isinstance(data, dict) else None
+    where = f"{where}: {item_id}"
     _check_keys(data, _ITEM_KEYS, {"id", "kind", "number", "caption", "columns", "rows", "needs"}, where)
-    item_id = data["id"]
-    where = f"{where} {item_id}"
     if not isinstance(item_id, str) or not re.fullmatch(rf"{re.escape(paper)}:(table|figure)\d+[a-z]?", item_id):
         _fail(where, f"id must be {paper}:table<N> or {paper}:figure<N><letter>")
     if data["kind"] not in KINDS or not item_id.split(":")[1].startswith(data["kind"]):
@@ -247,7 +247,7 @@ def load_paper(path: Path) -> Paper:
     arxiv = _text(data["arxiv"], where, "arxiv", optional=False)
     if not isinstance(data["items"], list):
         _fail(where, "items must be a list")
-    items = tuple(_item(entry, path.stem, arxiv, f"{where}:") for entry in data["items"])
+    items = tuple(_item(entry, path.stem, arxiv, where) for entry in data["items"])
     ids = [i.id for i in items]
     if len(set(ids)) != len(ids):
         _fail(where, f"duplicate item id(s) {', '.join(sorted({i for i in ids if ids.count(i) > 1}))}")

@@ -168,6 +168,13 @@ def _missing_notes(item: Item, ours: list[Ours], results: Results) -> list[str]:
     return notes
 
 
+def _params_note(model: str) -> str:
+    from evalsuite.papers.params import breakdown
+
+    parts = breakdown(_card(model))
+    return f"{model} parameters by component: " + ", ".join(f"{k} {v / 1e6:.2f}M" for k, v in parts.items())
+
+
 def compare(item: Item, ours: list[Ours], results: Results) -> tuple[Grid, Grid | None, list[str]]:
     """(the table with our rows, the ours − paper table or None, notes)."""
     mine = [(f"{o.model} (ours)", [_text(item, i, v) for i, v in enumerate(o.values)],
@@ -185,6 +192,8 @@ def compare(item: Item, ours: list[Ours], results: Results) -> tuple[Grid, Grid 
         runs = sorted({s for s in o.sources if s not in (None, "card")})
         if runs:
             notes.append(f"{o.model} values from {', '.join(runs)}")
+    if any((c.recipe or {}).get("kind") == "params" for c in item.columns):
+        notes += [_params_note(o.model) for o in ours if _card(o.model) is not None]
     notes += _missing_notes(item, ours, results)
     notes += [f"{a.column} = {a.how} of {', '.join(a.of)} (as the paper forms it)" for a in item.averages]
     notes += [f"paper: {f}" for f in item.footnotes] + ([f"about the table: {item.notes}"] if item.notes else [])

@@ -139,10 +139,10 @@ class LmEvalTask(ItemTask):
             task = item.data
             out = lm_eval.simple_evaluate(model=lm, tasks=[task], num_fewshot=config.fewshot.get(task),
                                           limit=config.limit, task_manager=manager, log_samples=False)  # fmt: skip
-            metrics = {metric_name(k): v for k, v in out["results"][task].items()
-                       if k != "alias" and "_stderr" not in k and isinstance(v, (int, float))}  # fmt: skip
-            stderr = {metric_name(k).replace("_stderr", ""): v for k, v in out["results"][task].items()
-                      if "_stderr" in k and isinstance(v, (int, float))}  # fmt: skip
+            # metric keys are "metric,filter"; the rest ("alias", "sample_len") describe the task
+            scores = {k: v for k, v in out["results"][task].items() if "," in k and isinstance(v, (int, float))}
+            metrics = {metric_name(k): v for k, v in scores.items() if "_stderr" not in k}
+            stderr = {metric_name(k).replace("_stderr", ""): v for k, v in scores.items() if "_stderr" in k}
             higher = out.get("higher_is_better", {}).get(task, {})
             yield {
                 "key": item.keys[0],
