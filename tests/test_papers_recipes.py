@@ -13,15 +13,16 @@ from evalsuite.papers.recipes import card_value, flops_per_token, jobs
 from evalsuite.papers.render import compare, our_row
 from evalsuite.papers.run import RunOptions, _longbench_task, model_name, split_models
 
-V, D, LAYERS, HEADS, FF = 50257, 64, 2, 4, 256  # fox-pro-tiny; FF: 3.5 d rounded up to a multiple of 256
+V, D, LAYERS, HEADS, FF = 50257, 64, 2, 4, 256  # fox-pro-tiny; FF: 2/3 of 3.5 d, rounded up to a multiple of 256
 
 
 def fox_pro_tiny_by_hand() -> dict[str, int]:
     """fox-pro-tiny's parameters per component, from the FoX (Pro) block's definition (arXiv:2503.02130 §3): q, k,
-    v, o and the output gate are d×d; k and v each have a per-channel shift of kernel 4 (the KV-shift); the forget
-    gate is a d→H linear map with a bias; the MLP is SwiGLU (gate, up: d×FF, down: FF×d); RMSNorm weights for the
-    attention and MLP inputs, the per-head QK-norm (q and k: d each), the output norm, and the final norm."""
-    mixer = 5 * D * D + 2 * 4 * D + (HEADS * D + HEADS)
+    v, o and the output gate are d×d; the data-dependent KV-shift mixes k and v with one gate per head from x (a d→H
+    map each, no bias); the forget gate is a d→H map with a bias; the MLP is SwiGLU (gate, up: d×FF, down: FF×d);
+    RMSNorm weights for the attention and MLP inputs, the per-head QK-norm (q and k: H × head dim = d each), the
+    output norm, and the final norm."""
+    mixer = 5 * D * D + 2 * HEADS * D + (HEADS * D + HEADS)
     norms = LAYERS * (2 * D + 3 * D) + D
     return {"input embedding": V * D, "LM head": V * D, "MLP": LAYERS * 3 * D * FF, "norms": norms,
             "token mixer": LAYERS * mixer}  # fmt: skip
@@ -75,7 +76,7 @@ def test_the_ablation_matrix_of_our_cards_equals_the_papers_rows():
         "transformer-pro − - forget gate + RoPE (i.e. Transformer (Pro))", "fox-llama − FoX (LLaMA)"]  # fmt: skip
     for line in delta.lines:
         assert [c.text for c in line.cells[:6]] == ["="] * 6 and line.cells[6].text == ""
-    assert any("Perplexity: no loss P(16384) results" in n for n in notes)
+    assert any("Perplexity: no loss P(16384) results of these models" in n for n in notes)
     assert any("beside the paper's row 'FoX (Pro)': 360M params, 7.5B tokens" in n for n in notes)
 
 

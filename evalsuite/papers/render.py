@@ -47,12 +47,17 @@ def _card(model: str):
 
 def _note(item: Item, model: str, card) -> str:
     what = f"{card.description.strip()} (weights: {card.weights_summary()})" if card else "no model card"
+    presets = sorted({c.recipe["preset"] for c in item.columns if (c.recipe or {}).get("kind") == "mqar"})
+    if presets and card is not None:  # MQAR trains the card's architecture afresh at each width: not the card's model
+        what = f"{card.architecture} blocks as the card sets them, trained from scratch at each width by MQAR " + (
+            ", ".join(presets)
+        )
     rows = [r for r in item.rows if r.model == model]
     if rows:
         return f"{model}: {what}; beside the paper's row {rows[0].label!r}: {rows[0].scale or 'scale not given'}"
-    scales = sorted({r.scale for r in item.rows if r.scale})
+    scales = list(dict.fromkeys(r.scale for r in item.rows if r.scale))
     theirs = f"the paper's rows report {'; '.join(scales)}" if scales else "the paper prints no rows"
-    return f"{model}: not a model of this table; {what}; {theirs}"
+    return f"{model} (no row of the paper is this model): {what}; {theirs}"
 
 
 def our_row(item: Item, model: str, results: Results) -> Ours:
@@ -161,7 +166,7 @@ def _missing_notes(item: Item, ours: list[Ours], results: Results) -> list[str]:
         if kind in GPU_KINDS:
             notes.append(f"{column.label}: needs a GPU run ({bench_command(column.recipe)})")
         elif kind in RUN_KINDS:
-            notes.append(f"{column.label}: no {describe(column.recipe)} results under {results.root} "
+            notes.append(f"{column.label}: no {describe(column.recipe)} results of these models under {results.root} "
                          f"(evalsuite paper run {item.id} --models ...)")  # fmt: skip
         elif kind in CARD_KINDS:
             notes.append(f"{column.label}: computed from model cards; none of these models has one")
