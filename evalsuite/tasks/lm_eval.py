@@ -100,7 +100,7 @@ class LmEvalTask(ItemTask):
     """lm-eval tasks on any adapter, one record (every metric) per task."""
 
     name = "lm-eval"
-    needs = frozenset()  # checked per task from its request type, in prepare
+    needs = frozenset({GENERATE})  # a model, at least; what each lm-eval task's requests need is checked in prepare
     Config = LmEvalConfig
     shards = False  # lm-eval runs one task at a time on one process here
 
