@@ -6,6 +6,9 @@ and the figures drawn from the committed MQAR and kernel records."""
 import csv
 import io
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -133,6 +136,18 @@ def test_an_lm_eval_table_from_run_to_render_through_the_bridge(run_cli, tmp_pat
     expected = [metrics["es_ppl"]["word_perplexity"], acc, accn, (acc + accn) / 2]
     assert rows_of(out)[f"{TINY} (ours)"] == [f"{v:.2f}" for v in expected]
 
+    # a text-only API model: refused before its run, by what the lm-eval tasks' requests need
+    refused = subprocess.run(
+        [sys.executable, "-m", *map(str, run[:5]), "openai:gpt-x,base_url=http://127.0.0.1:9/v1", *map(str, run[6:])],
+        capture_output=True, text=True, cwd=tmp_path, timeout=600,
+        env={**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
+             "HF_DATASETS_CACHE": str(tmp_path / "hf_datasets")},
+    )  # fmt: skip
+    last = refused.stderr.strip().splitlines()[-1]  # lm-eval logs its own warnings about the task files first
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert last == ("error: lm-eval task es_ppl (loglikelihood_rolling) needs token-level access (logits over token "
+                    "ids), which model gpt-x does not give (it offers: generate)")  # fmt: skip
+
 
 def test_a_loss_figure_from_run_to_render_and_drawn(run_cli, tmp_path):
     columns = [{"key": f"l_{n}", "label": str(n), "better": "lower", "recipe": {"kind": "loss", "length": n}}
@@ -181,6 +196,20 @@ def test_gsa_figure_3a_from_the_committed_mqar_sweep(run_cli, tmp_path):
         ours = [float(v) for v in cells[f"{row['model']} (ours)"]]
         assert ours == pytest.approx([100 * float(row[f"d={d}"]) for d in (64, 128, 256, 512)], abs=0.006)
     assert (tmp_path / "figs" / "gsa-figure3a.png").stat().st_size > 10_000
+
+
+@pytest.mark.skipif(not (ROOT / "results" / "smollm2" / "niah").is_dir(), reason="the committed NIAH run is absent")
+def test_a_niah_figure_from_a_committed_run(run_cli, tmp_path):
+    """A figure of NIAH columns: per length, the mean score over the needle depths of the committed SmolLM2 run, and
+    the heatmaps in the FoX paper's layout."""
+    columns = [{"key": f"l_{n}", "label": str(n), "better": "higher", "recipe": {"kind": "niah", "mode": "easy",
+                "length": n}} for n in (1000, 8000)]  # fmt: skip
+    papers = write_papers(tmp_path, [item("demo:figure1", columns, [], needs="weights")])
+    code, out, err = run_cli(["paper", "render", "demo:figure1", "--results", ROOT / "results" / "smollm2",
+                              "--papers", papers, "--format", "csv", "--out", "figs"], tmp_path)  # fmt: skip
+    assert code == 0, err
+    assert rows_of(out)["SmolLM2-135M-Instruct.Q4_1 (ours)"] == ["10.00", "7.00"]  # the mean score over 9 depths
+    assert (tmp_path / "figs" / "demo-figure1.png").stat().st_size > 10_000
 
 
 @pytest.mark.skipif(not (ROOT / "results" / "kernels").is_dir(), reason="the committed kernel records are absent")

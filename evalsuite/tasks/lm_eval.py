@@ -108,7 +108,8 @@ class LmEvalTask(ItemTask):
         lm_eval = require("lm_eval", "lm-eval", "the lm-eval task")
         config = self.config
         types = _output_types(config, task_manager(config))
-        for task, output in types.items():
+        for task in config.tasks:  # in the order given, so the refusal names the first task the model cannot run
+            output = types.get(task)
             need = OUTPUT_NEEDS.get(output)
             if need is not None and need not in adapter.capabilities:
                 raise UserError(
