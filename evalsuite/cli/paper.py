@@ -136,6 +136,9 @@ def paper_render(
     if out is not None:
         written = write_rendered(item, ours, found, out)
         if item.kind == "figure":
-            written += draw(item, names, found, out)
+            try:
+                written += draw(item, names, found, out)
+            except UserError as e:  # the tables are written; say why there is no picture
+                typer.echo(f"figure not drawn: {e}", err=True)
         for path in written:
             typer.echo(f"wrote {path}")

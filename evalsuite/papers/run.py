@@ -191,11 +191,11 @@ def run_item(item: Item, specs: list[str], options: RunOptions, say=print) -> li
     model_jobs = [j for j in found if j.kind != "mqar"]
     for spec in specs if model_jobs else []:
         adapter = load_adapter(spec, AdapterOptions(device=options.device, dtype=options.dtype))
+        lacking = [c.label for j in model_jobs if j.kind in TOKEN_KINDS for c in j.columns]
+        if lacking and TOKENS not in adapter.capabilities:  # before any of its runs
+            raise UserError(f"{item.id}: model {adapter.name} gives no token-level scores (a text-only model); "
+                            f"column(s) {', '.join(lacking)} need them")  # fmt: skip
         for job in model_jobs:
-            if job.kind in TOKEN_KINDS and TOKENS not in adapter.capabilities:
-                labels = ", ".join(c.label for c in job.columns)
-                raise UserError(f"{item.id}: model {adapter.name} gives no token-level scores (a text-only model); "
-                                f"column(s) {labels} ({job.kind}) need them")  # fmt: skip
             results = run_task(TASK_BUILDERS[job.kind](job, options), adapter, progress=options.progress,
                                runs_root=root)  # fmt: skip
             done.append(JobRun(adapter.name, job, results["run_dir"]))

@@ -44,7 +44,7 @@ def run_task(
 
     def claim():  # rank 0 alone writes the manifest and takes in rank files an interrupted run left
         path = Path(out_dir) if out_dir is not None else task.default_dir(plan, adapter, chash)
-        if out_dir is None and runs_root is not None:
+        if out_dir is None and runs_root is not None and path.is_relative_to(RUNS_ROOT):
             path = Path(runs_root) / path.relative_to(RUNS_ROOT)
         run = RunDir.claim(path, task.name, chash, hashed)
         finished = run.load_results() if task.reuse_finished else None
