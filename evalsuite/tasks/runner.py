@@ -26,17 +26,26 @@ from evalsuite.runs import distributed
 from evalsuite.runs.provenance import provenance
 from evalsuite.runs.rundir import MANIFEST_FILE, RunDir
 from evalsuite.runs.store import config_hash
-from evalsuite.tasks.base import Plan, Task, check_capabilities
+from evalsuite.tasks.base import RUNS_ROOT, Plan, Task, check_capabilities
 
 
-def run_task(task: Task, adapter: TextAdapter | None, out_dir: Path | str | None = None, progress: bool = True) -> dict:
+def run_task(
+    task: Task,
+    adapter: TextAdapter | None,
+    out_dir: Path | str | None = None,
+    progress: bool = True,
+    runs_root: Path | str | None = None,
+) -> dict:
     """Run, resume or re-aggregate ``task`` on ``adapter`` into ``out_dir`` (default: the task's directory for this
-    configuration); returns (and writes) ``results.json``'s content, the same on every rank."""
+    configuration, under ``runs_root`` instead of ``results/runs`` when given); returns (and writes)
+    ``results.json``'s content, the same on every rank."""
     world = distributed.setup()
     plan, chash, hashed = world.agree(lambda: _prepare(task, adapter, world.size))
 
     def claim():  # rank 0 alone writes the manifest and takes in rank files an interrupted run left
         path = Path(out_dir) if out_dir is not None else task.default_dir(plan, adapter, chash)
+        if out_dir is None and runs_root is not None and path.is_relative_to(RUNS_ROOT):
+            path = Path(runs_root) / path.relative_to(RUNS_ROOT)
         run = RunDir.claim(path, task.name, chash, hashed)
         finished = run.load_results() if task.reuse_finished else None
         return str(run.path), run.created, finished
