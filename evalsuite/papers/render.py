@@ -28,7 +28,6 @@ from evalsuite.papers.recipes import (
     bench_command,
     card_value,
     describe,
-    recipe_lengths,
     takes_row_length,
 )
 from evalsuite.runs.store import atomic_write_bytes
@@ -113,7 +112,7 @@ def our_rows(item: Item, models: list[str], results: Results) -> list[Ours]:
     """Our rows of ``models``: one each, or one per length the paper's rows state where a column takes each row's."""
     if not takes_row_length(item):
         return [our_row(item, model, results) for model in models]
-    lengths = sorted({n for c in item.columns if c.recipe for n in recipe_lengths(item, c.recipe)})
+    lengths = sorted({row.length for row in item.rows if row.length is not None})
     return [our_row(item, model, results, n) for model in models for n in lengths]
 
 

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from glob import escape
 from pathlib import Path
 
+from evalsuite.data.builtin import BOOKS, SYNTHETIC
 from evalsuite.errors import UserError
 from evalsuite.papers.published import Item
 from evalsuite.papers.recipes import GPU_KINDS, TOKEN_KINDS, Job, bench_command, describe, jobs
-
-BUILTIN_TEXTS = ("synthetic", "books")  # evalsuite.data.builtin's corpora, named as the tasks take them
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ def text_source(job: Job, options: RunOptions, item_id: str) -> str:
     """The evaluation text of a loss or summarize job: a built-in corpus by its name, else its path in the folder of
     ``--loss-data`` / ``--summarize-data``; UserError where that folder does not hold it."""
     dataset = job.setting("dataset")
-    if job.kind == "loss" and dataset in BUILTIN_TEXTS:
+    if job.kind == "loss" and dataset in (SYNTHETIC, BOOKS):  # the built-in corpora, by the names the tasks take
         return dataset
     option, folder = {
         "loss": ("--loss-data", options.loss_data),
@@ -121,7 +121,7 @@ def text_source(job: Job, options: RunOptions, item_id: str) -> str:
         raise UserError(f"{item_id} needs the {job.kind} text {dataset!r}: {option} DIR, a folder holding {expected}")
     if job.kind == "loss" and (root / dataset).is_dir():
         return str(root / dataset)
-    found = [p for p in sorted(root.glob(f"{dataset}.*")) if job.kind == "loss" or p.name == f"{dataset}.jsonl"]
+    found = [p for p in sorted(root.glob(f"{escape(dataset)}.*")) if job.kind == "loss" or p.name == f"{dataset}.jsonl"]
     if len(found) != 1:
         raise UserError(f"{item_id} needs the {job.kind} text {dataset!r}: {root} holds "
                         f"{len(found)} files named {expected}, not one")  # fmt: skip
