@@ -83,6 +83,14 @@ def test_the_data_files_load_and_name_real_cards():
             "lacks ['dataset', 'length', 'metric']",
         ),
         (lambda d: d["items"][0]["columns"][0]["recipe"].update(lenght=2), "names ['lenght']"),
+        (lambda d: d["items"][0]["columns"][1].update(recipe={"kind": "card", "field": "heads"}), "field is not one"),
+        (
+            lambda d: d["items"][0]["columns"][1].update(
+                recipe={"kind": "longbench", "dataset": "trec", "first_line": "x"}
+            ),
+            "first_line is not one of ['fox', 'upstream']",
+        ),
+        (lambda d: d["items"][0].update(row_header=""), "row_header '' is not a non-empty string"),
         (lambda d: d["items"][0]["columns"][1].update(better="up"), "better 'up'"),
         (lambda d: d["items"][0].update(id="fox:table1"), "id 'fox:table1' does not match"),
         (lambda d: d["items"][0].update(kind="figure"), "does not match kind 'figure'"),
