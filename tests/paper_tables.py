@@ -24,44 +24,21 @@ from pathlib import Path
 import pytest
 import yaml
 
+from evalsuite.papers.format import (  # noqa: F401  (the format's rules, for the test files that import them here)
+    CHOICES,
+    RECIPES,
+    file_problems,
+    item_problems,
+    part_problems,
+    suite_recipe_problems,
+)
+from evalsuite.papers.published import load_paper
+
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "evalsuite" / "papers" / "data"
 SEEDS_ENV = "EVALSUITE_PAPER_SEEDS"
 
-# ---- the format (docs/paper-tables.md) --------------------------------------------------------------------------
-
-ITEM_FIELDS = {"id", "kind", "number", "caption", "columns", "rows", "averages", "footnotes", "marks", "needs"}
-ITEM_OPTIONAL = {"notes"}
-COLUMN_FIELDS = {"key", "label", "group", "better", "unit", "recipe"}
-ROW_FIELDS = {"label", "group", "model", "scale", "source", "values"}
-ROW_OPTIONAL = {"length"}  # present on every row, and only then, when a recipe of the item says `length: row`
-RECIPES = {  # kind -> (the fields it must name, the fields it may name), "kind" aside
-    "lm-eval": ({"task", "metric", "shots"}, set()),
-    "longbench": ({"dataset"}, set()),
-    "loss": ({"dataset", "length", "metric"}, set()),
-    "niah": ({"mode", "length"}, set()),
-    "passkey": ({"mode", "length"}, set()),
-    "mqar": ({"preset", "d_model", "length", "num_kv_pairs"}, set()),
-    "summarize": ({"dataset", "metric"}, set()),
-    "params": ({"what"}, set()),
-    "flops": ({"formula"}, set()),
-    "bench": ({"op", "metric", "length"}, {"new_tokens", "offload"}),
-}
-CHOICES = {  # (kind, field) -> the values the doc allows
-    ("loss", "metric"): {"ppl"},
-    ("niah", "mode"): {"easy", "standard", "2hop"},
-    ("passkey", "mode"): {"passkey", "2hop"},
-    ("summarize", "metric"): {"rouge1", "rouge2", "rougeL"},
-    ("params", "what"): {"total", "non_embedding"},
-    ("bench", "op"): {"attention", "linear", "decode", "train_step"},
-    ("bench", "metric"): {"time", "memory", "throughput"},
-    ("bench", "offload"): {True, False},
-}
-LENGTH_FIELDS = ("length", "new_tokens")  # token counts: an int, null (not stated), "row" or {column: KEY}
-MQAR_CELL = {"d_model": "d_models", "length": "seq_lens", "num_kv_pairs": "num_kv_pairs"}  # tasks/mqar.yaml
-MARKS = {"best_second", "bold_best", "none"}
-NEEDS = {"cards", "gpu", "weights", "dataset", "training", "none"}
-PRINTED_LENGTH = re.compile(r"(\d+)([KM]?)")  # "16K" in a length column: 16 x 1024 tokens
+# ---- the format (docs/paper-tables.md): its rules are the loader's, in evalsuite.papers.format --------------------
 
 
 @functools.cache
@@ -74,150 +51,6 @@ def card_names() -> set[str]:
     return {p.stem for p in (ROOT / "models").glob("*.yaml")}
 
 
-def printed_length(cell: str | None) -> int | None:
-    """Tokens of a printed length ("16K" -> 16384, K = 1024), None when the cell is not one."""
-    m = PRINTED_LENGTH.fullmatch(cell or "")
-    return int(m[1]) * {"": 1, "K": 1024, "M": 1024**2}[m[2]] if m else None
-
-
-def _length_problems(value, columns: dict[str, int], rows: list) -> list[str]:
-    if value is None or value == "row" or (type(value) is int and value > 0):
-        return []
-    if isinstance(value, dict) and set(value) == {"column"} and value["column"] in columns:
-        cells = [r["values"][columns[value["column"]]] for r in rows]
-        return [f"the cell {cell!r} is no length" for cell in cells if printed_length(cell) is None]
-    return [f"length {value!r} is not a token count, null, 'row' or {{column: KEY}}"]
-
-
-def recipe_problems(recipe, columns: dict[str, int], rows: list) -> list[str]:
-    """What is wrong with one column's recipe (None: the column has none)."""
-    if recipe is None:
-        return []
-    if not isinstance(recipe, dict) or recipe.get("kind") not in RECIPES:
-        return [f"recipe {recipe!r} has no known kind"]
-    required, optional = RECIPES[recipe["kind"]]
-    named = set(recipe) - {"kind"}
-    out = [f"recipe {recipe} lacks {sorted(required - named)}"] if required - named else []
-    out += [f"recipe {recipe} names {sorted(named - required - optional)}"] if named - required - optional else []
-    for (kind, name), allowed in CHOICES.items():
-        value = recipe.get(name)  # compared with its type: YAML's true is no 1
-        if kind == recipe["kind"] and name in recipe and not any((type(a), a) == (type(value), value) for a in allowed):
-            out.append(f"recipe {recipe}: {name} is not one of {sorted(map(str, allowed))}")
-    if recipe["kind"] == "lm-eval" and not (type(recipe.get("shots")) is int and recipe["shots"] >= 0):
-        out.append(f"recipe {recipe}: shots is not a count")
-    if recipe["kind"] == "bench" and recipe.get("op") != "decode" and {"new_tokens", "offload"} & named:
-        out.append(f"recipe {recipe}: new_tokens and offload are for op decode")
-    for name in LENGTH_FIELDS:
-        out += [f"recipe {name}: {p}" for p in _length_problems(recipe.get(name), columns, rows)]
-    return out
-
-
-def column_problems(columns: list, rows: list) -> list[str]:
-    out = []
-    keys = [c.get("key") for c in columns]
-    if len(set(keys)) != len(keys):
-        out.append(f"column keys repeat: {keys}")
-    index = {k: j for j, k in enumerate(keys)}
-    for c in columns:
-        if set(c) != COLUMN_FIELDS:
-            out.append(f"column {c.get('key')} has fields {sorted(c)}")
-            continue
-        if not re.fullmatch(r"[a-z0-9_]+", str(c["key"])) or not (isinstance(c["label"], str) and c["label"]):
-            out.append(f"column {c['key']!r}: bad key or label")
-        if c["better"] not in ("higher", "lower", None) or not isinstance(c["group"], (str, type(None))):
-            out.append(f"column {c['key']}: better {c['better']!r}, group {c['group']!r}")
-        out += [f"column {c['key']}: {p}" for p in recipe_problems(c["recipe"], index, rows)]
-    return out
-
-
-def _uses_row_length(item: dict) -> bool:
-    return any((c.get("recipe") or {}).get(name) == "row" for c in item["columns"] for name in LENGTH_FIELDS)
-
-
-def row_problems(item: dict, cards: set[str]) -> list[str]:
-    out, width = [], len(item["columns"])
-    fields = ROW_FIELDS | ROW_OPTIONAL if _uses_row_length(item) else ROW_FIELDS
-    for r in item["rows"]:
-        where = f"row {r.get('label')!r}"
-        if set(r) != fields:
-            out.append(f"{where} has fields {sorted(r)}, not {sorted(fields)}")
-            continue
-        values = r["values"]
-        if not isinstance(values, list) or len(values) != width:
-            out.append(f"{where}: {len(values or [])} values for {width} columns")
-            continue
-        if any(v is not None and not (isinstance(v, str) and v and v == v.strip()) for v in values):
-            out.append(f"{where}: a value is not a non-empty string as printed (quote it)")
-        if item["kind"] == "table" and all(v is None for v in values):
-            out.append(f"{where}: a table row without a printed cell")
-        if r["model"] is not None and r["model"] not in cards:
-            out.append(f"{where}: model {r['model']!r} is not a card in models/")
-        if not isinstance(r["label"], str) or not isinstance(r["group"], (str, type(None))):
-            out.append(f"{where}: label and group must be strings")
-        if not (isinstance(r["scale"], str) and r["scale"]) and not (r["scale"] is None and item["needs"] == "none"):
-            out.append(f"{where}: scale must be a string (null only in an item that needs nothing)")
-        if "length" in r and r["length"] is not None and not (type(r["length"]) is int and r["length"] > 0):
-            out.append(f"{where}: length {r['length']!r} is not a token count or null")
-    return out
-
-
-def id_problems(item: dict, paper: str) -> list[str]:
-    """The id is ``<paper>:<kind><N>``, lettered by the number's own letter ("3(b)": 3b) or, for one of several
-    parts of an item printed under one caption, by its part's letter (checked across the file by part_problems)."""
-    m = re.fullmatch(rf"{paper}:(table|figure)(\d+)([a-z]?)", str(item["id"]))
-    n = re.fullmatch(r"(\d+)(?:\(([a-z])\))?", item["number"]) if isinstance(item["number"], str) else None
-    if not (m and n and m[1] == item["kind"] and m[2] == n[1] and (n[2] is None or m[3] == n[2])):
-        return [f"id {item['id']!r} does not match kind {item['kind']!r} and number {item['number']!r}"]
-    return []
-
-
-def item_problems(item: dict, paper: str, cards: set[str]) -> list[str]:
-    """Everything wrong with one item's shape, as readable lines (empty when it is well formed)."""
-    if not ITEM_FIELDS <= set(item) <= ITEM_FIELDS | ITEM_OPTIONAL:
-        return [f"{item.get('id')}: fields {sorted(item)}"]
-    out = id_problems(item, paper)
-    caption = item["caption"]
-    if not (isinstance(caption, str) and len(caption.strip()) >= 15 and caption.count("$") % 2 == 0):
-        out.append(f"caption {caption!r}: not a caption, or a $formula$ left open")
-    if item["kind"] == "table" and not (item["columns"] and item["rows"]):
-        out.append("a table without columns or rows")
-    if item["kind"] == "figure" and bool(item["columns"]) != bool(item["rows"]):
-        out.append("a figure with columns must have rows (its series), and rows columns (its x values)")
-    if item["marks"] not in MARKS or item["needs"] not in NEEDS:
-        out.append(f"marks {item['marks']!r}, needs {item['needs']!r}")
-    if item["marks"] != "none" and not any(c.get("better") for c in item["columns"]):
-        out.append(f"marks {item['marks']!r} without a column that has a better side")
-    keys = {c.get("key") for c in item["columns"]}
-    for a in item["averages"]:
-        if set(a) != {"column", "of", "how"} or a["how"] != "mean" or not {a["column"], *a["of"]} <= keys:
-            out.append(f"average {a} is not a mean of columns the item has")
-    if not all(isinstance(f, str) for f in item["footnotes"]):
-        out.append("footnotes must be strings")
-    out += column_problems(item["columns"], item["rows"]) + row_problems(item, cards)
-    return [f"{item['id']}: {p}" for p in out]
-
-
-def part_problems(items: list[dict]) -> list[str]:
-    """Items sharing an unlettered number are its parts: two or more, lettered a, b, ... in print order."""
-    parts: dict[tuple[str, str], list[str]] = {}
-    for item in items:
-        parts.setdefault((item["kind"], item["number"]), []).append(str(item["id"]))
-    out = []
-    for (kind, number), ids in parts.items():
-        if "(" in number or ids == [ids[0].rstrip("abcdefghijklmnopqrstuvwxyz")]:
-            continue
-        stem = ids[0].partition(":")[0] + f":{kind}{number}"
-        if len(ids) < 2 or ids != [stem + chr(ord("a") + i) for i in range(len(ids))]:
-            out.append(f"{kind} {number}: parts {ids} are not lettered a, b, ... in order")
-    return out
-
-
-@functools.cache
-def task_spec(name: str) -> dict:
-    """One of this suite's task specs, ``tasks/<name>.yaml``."""
-    return yaml.safe_load((ROOT / "tasks" / f"{name}.yaml").read_text(encoding="utf-8"))
-
-
 @functools.cache
 def lm_eval_task_names() -> set[str] | None:
     """Task and group names of the installed lm-eval's task YAML, or None without the lm-eval extra."""
@@ -228,21 +61,6 @@ def lm_eval_task_names() -> set[str] | None:
     for path in (Path(next(iter(spec.submodule_search_locations))) / "tasks").rglob("*.yaml"):
         names.update(re.findall(r"^(?:task|group): *([\w.-]+) *$", path.read_text(errors="replace"), re.M))
     return names
-
-
-def suite_recipe_problems(item: dict) -> list[str]:
-    """LongBench datasets and MQAR preset cells that this suite's task specs (``tasks/*.yaml``) have."""
-    longbench, presets = task_spec("longbench")["tasks"], task_spec("mqar")["presets"]
-    out = []
-    for c in item["columns"]:
-        r = c["recipe"] or {}
-        if r.get("kind") == "longbench" and r["dataset"] not in longbench:
-            out.append(f"{item['id']} {c['key']}: LongBench has no {r['dataset']!r}")
-        if r.get("kind") == "mqar":
-            p = presets.get(r["preset"], {})
-            if any(r.get(name) not in p.get(values, [None]) for name, values in MQAR_CELL.items()):
-                out.append(f"{item['id']} {c['key']}: preset {r['preset']!r} has no cell {r}")
-    return out
 
 
 NUMBER_END = re.compile(r"^\d+(?:\.\d+)?[kKMBT%]?$")
@@ -597,6 +415,13 @@ class PaperTableChecks:
         doc = load(self.PAPER)
         assert set(doc) == {"paper", "title", "arxiv", "items"} and doc["paper"] == self.PAPER
         assert re.fullmatch(r"\d{4}\.\d{5}", str(doc["arxiv"])) and isinstance(doc["title"], str) and doc["title"]
+        assert file_problems(doc, self.PAPER) == []
+
+    def test_file_loads_through_the_loader(self):
+        """`evalsuite paper` reads the file through the same rules, with every item and row intact."""
+        paper = load_paper(DATA / f"{self.PAPER}.yaml")
+        assert [i.id for i in paper.items] == [i["id"] for i in load(self.PAPER)["items"]]
+        assert [len(i.rows) for i in paper.items] == [len(i["rows"]) for i in load(self.PAPER)["items"]]
 
     def test_item_shape(self, item):
         problems = item_problems(item, self.PAPER, card_names())

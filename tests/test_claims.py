@@ -1,13 +1,16 @@
 """The claims report (evalsuite/papers/data/claims.yaml, results/claims/): every number it states comes from the
 committed records, and a claim's evaluation runs on the shipped zoo models."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from conftest import assert_one_line_error
 
 from evalsuite.adapters.native import NativeAdapter
 from evalsuite.cards import load_card
-from evalsuite.papers.claims import VERDICTS, load_claims, loss_bins, measure, render_markdown
+from evalsuite.papers.claims import VERDICTS, load_claims, loss_bins, measure, render_markdown, render_text
 from evalsuite.tasks.loss import LossConfig, LossTask
 from evalsuite.tasks.runner import run_task
 
@@ -50,3 +53,16 @@ def test_fox_flat_beyond_training_on_the_shipped_zoo(tmp_path):
     assert fox_within < 2.0 and rope_within < 2.0  # trained weights: far below ln 258 = 5.55
     assert fox_beyond < fox_within  # FoX keeps improving past its 512-byte training context
     assert rope_beyond > rope_within + 0.5  # the RoPE Transformer falls apart there
+
+
+def test_paper_claims_prints_the_readmes_table(run_cli, tmp_path):
+    """`evalsuite paper claims --format md` (the command in its own process) prints exactly the claims table of
+    results/claims/README.md; the default is the terminal's text, one block per claim; another format is refused."""
+    md = subprocess.run([sys.executable, "-m", "evalsuite", "paper", "claims", "--format", "md"], capture_output=True,
+                        text=True, check=True, timeout=120).stdout  # fmt: skip
+    assert md.startswith("| claim | the paper says |") and md == render_markdown(load_claims())
+    assert md in (RESULTS / "claims" / "README.md").read_text()
+    code, text, err = run_cli(["paper", "claims"], tmp_path)
+    assert code == 0 and text == render_text(load_claims()) and text.count("\n\n") == len(load_claims()) - 1, err
+    code, _, err = run_cli(["paper", "claims", "--format", "latex"], tmp_path)
+    assert_one_line_error(code, err, "--format must be text or md, got 'latex'")

@@ -204,6 +204,7 @@ TASKS: Registry[type[Task]] = Registry(
         "evalsuite.tasks.mqar",
         "evalsuite.tasks.longbench",
         "evalsuite.tasks.summarize",
+        "evalsuite.tasks.lm_eval",
     ),
 )
 

@@ -28,16 +28,17 @@ from evalsuite.runs import distributed
 from evalsuite.runs.provenance import provenance
 from evalsuite.runs.rundir import MANIFEST_FILE, RunDir, writing
 from evalsuite.runs.store import config_hash
-from evalsuite.tasks.base import Plan, Task, check_capabilities
+from evalsuite.tasks.base import RUNS_ROOT, Plan, Task, check_capabilities
 
 
 def run_task(
     task: Task, adapter: TextAdapter | None, out_dir: Path | str | None = None, progress: bool = True,
-    repair: bool = False,
+    repair: bool = False, runs_root: Path | str | None = None,
 ) -> dict:  # fmt: skip
     """Run, resume or re-aggregate ``task`` on ``adapter`` into ``out_dir`` (default: the task's directory for this
-    configuration); returns (and writes) ``results.json``'s content, the same on every rank. ``repair``: set aside
-    the corrupt lines of the directory's records first (their items run again)."""
+    configuration, under ``runs_root`` instead of ``results/runs`` when given); returns (and writes)
+    ``results.json``'s content, the same on every rank. ``repair``: set aside the corrupt lines of the directory's
+    records first (their items run again)."""
     world = distributed.setup()
     plan, chash, hashed = world.agree(lambda: _prepare(task, adapter, world.size))
     with contextlib.ExitStack() as held:  # rank 0's claim: the directory's one writer until the run ends
@@ -45,6 +46,8 @@ def run_task(
 
         def claim():  # rank 0 alone writes the manifest and takes in rank files an interrupted run left
             path = Path(out_dir) if out_dir is not None else task.default_dir(plan, adapter, chash)
+            if out_dir is None and runs_root is not None and path.is_relative_to(RUNS_ROOT):
+                path = Path(runs_root) / path.relative_to(RUNS_ROOT)
             mine.append(held.enter_context(writing(path, task.name, chash, hashed, repair=repair, world=world)))
             return str(mine[0].path), mine[0].load_results() if task.reuse_finished else None
 
