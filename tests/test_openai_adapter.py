@@ -469,7 +469,7 @@ SPEC = "openai:m,base_url=http://127.0.0.1:9/v1,tokenizer=gpt2"  # never contact
     [
         (["loss", "--model", SPEC, "--length", "64"], "task loss needs token-level access (logits over token ids)"),
         (["run", "drt-passkey", "--model", SPEC], "task drt-passkey needs token-level access"),
-        (["passkey", "--model", SPEC], "tasks it can run: longbench, niah, summarize)"),
+        (["passkey", "--model", SPEC], "tasks it can run: lm-eval, longbench, niah, summarize)"),
     ],
 )
 def test_token_tasks_refuse_api_models_in_one_line(args, message, tmp_path, run_cli):
