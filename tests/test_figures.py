@@ -192,6 +192,22 @@ def test_mqar_training_curves_tell_learning_rates_apart_and_wrap_the_legend(tmp_
     assert len({line.get_linestyle() for line in fox}) == 2  # lr 1e-3 at d = 64, 3e-3 at d = 128
 
 
+@pytest.mark.parametrize(
+    "model, architecture, shown",
+    [
+        ("fox-pro", None, "FoX (Pro)"),
+        ("fox-pro-tiny", None, "FoX (Pro), tiny"),
+        ("zoo-transformer-llama", "transformer-llama", "Transformer (LLaMA), zoo"),
+        ("fox-llama-timescale-init [clip-1.0]", None, "FoX (LLaMA), time-scale init [clip-1.0]"),
+        ("my-card", "gsa", "my-card"),  # a card named otherwise keeps its name (and takes its family's colour)
+        ("foxy", None, "foxy"),
+        ("SmolLM2-135M-Instruct.Q4_1", None, "SmolLM2-135M-Instruct.Q4_1"),
+    ],
+)
+def test_display_names(model, architecture, shown):
+    assert display_name(model, architecture) == shown
+
+
 def test_legend_columns_fit_the_width():
     labels = [f"model number {i} (lr 0.001)" for i in range(16)]
     assert legend_columns(labels, 33.0) > legend_columns(labels, 17.4) > 1

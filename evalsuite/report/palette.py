@@ -10,6 +10,7 @@ they too keep their colour from one figure to the next.
 from __future__ import annotations
 
 import math
+import re
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -59,19 +60,24 @@ class ModelStyle:
 
 def family_of(model: str, architecture: str | None = None) -> FamilyLook | None:
     """The family of ``model``: by ``architecture`` when given (and known), else by the longest family name that
-    prefixes ``model`` at a word boundary; None for a model of no family."""
+    ``model`` holds as whole words (``fox-pro-tiny`` and ``zoo-fox-pro`` are FoX (Pro), ``foxy`` is none); None for a
+    model of no family."""
     for name in (architecture, model):
-        best = None
-        for look in FAMILIES:
-            if _prefixes(look.name, (name or "").lower()) and (best is None or len(look.name) > len(best.name)):
-                best = look
-        if best is not None:
-            return best
+        found = [look for look in FAMILIES if _find(look.name, (name or "").lower()) is not None]
+        if found:
+            return max(found, key=lambda look: len(look.name))
     return None
 
 
-def _prefixes(prefix: str, name: str) -> bool:
-    return name.startswith(prefix) and (len(name) == len(prefix) or not name[len(prefix)].isalnum())
+def _find(family: str, name: str) -> int | None:
+    """Where ``family`` starts in ``name`` as whole words (not inside a longer word), or None."""
+    start = name.find(family)
+    while start >= 0:
+        end = start + len(family)
+        if (start == 0 or not name[start - 1].isalnum()) and (end == len(name) or not name[end].isalnum()):
+            return start
+        start = name.find(family, start + 1)
+    return None
 
 
 def model_color(model: str, architecture: str | None = None) -> str:
@@ -85,20 +91,19 @@ def model_color(model: str, architecture: str | None = None) -> str:
 def display_name(model: str, architecture: str | None = None) -> str:
     """A readable name: the family's name and what the model's name adds to it.
 
-    ``fox-pro`` -> "FoX (Pro)", ``fox-pro-tiny`` -> "FoX (Pro), tiny", ``fox-llama-timescale-init`` -> "FoX (LLaMA),
-    time-scale init", ``transformer-llama [untied]`` -> "Transformer (LLaMA) [untied]"; a model of no family, or
-    whose name does not start with its family's, keeps its name.
+    ``fox-pro`` -> "FoX (Pro)", ``fox-pro-tiny`` -> "FoX (Pro), tiny", ``zoo-fox-pro`` -> "FoX (Pro), zoo",
+    ``fox-llama-timescale-init`` -> "FoX (LLaMA), time-scale init", ``transformer-llama [untied]`` ->
+    "Transformer (LLaMA) [untied]"; a model of no family, or whose name does not hold its family's, keeps its name.
     """
     look = family_of(model, architecture)
-    if look is None or not _prefixes(look.name, model.lower()):
+    start = None if look is None else _find(look.name, model.lower())
+    if start is None:
         return model
-    rest = model[len(look.name) :].strip("-_ ")
-    tag = ""
-    if "[" in rest:  # a recipe variant of an MQAR sweep: "[untied]"
-        rest, _, tag = rest.partition("[")
-        rest, tag = rest.strip("-_ "), f" [{tag}"
-    words = WORDS.get(rest, rest.replace("-", " ").replace("_", " "))
-    return f"{look.display}{', ' + words if words else ''}{tag}"
+    # the words around the family's name, then an MQAR recipe variant's tag ("[untied]")
+    rest, bracket, tag = f"{model[:start]}-{model[start + len(look.name) :]}".partition("[")
+    words = [w for w in re.split(r"[-_ ]+", rest) if w]
+    shown = WORDS.get("-".join(words), " ".join(words))
+    return f"{look.display}{', ' + shown if shown else ''}{' ' + bracket + tag if bracket else ''}"
 
 
 def model_styles(models: Iterable[str], architectures: dict[str, str] | None = None) -> dict[str, ModelStyle]:

@@ -17,6 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from evalsuite.papers.claims import loss_bins  # noqa: E402
+from evalsuite.report.palette import display_name, model_color  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 
@@ -31,14 +32,15 @@ def runs() -> dict[str, list[dict]]:
 
 
 def training_curves(by_model: dict[str, list[dict]], path: Path) -> None:
-    """Held-out loss against training bytes, one colour per model, seed 0 solid and seed 1 dashed."""
+    """Held-out loss against training bytes, each model in its colour of every figure, seed 0 solid and seed 1
+    dashed."""
     fig, ax = plt.subplots(figsize=(8, 5))
-    for i, (model, seeds) in enumerate(by_model.items()):
+    for model, seeds in by_model.items():
         for seed, run in enumerate(seeds):
             tokens = run["config"]["batch_size"] * run["config"]["seq_len"]
             points = [(h["step"] * tokens / 1e6, h["eval_loss"]) for h in run["history"] if "eval_loss" in h]
-            ax.plot(*zip(*points, strict=True), color=f"C{i}", ls="-" if seed == 0 else "--",
-                    label=model.removeprefix("zoo-") if seed == 0 else None)  # fmt: skip
+            ax.plot(*zip(*points, strict=True), color=model_color(model), ls="-" if seed == 0 else "--",
+                    label=display_name(model).removesuffix(", zoo") if seed == 0 else None)  # fmt: skip
     ax.set(xlabel="training bytes (millions)", ylabel="held-out loss (nats/byte)", ylim=(1.2, 1.9),
            title="The zoo: held-out loss while training (seed 0 solid, seed 1 dashed)")  # fmt: skip
     ax.legend(ncol=2)
