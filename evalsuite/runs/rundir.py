@@ -216,16 +216,16 @@ class RunDir:
 
 @contextlib.contextmanager
 def writing(
-    path: Path | str, task: str, config_hash: str, config: dict, outputs: tuple[str, ...] = (), *,
-    repair: bool = False, world: World = SINGLE,
-) -> Iterator[RunDir]:  # fmt: skip
+    path: Path | str, task: str, config_hash: str, config: dict, outputs: tuple[str, ...] = (), repair: bool = False
+) -> Iterator[RunDir]:
     """:meth:`RunDir.claim` for the block, which is then the directory's one writer: the directory's lock is taken
     before the claim and let go at the block's end. A block that fails removes the directory if the claim created it
     and nothing else was written (:meth:`RunDir.abandon`); an :class:`~evalsuite.errors.Interrupted` leaves it
-    carrying :meth:`RunDir.kept`. Under torchrun rank 0 alone holds it."""
+    carrying :meth:`RunDir.kept`. ``repair``: first set aside the record lines that are not valid JSON (in
+    :data:`CORRUPT_FILE`), so that their items run again. Under torchrun rank 0 alone holds it."""
     path = Path(path)
     check_writable(path)
-    run = RunDir(path, task, config_hash, not path.exists(), world)
+    run = RunDir(path, task, config_hash, not path.exists())
     with RunLock.acquire(path):
         try:
             run._take(config, outputs, repair)

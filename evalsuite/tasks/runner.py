@@ -42,19 +42,19 @@ def run_task(
     world = distributed.setup()
     plan, chash, hashed = world.agree(lambda: _prepare(task, adapter, world.size))
     with contextlib.ExitStack() as held:  # rank 0's claim: the directory's one writer until the run ends
-        mine: list[RunDir] = []
 
         def claim():  # rank 0 alone writes the manifest and takes in rank files an interrupted run left
             path = Path(out_dir) if out_dir is not None else task.default_dir(plan, adapter, chash)
             if out_dir is None and runs_root is not None and path.is_relative_to(RUNS_ROOT):
                 path = Path(runs_root) / path.relative_to(RUNS_ROOT)
-            mine.append(held.enter_context(writing(path, task.name, chash, hashed, repair=repair, world=world)))
-            return str(mine[0].path), mine[0].load_results() if task.reuse_finished else None
+            claimed = held.enter_context(writing(path, task.name, chash, hashed, repair=repair))
+            return str(claimed.path), claimed.load_results() if task.reuse_finished else None
 
         path, finished = world.from_main(claim)
         if finished is not None:
             return finished
-        run = mine[0] if mine else RunDir(Path(path), task.name, chash, created=False, world=world)
+        # (rank 0's claim removes the directory again if the run fails before writing anything)
+        run = RunDir(Path(path), task.name, chash, created=False, world=world)
         world.agree(lambda: _check_shared(run))
         if adapter is not None:
             adapter.attach_run(run.path)
