@@ -130,10 +130,10 @@ def _holder(fd: int, patience: float = 1.0) -> str:
     deadline = time.monotonic() + patience
     while (info := _read(fd)) is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    return describe(info) if info else "a process that has not written its name yet"
+    return _describe(info) if info else "a process that has not written its name yet"
 
 
-def describe(info: dict) -> str:
+def _describe(info: dict) -> str:
     """``pid 123 on host, started 2026-01-01T12:00:00+00:00: evalsuite niah ...`` from a lock file's content."""
     return f"pid {info.get('pid')} on {info.get('host')}, started {info.get('started')}: {info.get('command')}"
 
@@ -142,7 +142,7 @@ def _stamp(fd: int, path: Path) -> None:
     """Write this process's name into the lock file it holds; say so when it takes over a killed run's file."""
     stale = _read(fd)
     if stale is not None:
-        print(f"note: {path.parent}: took over from a run that ended without releasing it ({describe(stale)})",
+        print(f"note: {path.parent}: took over from a run that ended without releasing it ({_describe(stale)})",
               file=sys.stderr, flush=True)  # fmt: skip
     argv = sys.argv or ["python"]
     program = "python -m evalsuite" if Path(argv[0]).name == "__main__.py" else Path(argv[0]).name
