@@ -177,7 +177,7 @@ def test_concurrent_requests_are_batched_and_correct(served_fox, native):
 def test_tokenizer_routes(served_fox, native):
     """vLLM's /tokenize, /detokenize and /tokenizer_info: the string BOS rule, chat prompts, round trips."""
     tok = native.tokenizer
-    text = "The river, quiet \"and\" old"
+    text = 'The river, quiet "and" old'
     status, reply, _ = http("POST", f"{served_fox.url}/tokenize", {"model": MODEL, "prompt": text})
     assert status == 200 and reply["tokens"] == tok.encode(text) and reply["tokens"][0] == tok.bos_id
     assert (reply["count"], reply["max_model_len"]) == (len(reply["tokens"]), 16384)
@@ -192,8 +192,12 @@ def test_tokenizer_routes(served_fox, native):
     info = http("GET", f"{served_fox.url}/tokenizer_info")[1]
     assert (info["bos_token"], info["eos_token"], info["bos_token_id"], info["add_bos_token"]) == (
         "<|endoftext|>", "<|endoftext|>", tok.bos_id, True)  # fmt: skip
-    bad = [("tokenize", {"prompt": 3}, "prompt"), ("detokenize", {"tokens": "x"}, "tokens"),
-           ("detokenize", {"tokens": [10**9]}, "tokens"), ("tokenize", {"model": "gpt-5", "prompt": "a"}, "model")]
+    bad = [
+        ("tokenize", {"prompt": 3}, "prompt"),
+        ("detokenize", {"tokens": "x"}, "tokens"),
+        ("detokenize", {"tokens": [10**9]}, "tokens"),
+        ("tokenize", {"model": "gpt-5", "prompt": "a"}, "model"),
+    ]
     for route, body, param in bad:
         status, reply, _ = http("POST", f"{served_fox.url}/{route}", body)
         assert status in (400, 404) and reply["error"]["param"] == param
@@ -360,13 +364,19 @@ def test_tokenizer_route_fields(served_fox):
     ok = http("POST", f"{url}/tokenize", {"model": None, "prompt": "Hi", "add_special_tokens": None,
                                           "add_generation_prompt": True, "return_token_strs": False})  # fmt: skip
     assert ok[0] == 200 and ok[1]["tokens"] == http("POST", f"{url}/tokenize", {"prompt": "Hi"})[1]["tokens"]
-    refused = [("tokenize", {"prompt": "Hi", "return_token_strs": True}, "return_token_strs", "no token strings"),
-               ("tokenize", {"messages": [{"role": "user", "content": "Hi"}], "add_generation_prompt": False},
-                "add_generation_prompt", "assistant's turn"),
-               ("tokenize", {"prompt": "Hi", "messages": [{"role": "user", "content": "Hi"}]}, "prompt", "not both"),
-               ("tokenize", {"prompt": "Hi", "max_tokens": 3}, "max_tokens", "unknown field"),
-               ("tokenize", {"prompt": "Hi", "chat_template": "{{ x }}"}, "chat_template", "model's own"),
-               ("detokenize", {"tokens": [1], "skip_special_tokens": True}, "skip_special_tokens", "unknown field")]
+    refused = [
+        ("tokenize", {"prompt": "Hi", "return_token_strs": True}, "return_token_strs", "no token strings"),
+        (
+            "tokenize",
+            {"messages": [{"role": "user", "content": "Hi"}], "add_generation_prompt": False},
+            "add_generation_prompt",
+            "assistant's turn",
+        ),
+        ("tokenize", {"prompt": "Hi", "messages": [{"role": "user", "content": "Hi"}]}, "prompt", "not both"),
+        ("tokenize", {"prompt": "Hi", "max_tokens": 3}, "max_tokens", "unknown field"),
+        ("tokenize", {"prompt": "Hi", "chat_template": "{{ x }}"}, "chat_template", "model's own"),
+        ("detokenize", {"tokens": [1], "skip_special_tokens": True}, "skip_special_tokens", "unknown field"),
+    ]
     for route, body, param, message in refused:  # fmt: skip
         status, reply, _ = http("POST", f"{url}/{route}", body)
         assert status == 400 and reply["error"]["param"] == param and message in reply["error"]["message"], reply

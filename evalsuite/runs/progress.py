@@ -59,8 +59,9 @@ class _LogLines(_Bar):
 
 
 @contextlib.contextmanager
-def progress_bar(total: int | None, description: str, enabled: bool = True, completed: int = 0,
-                 log_every_s: float = LOG_EVERY_S):
+def progress_bar(
+    total: int | None, description: str, enabled: bool = True, completed: int = 0, log_every_s: float = LOG_EVERY_S
+):
     """``with progress_bar(n, "loss") as bar: ... bar.advance()``; drawn on stderr when it is a terminal, else a
     line every ``log_every_s`` seconds (a redrawn bar would leave a log only its last frame)."""
     console = Console(file=sys.stderr)
