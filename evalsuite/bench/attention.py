@@ -2,8 +2,12 @@
 and fla.
 
 Fixed tokens per call (``B * T = tokens_per_call``), so every T costs the same number of tokens and the
-quadratic term shows. For each (mode, D, T, provider) the record holds the median / 20% / 80% times from
-``triton.testing.do_bench``, the peak extra memory of one call, achieved TFLOP/s and the ratio to SDPA.
+quadratic term shows. The providers of one (mode, D, T) are timed in turns in one process
+(:func:`~evalsuite.bench.common.time_providers`: ``rounds`` rounds of A B C A B C ...), so their ratios are taken
+round by round. For each (mode, D, T, provider) the record holds the median / 20% / 80% of its per-round times, the
+samples, the peak extra memory of one call, achieved TFLOP/s, and the median of the per-round ratios to SDPA
+(``ratio_to_sdpa``, with ``_p20`` / ``_p80`` / ``_pairs``) and, for our kernel where fla ran, to fla
+(``ratio_to_fla``).
 
 Providers (each gets its inputs in the layout it wants, prepared outside the timed region):
 * ``fox_triton``: :func:`forgetting_attention_triton` on ``[B, T, H, D]``; the timed call includes the
@@ -25,13 +29,14 @@ from pathlib import Path
 import torch
 
 from evalsuite.bench.attention_parity import check_decode_parity_gpu, check_parity_gpu, log_forget_gates
-from evalsuite.bench.common import env_info, fla_op, peak_memory_mib, time_ms
+from evalsuite.bench.common import Call, Unavailable, env_info, fla_op, ratio_fields, ratio_text, time_providers
 
 PROVIDERS = ("fox_triton", "triton_causal", "sdpa_causal", "fla_forgetting")
 DEFAULT_PROVIDERS = ("fox_triton", "sdpa_causal", "fla_forgetting")
 MODES = ("fwd", "fwdbwd")
 DEFAULT_SEQ_LENS = tuple(2**i for i in range(10, 17))  # 1024 .. 65536
 BASELINE = "sdpa_causal"
+FLA = "fla_forgetting"
 JSON_NAME = "attention_bench.json"
 PNG_NAME = "attention_bench.png"
 
@@ -46,8 +51,8 @@ def _build_call(provider, B, T, H, D, dtype, mode, device, config=None):
     """Inputs in the provider's layout and a closure running one call (forward, or forward + backward); ``config``:
     our kernel's launch settings (default the shipped ones).
 
-    Returns (fn, leaves): leaves are the tensors whose .grad the benchmark resets between calls; (None, None) for a
-    provider that does not import here.
+    Returns a :class:`Call` (its leaves: the tensors whose .grad the benchmark resets between calls); raises
+    :class:`Unavailable` for a provider that does not import here.
     """
     grad = mode == "fwdbwd"
     gen = torch.Generator(device=device).manual_seed(0)
@@ -71,7 +76,7 @@ def _build_call(provider, B, T, H, D, dtype, mode, device, config=None):
         if provider == "fla_forgetting":
             fla_fn = fla_op("forgetting_attn.parallel_forgetting_attn")
             if fla_fn is None:
-                return None, None
+                raise Unavailable()
 
             def call():
                 return fla_fn(q, k, v, logf)
@@ -105,46 +110,32 @@ def _build_call(provider, B, T, H, D, dtype, mode, device, config=None):
             with torch.no_grad():
                 call()
 
-    return fn, leaves
+    return Call(fn, tuple(leaves))
 
 
-def bench_one(provider, T, D, mode, n_heads=16, tokens_per_call=65536, dtype=torch.bfloat16, warmup=25, rep=100,
-              config=None):  # fmt: skip
-    """Time one configuration; returns a record dict (``status`` says "ok", "oom", "unavailable" or the error).
-
-    ``warmup`` / ``rep`` are milliseconds (do_bench's meaning), raised for slow calls to at least 3 / 15 calls.
-    ``config``: our kernel's launch settings at head dim D (default the shipped ones).
-    """
+def bench_group(providers, T, D, mode, n_heads=16, tokens_per_call=65536, dtype=torch.bfloat16, config=None,
+                rounds=10, block_ms=10.0, device="cuda") -> list[dict]:  # fmt: skip
+    """Time ``providers`` at one (mode, D, T), interleaved in one process; one record each (``status`` "ok", "oom",
+    "unavailable" or the error). ``config``: our kernel's launch settings at head dim D (default the shipped ones).
+    ``device``: CUDA for measurements; a CPU runs our kernel under ``TRITON_INTERPRET=1`` (the tests)."""
     B = max(1, tokens_per_call // T)
-    rec = {"kind": "timing", "provider": provider, "mode": mode, "T": T, "B": B, "H": n_heads, "D": D}
-    rec["dtype"] = str(dtype).replace("torch.", "")
-    fn = None
-    try:
-        fn, leaves = _build_call(provider, B, T, n_heads, D, dtype, mode, torch.device("cuda"), config)
-        if fn is None:
-            return {**rec, "status": "unavailable"}
-        fn()  # compile / warm up outside the timing
-        peak = peak_memory_mib(fn, leaves)
-        ms, lo, hi = time_ms(fn, leaves, "cuda", warmup, rep)
-        rec.update(status="ok", ms=ms, ms_p20=lo, ms_p80=hi, peak_mem_mib=peak)
-        rec["tflops"] = attention_flops(B, T, n_heads, D, mode) / (ms * 1e-3) / 1e12
-    except torch.cuda.OutOfMemoryError:
-        rec["status"] = "oom"
-    except Exception as exc:  # noqa: BLE001 -- one failing provider must not stop the sweep
-        rec["status"] = f"error: {type(exc).__name__}: {exc}"[:500]
-    finally:
-        del fn
+    device = torch.device(device)
+    builders = {p: (lambda p=p: _build_call(p, B, T, n_heads, D, dtype, mode, device, config)) for p in providers}
+    fields, samples = time_providers(builders, device=device, rounds=rounds, block_ms=block_ms)
+    records = []
+    for provider in providers:
+        rec = {"kind": "timing", "provider": provider, "mode": mode, "T": T, "B": B, "H": n_heads, "D": D,
+               "dtype": str(dtype).replace("torch.", ""), **fields[provider]}  # fmt: skip
+        if "ms" in rec:
+            rec["tflops"] = attention_flops(B, T, n_heads, D, mode) / (rec["ms"] * 1e-3) / 1e12
+        if provider in samples and BASELINE in samples:
+            rec.update(ratio_fields("ratio_to_sdpa", samples[provider], samples[BASELINE]))
+        if provider in samples and FLA in samples and provider != FLA:
+            rec.update(ratio_fields("ratio_to_fla", samples[provider], samples[FLA]))
+        records.append(rec)
+    if device.type == "cuda":
         torch.cuda.empty_cache()
-    return rec
-
-
-def _add_ratios(records):
-    """ratio_to_sdpa = ms / ms of sdpa_causal at the same (mode, D, T)."""
-    base = {(r["mode"], r["D"], r["T"]): r["ms"] for r in records if r.get("provider") == BASELINE and "ms" in r}
-    for r in records:
-        key = (r.get("mode"), r.get("D"), r.get("T"))
-        if r.get("kind") == "timing" and "ms" in r and key in base:
-            r["ratio_to_sdpa"] = r["ms"] / base[key]
+    return records
 
 
 def run_attention_bench(
@@ -159,8 +150,11 @@ def run_attention_bench(
     parity_seq_lens=None,
     verbose=True,
     configs=None,
+    rounds=10,
+    block_ms=10.0,
 ) -> list[dict]:
-    """Benchmark every (mode, D, T, provider); write ``attention_bench.json`` and ``attention_bench.png``.
+    """Benchmark every (mode, D, T), its providers interleaved; write ``attention_bench.json`` and
+    ``attention_bench.png``.
 
     Args:
         out_dir: folder for the JSON (list of records) and the plot.
@@ -169,6 +163,8 @@ def run_attention_bench(
         parity_seq_lens: when given, :func:`check_parity_gpu` (and the decode check) run after the timings and
             their records join the JSON.
         configs: ``{head dim: BlockConfig}`` our kernel launches with (a tuner's choice); others take the shipped.
+        rounds, block_ms: the interleaved timing (:func:`~evalsuite.bench.common.interleaved_ms`): rounds of one
+            block of about ``block_ms`` of calls per provider.
     Returns:
         the records (timing records, plus parity records when asked).
     """
@@ -185,15 +181,15 @@ def run_attention_bench(
     for mode in modes:
         for D in head_dims:
             for T in seq_lens:
-                for provider in providers:
-                    rec = bench_one(provider, T, D, mode, n_heads, tokens_per_call, dtype, config=configs[D])
+                for rec in bench_group(providers, T, D, mode, n_heads, tokens_per_call, dtype, configs[D], rounds,
+                                       block_ms):  # fmt: skip
                     rec.update(info)
                     records.append(rec)
                     if verbose:
                         ms = f"{rec['ms']:9.3f} ms  {rec['peak_mem_mib']:9.1f} MiB" if "ms" in rec else rec["status"]
-                        print(f"{mode:7s} D={D:<4d} T={T:<6d} {provider:15s} {ms}", flush=True)
-                    _add_ratios(records)
-                    json_path.write_text(json.dumps(records, indent=1))  # rewritten as it goes: a cut run keeps data
+                        ratio = f"  {ratio_text(rec, 'ratio_to_sdpa')} sdpa" if "ratio_to_sdpa" in rec else ""
+                        print(f"{mode:7s} D={D:<4d} T={T:<6d} {rec['provider']:15s} {ms}{ratio}", flush=True)
+                json_path.write_text(json.dumps(records, indent=1))  # rewritten as it goes: a cut run keeps data
     if parity_seq_lens:
         for D in head_dims:
             records += check_parity_gpu(parity_seq_lens, head_dim=D, verbose=verbose, config=configs[D])
@@ -216,26 +212,28 @@ def _kernel_configs(configs) -> dict:
 
 
 def format_table(records) -> str:
-    """A text table: median ms (ratio to SDPA) per (mode, D, T) row, one column per provider."""
+    """A text table: median ms (the median of the per-round ratios to SDPA [p20-p80]) per (mode, D, T) row, one
+    column per provider."""
     timing = [r for r in records if r.get("kind") == "timing"]
     providers = list(dict.fromkeys(r["provider"] for r in timing))
-    lines = [f"{'mode':7s} {'D':>4s} {'T':>6s} " + " ".join(f"{p:>22s}" for p in providers)]
+    lines = [f"{'mode':7s} {'D':>4s} {'T':>6s} " + " ".join(f"{p:>30s}" for p in providers)]
     keys = list(dict.fromkeys((r["mode"], r["D"], r["T"]) for r in timing))
     for mode, D, T in keys:
         cells = []
         for p in providers:
             r = next((r for r in timing if (r["mode"], r["D"], r["T"], r["provider"]) == (mode, D, T, p)), None)
             if r is None or "ms" not in r:
-                cells.append(f"{(r or {}).get('status', '-')[:22]:>22s}")
+                cells.append(f"{(r or {}).get('status', '-')[:30]:>30s}")
             else:
-                ratio = f" ({r['ratio_to_sdpa']:.2f}x)" if "ratio_to_sdpa" in r else ""
-                cells.append(f"{r['ms']:.3f}{ratio}".rjust(22))
+                ratio = f" ({ratio_text(r, 'ratio_to_sdpa')})" if "ratio_to_sdpa" in r else ""
+                cells.append(f"{r['ms']:.3f}{ratio}".rjust(30))
         lines.append(f"{mode:7s} {D:4d} {T:6d} " + " ".join(cells))
     return "\n".join(lines)
 
 
 def plot_attention_bench(records, path) -> None:
-    """Time vs T (log-log, one line per provider) per mode x D panel, with the ratio to SDPA underneath."""
+    """Time vs T (log-log, one line per provider) per mode x D panel, with the ratio to SDPA underneath (the median
+    of the per-round ratios, p20-p80 shaded)."""
     from matplotlib.figure import Figure
 
     timing = [r for r in records if r.get("kind") == "timing" and "ms" in r]
@@ -256,6 +254,10 @@ def plot_attention_bench(records, path) -> None:
             ratio = [r for r in rs if "ratio_to_sdpa" in r]
             if ratio:
                 ax_r.plot([r["T"] for r in ratio], [r["ratio_to_sdpa"] for r in ratio], marker="o", color=f"C{i}")
+            spread = [r for r in ratio if "ratio_to_sdpa_p20" in r]
+            if spread:
+                ax_r.fill_between([r["T"] for r in spread], [r["ratio_to_sdpa_p20"] for r in spread],
+                                  [r["ratio_to_sdpa_p80"] for r in spread], color=f"C{i}", alpha=0.2)  # fmt: skip
         ax_t.set_xscale("log", base=2)
         ax_t.set_yscale("log")
         ax_t.set_title(f"{mode}, D={D}")
@@ -263,7 +265,7 @@ def plot_attention_bench(records, path) -> None:
         ax_t.grid(True, which="both", alpha=0.3)
         ax_r.axhline(1.0, color="black", lw=0.8)
         ax_r.set_xlabel("sequence length T (B*T fixed)")
-        ax_r.set_ylabel("time / SDPA causal")
+        ax_r.set_ylabel("time / SDPA causal (pairs)")
         ax_r.grid(True, alpha=0.3)
     axes[0][0].legend(fontsize=8)
     info = next(iter(timing))
@@ -284,8 +286,10 @@ def bench_attention(
     dtype: str = "bfloat16",
     parity_seq_lens=(1024, 2048, 4096, 8192, 16384),
     tune: bool = False,
+    rounds: int = 10,
 ) -> list[dict]:
     """The whole benchmark run (optional config sweep, timings, parity); writes JSON and PNG under ``out``.
+    ``rounds``: rounds of the interleaved timing, one ratio pair each.
 
     ``tune``: first sweep the kernels' block configs (:func:`evalsuite.bench.tune.forgetting.tune_block_configs`,
     written to ``tune.json``) and time with the fastest (the sweep alone: ``evalsuite bench tune forgetting``).
@@ -309,5 +313,5 @@ def bench_attention(
     return run_attention_bench(
         out, seq_lens=seq_lens, head_dims=head_dims, modes=modes, n_heads=n_heads,
         tokens_per_call=tokens_per_call, dtype=torch_dtype, providers=providers, parity_seq_lens=parity_seq_lens,
-        configs=configs,
+        configs=configs, rounds=rounds,
     )  # fmt: skip

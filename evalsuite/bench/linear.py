@@ -2,11 +2,14 @@
 (``evalsuite bench linear``).
 
 Fixed tokens per call (``B * T = tokens_per_call``, B = tokens_per_call // T), as in :mod:`.attention`: a
-linear-time op should then cost the same at every T. Four modes:
+linear-time op should then cost the same at every T (``batch`` fixes B instead: the Lightning paper's Figure 4,
+where a linear op's time grows with T and a quadratic one's with T^2). Five modes:
 
-* ``fwd`` / ``fwdbwd`` (:func:`bench_op`): median / 20% / 80% ms (:func:`~evalsuite.bench.common.time_ms`),
-  tokens/s, peak extra memory (CUDA) and the ratio to fla's op of the same kind, for the providers of
-  :mod:`.linear_ops`, each fed in its own layout outside the timed region.
+* ``fwd`` / ``fwdbwd`` / ``bwd`` (:func:`bench_ops`): the providers of :mod:`.linear_ops` at one (mode, T) timed in
+  turns in one process (:func:`~evalsuite.bench.common.time_providers`, ``rounds`` rounds), each fed in its own
+  layout outside the timed region: median / 20% / 80% ms, tokens/s, peak extra memory (CUDA) and the median of the
+  per-round ratios to fla's op of the same kind with its p20 / p80. ``bwd`` times the backward alone, re-run on one
+  retained forward graph (:func:`~evalsuite.bench.common.backward_call`).
 * ``decode`` (:func:`evalsuite.bench.decode.bench_decode`): one-token step latency with a state, per batch.
 * ``memory`` (:func:`evalsuite.bench.decode.bench_state_memory`): decode-state bytes vs context, model level.
 
@@ -27,72 +30,88 @@ import torch
 
 from evalsuite.bench import decode as dec
 from evalsuite.bench import linear_report as report
-from evalsuite.bench.common import Unavailable, env_info, fla_version, peak_memory_mib, rel_error, time_ms
+from evalsuite.bench.common import (
+    Call,
+    Unavailable,
+    backward_call,
+    env_info,
+    fla_version,
+    ratio_fields,
+    ratio_text,
+    rel_error,
+    time_providers,
+)
 from evalsuite.bench.linear_ops import (
     DECODE_PROVIDERS,
     OP_PROVIDERS,
     OPS,
     PEERS,
     PROVIDERS,
-    SDPA,
+    SDPA_PROVIDERS,
+    VANILLA,
     default_providers,
     make_inputs,
     op_call,
 )
 
-MODES = ("fwd", "fwdbwd", "decode", "memory")
+MODES = ("fwd", "fwdbwd", "bwd", "decode", "memory")
+TIMED_MODES = ("fwd", "fwdbwd", "bwd")
 DEFAULT_SEQ_LENS = tuple(2**i for i in range(10, 17))  # 1024 .. 65536
 JSON_NAME = "linear_bench.json"
 PNG_NAME = "linear_bench.png"
 
 
-def bench_op(op, provider, mode, T, *, n_heads=16, head_dim=64, n_slots=64, tokens_per_call=65536,
-             dtype=torch.bfloat16, device=None, warmup=25, rep=100) -> dict:  # fmt: skip
-    """Time one (op, provider, mode, T); returns a record (``status``: "ok", "oom", "unavailable: ..." or the error)."""
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    B = max(1, tokens_per_call // T)
-    rec = {"kind": "op", "op": op, "provider": provider, "mode": mode, "T": T, "B": B, "H": n_heads, "D": head_dim}
-    rec.update(m=n_slots if op == "gsa" else None, dtype=str(dtype).removeprefix("torch."), device_type=device.type)
-    grad = mode == "fwdbwd"
-    fn = x = None
-    try:
-        x = make_inputs(op if provider != SDPA else "lightning", B, T, n_heads, head_dim, n_slots, dtype, device,
-                        grad=grad)  # fmt: skip
-        call, leaves = op_call(provider, x, grad)
+def _op_builder(op, provider, mode, x_args, device):
+    """A builder of one provider's :class:`Call` for :func:`time_providers`: inputs made fresh, then ``fwd`` (no
+    grad), ``fwdbwd`` (forward and backward) or ``bwd`` (:func:`backward_call`: the backward alone, re-run on one
+    retained forward)."""
+
+    def build() -> Call:
+        x = make_inputs("lightning" if provider in SDPA_PROVIDERS else op, *x_args, device, grad=mode != "fwd")
+        call, leaves = op_call(provider, x, mode != "fwd")
         do = x["do"]
+        if mode == "bwd":
+            return backward_call(call, leaves, do, device)
+        if mode == "fwdbwd":
+            return Call(lambda: call().backward(do), tuple(leaves))
 
-        def fn():
-            if grad:
-                call().backward(do)
-            else:
-                with torch.no_grad():
-                    call()
+        def forward():
+            with torch.no_grad():
+                call()
 
-        fn()  # compile / warm up outside the timing
-        if device.type == "cuda":
-            rec["peak_mem_mib"] = peak_memory_mib(fn, leaves)
-        ms, lo, hi = time_ms(fn, leaves, device, warmup, rep)
-        rec.update(status="ok", ms=ms, ms_p20=lo, ms_p80=hi, tokens_per_s=B * T / (ms * 1e-3))
-    except Unavailable as exc:
-        rec["status"] = f"unavailable: {exc}"
-    except torch.OutOfMemoryError:
-        rec["status"] = "oom"
-    except Exception as exc:  # noqa: BLE001 -- one failing provider must not stop the sweep
-        rec["status"] = f"error: {type(exc).__name__}: {exc}"[:500]
-    finally:
-        del fn, x
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    return rec
+        return Call(forward)
+
+    return build
 
 
-def add_ratios(records) -> None:
-    """``ratio_to_fla`` = ms / ms of the op's fla peer at the same (mode, T), on every timed op record of that op."""
-    peer = {(r["op"], r["mode"], r["T"]): r["ms"] for r in records
-            if r.get("kind") == "op" and r["provider"] == PEERS.get(r["op"]) and "ms" in r}  # fmt: skip
-    for r in records:
-        if r.get("kind") == "op" and "ms" in r and (r["op"], r["mode"], r["T"]) in peer:
-            r["ratio_to_fla"] = r["ms"] / peer[(r["op"], r["mode"], r["T"])]
+def bench_ops(runs, mode, T, *, n_heads=16, head_dim=64, n_slots=64, tokens_per_call=65536, batch=None,
+              dtype=torch.bfloat16, device=None, rounds=10, block_ms=10.0, warmup=25.0) -> list[dict]:  # fmt: skip
+    """Time the ``(op, provider)`` pairs ``runs`` at one (mode, T), interleaved in one process
+    (:func:`time_providers`): one record each, ``status`` "ok", "oom", "unavailable: ..." or the error.
+
+    B = ``batch``, or ``tokens_per_call // T`` when None. An ok record holds the median / p20 / p80 ms over the
+    rounds, the samples, tokens/s, the peak extra memory (CUDA; in ``bwd`` also ``saved_mib``) and, where the op's
+    fla peer ran, ``ratio_to_fla`` with its p20 / p80 and pair count: the median of the per-round ratios.
+    """
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    B = batch or max(1, tokens_per_call // T)
+    x_args = (B, T, n_heads, head_dim, n_slots, dtype)
+    builders = {provider: _op_builder(op, provider, mode, x_args, device) for op, provider in runs}
+    fields, samples = time_providers(builders, device=device, rounds=rounds, block_ms=block_ms, warmup_ms=warmup)
+    records = []
+    for op, provider in runs:
+        rec = {"kind": "op", "op": op, "provider": provider, "mode": mode, "T": T, "B": B, "H": n_heads,
+               "D": head_dim, "m": n_slots if op == "gsa" else None, "dtype": str(dtype).removeprefix("torch."),
+               "device_type": device.type, **fields[provider]}  # fmt: skip
+        if "ms" in rec:
+            rec["tokens_per_s"] = B * T / (rec["ms"] * 1e-3)
+        peer = PEERS.get(op)
+        if provider in samples and peer in samples:
+            rec.update(ratio_fields("ratio_to_fla", samples[provider], samples[peer]))
+        records.append(rec)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return records
 
 
 def check_parity(op, ours, peer=None, T=4096, *, batch=1, n_heads=16, head_dim=64, n_slots=64,
@@ -127,13 +146,16 @@ def bench_linear(out, *, ops=OPS, providers=None, modes=MODES, seq_lens=DEFAULT_
                  head_dim: int = 64, n_slots: int = 64, tokens_per_call: int = 65536, dtype: str = "bfloat16",
                  decode_batches=(1, 8, 32), archs=None, contexts=None, model_overrides="small",
                  parity_T: int | None = 4096, ref_T: int = 16384, device=None, warmup: float = 25, rep: float = 100,
+                 rounds: int = 10, block_ms: float = 10.0, batch: int | None = None,
                  verbose: bool = True) -> list[dict]:  # fmt: skip
     """The whole run; writes ``linear_bench.json``, ``.png`` and ``.md`` under ``out``; returns the records.
 
     Args:
         ops: subset of :data:`OPS`. providers: subset of :data:`PROVIDERS` (default: :func:`default_providers`);
             each mode runs the chosen providers that implement it. modes: subset of :data:`MODES`.
-        seq_lens, tokens_per_call: the fwd / fwdbwd grid, B = tokens_per_call // T.
+        seq_lens, tokens_per_call: the fwd / fwdbwd / bwd grid, B = tokens_per_call // T; ``batch`` fixes B.
+        rounds, block_ms, warmup: the interleaved timing (:func:`~evalsuite.bench.common.interleaved_ms`); warmup,
+            rep: the decode mode's (:func:`~evalsuite.bench.common.time_ms`).
         decode_batches: batches of the decode-latency mode. archs, contexts, model_overrides: the memory mode
             (see :func:`evalsuite.bench.decode.bench_state_memory`).
         parity_T: T of the parity check of ours vs fla (B = 1; None: skip). ref_T: T of the ratio targets.
@@ -150,7 +172,8 @@ def bench_linear(out, *, ops=OPS, providers=None, modes=MODES, seq_lens=DEFAULT_
     out.mkdir(parents=True, exist_ok=True)
     archs, contexts = list(archs or dec.DEFAULT_ARCHS), list(contexts or dec.DEFAULT_CONTEXTS)
     params = dict(ops=list(ops), providers=list(providers), modes=list(modes), seq_lens=list(seq_lens),
-                  n_heads=n_heads, head_dim=head_dim, n_slots=n_slots, tokens_per_call=tokens_per_call,
+                  n_heads=n_heads, head_dim=head_dim, n_slots=n_slots, tokens_per_call=tokens_per_call, batch=batch,
+                  rounds=rounds, block_ms=block_ms,
                   dtype=str(torch_dtype).removeprefix("torch."), decode_batches=list(decode_batches),
                   archs=archs, contexts=contexts, model_overrides=model_overrides, parity_T=parity_T, ref_T=ref_T,
                   device=str(device))  # fmt: skip
@@ -163,20 +186,20 @@ def bench_linear(out, *, ops=OPS, providers=None, modes=MODES, seq_lens=DEFAULT_
             _log(verbose, rec)
 
     def save():
-        add_ratios(records)
         for r in records:
             r.setdefault("device", env["device"])
         doc = {"env": env, "params": params, "records": records}
         (out / JSON_NAME).write_text(json.dumps(doc, indent=1, default=str))  # rewritten as it goes
 
     shape = dict(n_heads=n_heads, head_dim=head_dim, n_slots=n_slots, dtype=torch_dtype, device=device)
-    timing = dict(tokens_per_call=tokens_per_call, warmup=warmup, rep=rep, **shape)
-    for mode in [m for m in modes if m in ("fwd", "fwdbwd")]:
+    timing = dict(
+        tokens_per_call=tokens_per_call, batch=batch, rounds=rounds, block_ms=block_ms, warmup=warmup, **shape
+    )
+    for mode in [m for m in modes if m in TIMED_MODES]:
         for T in seq_lens:
-            for op, provider in _op_runs(ops, providers):
-                add([bench_op(op, provider, mode, T, **timing)])
+            add(bench_ops(_op_runs(ops, providers), mode, T, **timing))
             save()
-    if parity_T and any(m in modes for m in ("fwd", "fwdbwd")):
+    if parity_T and any(m in modes for m in TIMED_MODES):
         ours = {op: next((p for p in OP_PROVIDERS[op][:2] if p in providers), None) for op in ops}
         add([check_parity(op, p, T=parity_T, **shape) for op, p in ours.items() if p is not None])
         save()
@@ -196,10 +219,11 @@ def bench_linear(out, *, ops=OPS, providers=None, modes=MODES, seq_lens=DEFAULT_
 
 
 def _op_runs(ops, providers) -> list[tuple[str, str]]:
-    """The (op, provider) pairs of one (mode, T) of the fwd / fwdbwd grid: every chosen provider of every op, then
-    SDPA (op "sdpa")."""
+    """The (op, provider) pairs of one (mode, T) of the timed grid: every chosen provider of every op, then SDPA (op
+    "sdpa"), Vanilla last (its O(T^2) memory would leave no room for a provider built after it)."""
     runs = [(op, p) for op in ops for p in OP_PROVIDERS[op] if p in providers]
-    return runs + ([("sdpa", SDPA)] if SDPA in providers else [])
+    runs += [("sdpa", p) for p in SDPA_PROVIDERS if p in providers]
+    return sorted(runs, key=lambda run: run[1] == VANILLA)
 
 
 def _log(verbose, r) -> None:
@@ -214,5 +238,7 @@ def _log(verbose, r) -> None:
         print(f"memory  {r['arch']:18s} ctx={r['context']:<6d} {what}", flush=True)
     else:
         what = f"{r['ms']:9.3f} ms" if "ms" in r else r["status"]
+        if "ratio_to_fla" in r:
+            what += f"  {ratio_text(r, 'ratio_to_fla')} fla"
         where = f"T={r['T']:<6d}" if kind == "op" else f"B={r['batch']:<4d}"
         print(f"{r.get('mode', 'decode'):7s} {r['op']:9s} {where} {r['provider']:24s} {what}", flush=True)

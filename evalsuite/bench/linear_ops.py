@@ -12,7 +12,10 @@ Providers of a full sequence (:func:`op_call`, inputs from :func:`make_inputs`):
 - ``lightning_triton`` / ``lightning_chunked``: :func:`~evalsuite.kernels.lightning.lightning_attention`, the
   ALiBi slopes ``2^(-8 h / H)``, h = 1..H.
 - ``fla_simple_gla``: fla's ``chunk_simple_gla(q, k, v, g_gamma=-slope, scale=1.0)`` (the Lightning schedule).
-- ``sdpa_causal``: softmax attention, for scale.
+- ``lightning_vanilla``: :func:`vanilla_lightning`, the same op as the quadratic left product in plain PyTorch (the
+  Lightning paper's "Vanilla", arXiv:2405.17381 §5.1 and Figure 4): O(T^2) time and memory.
+- ``sdpa_causal``: softmax attention, for scale; ``sdpa_flash``: the same restricted to PyTorch's FlashAttention-2
+  backend (``torch.nn.attention.sdpa_kernel(FLASH_ATTENTION)``), our stand-in for the paper's "Flash2".
 
 Decode providers (:data:`DECODE_PROVIDERS`): ours through the dispatchers and fla's fused recurrent ops.
 """
@@ -26,15 +29,18 @@ from evalsuite.bench.common import Unavailable, fla_op
 OPS = ("gsa", "lightning")
 OP_PROVIDERS = {
     "gsa": ("gsa_triton", "gsa_chunked", "fla_chunk_gsa"),
-    "lightning": ("lightning_triton", "lightning_chunked", "fla_simple_gla"),
+    "lightning": ("lightning_triton", "lightning_chunked", "fla_simple_gla", "lightning_vanilla"),
 }
 DECODE_PROVIDERS = {
     "gsa": ("gsa_triton", "gsa_chunked", "fla_recurrent_gsa"),
     "lightning": ("lightning_triton", "lightning_chunked", "fla_recurrent_simple_gla"),
 }
 SDPA = "sdpa_causal"
+SDPA_FLASH = "sdpa_flash"
+SDPA_PROVIDERS = (SDPA, SDPA_FLASH)
+VANILLA = "lightning_vanilla"
 PEERS = {"gsa": "fla_chunk_gsa", "lightning": "fla_simple_gla"}
-PROVIDERS = tuple(dict.fromkeys([*OP_PROVIDERS["gsa"], *OP_PROVIDERS["lightning"], SDPA,
+PROVIDERS = tuple(dict.fromkeys([*OP_PROVIDERS["gsa"], *OP_PROVIDERS["lightning"], *SDPA_PROVIDERS,
                                  *DECODE_PROVIDERS["gsa"], *DECODE_PROVIDERS["lightning"]]))  # fmt: skip
 CUDA_PROVIDERS = ("gsa_triton", "fla_chunk_gsa", "lightning_triton", "fla_simple_gla", SDPA,
                   "fla_recurrent_gsa", "fla_recurrent_simple_gla")  # fmt: skip
@@ -109,8 +115,44 @@ def op_call(provider: str, x: dict, grad: bool = False):
             raise Unavailable("fla not installed")
         g_gamma = -x["slope"]
         return (lambda: fn(q, k, v, g_gamma=g_gamma, scale=1.0)[0]), leaves
-    if provider == SDPA:
-        qh, kh, vh = (t.detach().transpose(1, 2).contiguous().requires_grad_(grad) for t in (q, k, v))
-        sdpa = torch.nn.functional.scaled_dot_product_attention
-        return (lambda: sdpa(qh, kh, vh, is_causal=True).transpose(1, 2)), [qh, kh, vh] if grad else []
+    if provider == VANILLA:
+        slope = x["slope"]
+        return (lambda: vanilla_lightning(q, k, v, slope)), leaves
+    if provider in SDPA_PROVIDERS:
+        return _sdpa_call(provider, q, k, v, grad)
     raise ValueError(f"unknown provider {provider!r}; choose from {', '.join(PROVIDERS)}")
+
+
+def _sdpa_call(provider, q, k, v, grad):
+    """SDPA causal on ``[B, H, T, D]`` copies made here (outside the timed call); ``sdpa_flash`` pins the backend."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    qh, kh, vh = (t.detach().transpose(1, 2).contiguous().requires_grad_(grad) for t in (q, k, v))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    leaves = [qh, kh, vh] if grad else []
+    if provider == SDPA:
+        return (lambda: sdpa(qh, kh, vh, is_causal=True).transpose(1, 2)), leaves
+
+    def call():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):  # no fallback: a shape flash cannot run is an error
+            return sdpa(qh, kh, vh, is_causal=True).transpose(1, 2)
+
+    return call, leaves
+
+
+def vanilla_lightning(q, k, v, slope):
+    """Lightning Attention's op as the left product ``O = [(Q K^T) * M] V`` with the decay mask ``M[t, s] =
+    exp(-slope (t - s))`` for ``t >= s``, else 0 (arXiv:2405.17381 eq. 15 with the decay; the paper's "Vanilla" of
+    §5.1). q, k ``[B, T, H, dk]``, v ``[B, T, H, dv]``, slope ``[H]``; returns ``[B, T, H, dv]``.
+
+    Plain PyTorch in the inputs' dtype: the ``[H, T, T]`` mask (built here, in float32 or float64, as part of the
+    op) and the ``[B, H, T, T]`` scores are materialised, so time and memory grow as T^2 -- what the paper measures
+    Lightning against.
+    """
+    T = q.shape[1]
+    exact = torch.promote_types(q.dtype, torch.float32)
+    t = torch.arange(T, device=q.device, dtype=exact)
+    gap = t[:, None] - t[None, :]
+    mask = torch.exp(-slope.to(q.device, exact)[:, None, None] * gap.clamp(min=0)).masked_fill(gap < 0, 0)
+    qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))  # [B, H, T, .]
+    return (((qh @ kh.transpose(-1, -2)) * mask.to(q.dtype)) @ vh).transpose(1, 2)

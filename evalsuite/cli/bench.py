@@ -13,6 +13,15 @@ from evalsuite.cli.app import bench_app
 from evalsuite.cli.options import DeviceOpt, RepairOpt, _csv_list
 from evalsuite.errors import UserError
 
+RoundsOpt = Annotated[
+    int, typer.Option(help="Rounds of the interleaved timing (A B A B ...): one ours/peer ratio pair each.")
+]
+
+
+def _check_rounds(rounds: int) -> None:
+    if rounds < 1:
+        raise UserError(f"--rounds must be at least 1, got {rounds}")
+
 
 def _check_choices(chosen: dict[str, list[str]], allowed: dict[str, tuple[str, ...]]) -> None:
     """A UserError naming the first option with a value outside its ``allowed`` choices."""
@@ -39,14 +48,17 @@ def bench_attention_cmd(
         "1024,2048,4096,8192,16384"
     ),
     tune: Annotated[bool, typer.Option(help="Sweep block configs first and use the best.")] = False,
+    rounds: RoundsOpt = 10,
 ):
-    """Time our Forgetting Attention kernel against SDPA causal (and fla when installed): fwd, fwd+bwd, memory."""
+    """Time our Forgetting Attention kernel against SDPA causal (and fla when installed), interleaved: fwd, fwd+bwd,
+    memory."""
     from evalsuite.bench.attention import PROVIDERS, bench_attention
 
     chosen = _csv_list(providers, str, "--providers")
     bad = [p for p in chosen if p not in PROVIDERS]
     if bad or dtype not in ("bfloat16", "float16"):
         raise UserError(f"unknown provider(s) {', '.join(bad)}" if bad else "--dtype must be bfloat16 or float16")
+    _check_rounds(rounds)
     bench_attention(
         out,
         seq_lens=_csv_list(seq_lens, int, "--seq-lens"),
@@ -57,6 +69,7 @@ def bench_attention_cmd(
         dtype=dtype,
         parity_seq_lens=_csv_list(parity_seq_lens, int, "--parity-seq-lens", allow_empty=True),
         tune=tune,
+        rounds=rounds,
     )
     typer.echo(f"wrote {out}/attention_bench.json and .png")
 
@@ -69,20 +82,30 @@ def bench_linear_cmd(
     seq_lens: Annotated[str, typer.Option(help="Comma-separated T values.")] = "1024,2048,4096,8192,16384,32768,65536",
     ops: Annotated[str, typer.Option(help="Comma-separated: gsa, lightning.")] = "gsa,lightning",
     providers: Annotated[
-        str, typer.Option(help="Comma-separated (default: Triton + fla + SDPA on CUDA, the chunked twins on CPU).")
-    ] = "",
-    modes: Annotated[str, typer.Option(help="Comma-separated: fwd, fwdbwd, decode, memory.")] = (
+        str | None,
+        typer.Option(help="Comma-separated [default: Triton + fla + SDPA on CUDA, the chunked twins on CPU]."),
+    ] = None,
+    modes: Annotated[str, typer.Option(help="Comma-separated: fwd, fwdbwd, bwd, decode, memory.")] = (
         "fwd,fwdbwd,decode,memory"
     ),
+    rounds: RoundsOpt = 10,
+    batch: Annotated[
+        int | None, typer.Option(help="Fixed batch B at every T [default: B = 65536 // T, fixed tokens per call].")
+    ] = None,
 ):
-    """Time Gated Slot and Lightning Attention against fla (fwd, fwd+bwd, decode step) and decode-state memory."""
+    """Time Gated Slot and Lightning Attention against fla, interleaved (fwd, fwd+bwd, bwd, decode step), and
+    decode-state memory."""
     from evalsuite.bench import linear
 
-    chosen = {"--ops": _csv_list(ops, str, "--ops"), "--providers": _csv_list(providers, str, "--providers"),
+    chosen = {"--ops": _csv_list(ops, str, "--ops"), "--providers": _csv_list(providers, str, "--providers") or [],
               "--modes": _csv_list(modes, str, "--modes")}  # fmt: skip
     _check_choices(chosen, {"--ops": linear.OPS, "--providers": linear.PROVIDERS, "--modes": linear.MODES})
+    _check_rounds(rounds)
+    if batch is not None and batch < 1:
+        raise UserError(f"--batch must be at least 1, got {batch}")
     linear.bench_linear(out, seq_lens=_csv_list(seq_lens, int, "--seq-lens"), ops=chosen["--ops"],
-                        providers=chosen["--providers"] or None, modes=chosen["--modes"])  # fmt: skip
+                        providers=chosen["--providers"] or None, modes=chosen["--modes"], rounds=rounds,
+                        batch=batch)  # fmt: skip
     typer.echo(f"wrote {out}/{linear.JSON_NAME}, .png and .md")
 
 

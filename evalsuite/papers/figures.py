@@ -6,9 +6,13 @@
   :func:`evalsuite.report.niah.plot_niah`;
 * MQAR accuracy against model width, best over learning rates (GSA Figure 3(a)):
   :func:`evalsuite.report.mqar.plot_accuracy_vs_dmodel`, from the run directories' or the committed MQAR records;
-* kernel time against sequence length, one line per implementation, forward and forward+backward panels (the
-  Lightning Attention paper's Figure 4): :func:`speed_figure`, from ``evalsuite bench attention`` / ``bench linear``
-  records.
+* kernel time against sequence length, one line per implementation, a panel per (op, mode, head dim):
+  :func:`speed_figure`, from ``evalsuite bench attention`` / ``bench linear`` records;
+* the Lightning Attention paper's Figure 4 (forward ms, backward ms, forward GB, backward GB against sequence length
+  for Lightning, Vanilla and Flash2): :func:`speed_memory_figure`, from one ``bench linear`` run of
+  :data:`~evalsuite.papers.recipes.BENCH_COMMANDS` ``["lightning:figure4"]`` (:func:`figure4_records`), with the
+  paper's §5.1 claims checked on it (:func:`figure_notes`,
+  :func:`evalsuite.bench.lightning_claims.check_claims`).
 
 A figure's style comes from its columns' recipes, or from :data:`FIGURES` for the figures the papers give no
 numbers for (their items have no columns).
@@ -21,15 +25,18 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from evalsuite.bench import lightning_claims as claims
+from evalsuite.bench.linear_ops import VANILLA
 from evalsuite.errors import UserError
 from evalsuite.papers.found import Results, find
 from evalsuite.papers.published import Item
+from evalsuite.papers.recipes import BENCH_COMMANDS
 
 # Figures without columns (the text gives nothing to tabulate): (style, filter).
 FIGURES = {
     "fox:figure2": ("loss", {}),
     "fox:figure4": ("niah", {"modes": ["easy", "standard"]}),
-    "lightning:figure4": ("speed", {"ops": ["lightning"]}),
+    "lightning:figure4": ("speed_memory", {}),
 }
 STYLE_OF_RECIPE = {"loss": "loss", "niah": "niah", "mqar": "mqar", "bench": "speed"}
 KERNEL_OPS = {"attention", "linear"}  # bench ops whose records time kernels against the sequence length
@@ -87,26 +94,44 @@ def mqar_figure(item: Item, models: list[str], results: Results, preset: str, ou
     return plot_accuracy_vs_dmodel(pd.DataFrame(rows), out_stem)
 
 
-def bench_records(root: Path, ops: Iterable[str] | None = None) -> list[dict]:
-    """Timing records (with ``ms``) of every ``bench attention`` / ``bench linear`` JSON file under ``root``; an
-    attention record's op is ``attention``."""
-    ops = set(ops) if ops else None
+def _bench_files(root: Path) -> list[tuple[Path, list[dict]]]:
+    """``(path, timing records)`` of every JSON file under ``root`` holding kernel timings: ``bench attention``'s (a
+    list of records; their op is ``attention``) and ``bench linear``'s (``{"records": [...]}``), every status."""
     out = []
     for folder, dirs, files in os.walk(root):
         dirs.sort()
         for name in sorted(f for f in files if f.endswith(".json")):
+            path = Path(folder) / name
             try:
-                data = json.loads((Path(folder) / name).read_text())
+                data = json.loads(path.read_text())
             except (OSError, ValueError):
                 continue
+            data = data.get("records") if isinstance(data, dict) else data
             if not isinstance(data, list):
                 continue
-            for r in data:
-                if isinstance(r, dict) and r.get("kind") in ("timing", "op") and "ms" in r and "T" in r:
-                    r = {**r, "op": r.get("op", "attention"), "file": str(Path(folder) / name)}
-                    if ops is None or r["op"] in ops:
-                        out.append(r)
+            found = [{**r, "op": r.get("op", "attention"), "file": str(path)} for r in data
+                     if isinstance(r, dict) and r.get("kind") in ("timing", "op") and "T" in r]  # fmt: skip
+            if found:
+                out.append((path, found))
     return out
+
+
+def bench_records(root: Path, ops: Iterable[str] | None = None) -> list[dict]:
+    """Timing records (with ``ms``) of every ``bench attention`` / ``bench linear`` JSON file under ``root``; an
+    attention record's op is ``attention``."""
+    ops = set(ops) if ops else None
+    return [r for _, records in _bench_files(root) for r in records if "ms" in r and (ops is None or r["op"] in ops)]
+
+
+def figure4_records(root: Path) -> list[dict]:
+    """The records of the newest ``bench linear`` file under ``root`` that times Vanilla or Lightning's backward alone
+    (a run of ``BENCH_COMMANDS["lightning:figure4"]``), every status; UserError when there is none."""
+    runs = [(path, records) for path, records in _bench_files(root)
+            if any(r.get("provider") == VANILLA or (r["op"] == "lightning" and r.get("mode") == "bwd")
+                   for r in records)]  # fmt: skip
+    if not runs:
+        raise UserError(f"no Lightning Figure 4 records under {root}: run {BENCH_COMMANDS['lightning:figure4']}")
+    return max(runs, key=lambda run: run[0].stat().st_mtime)[1]
 
 
 def speed_figure(records: list[dict], out_stem: Path | str) -> list[Path]:
@@ -142,6 +167,63 @@ def speed_figure(records: list[dict], out_stem: Path | str) -> list[Path]:
     return save_figure(fig, out_stem)
 
 
+PANELS = (("fwd", "ms", "Forward pass"), ("bwd", "ms", "Backward pass"), ("fwd", "GiB", "Forward memory"),
+          ("bwd", "GiB", "Backward memory"))  # fmt: skip
+
+
+def speed_memory_figure(records: list[dict], out_stem: Path | str) -> list[Path]:
+    """The Lightning paper's Figure 4 layout: forward ms, backward ms, forward GiB, backward GiB against sequence
+    length (log-log), a line per series (:func:`evalsuite.bench.lightning_claims.figure4_series`), the length where
+    a series ran out of memory in its label. PNG + PDF."""
+    from matplotlib.figure import Figure
+
+    from evalsuite.report.plots import save_figure
+
+    series = claims.figure4_series(records)
+    if not series:
+        raise UserError("no Lightning, Vanilla or Flash2 records of the fwd / bwd modes to plot")
+    fig = Figure(figsize=(18, 4.2), layout="constrained")
+    for ax, (mode, unit, title) in zip(fig.subplots(1, len(PANELS)), PANELS, strict=True):
+        for k, s in enumerate(series.values()):
+            if unit == "ms":
+                pts = [(r["T"], r["ms"]) for r in s[mode] if "ms" in r]
+            else:
+                pts = [(r["T"], claims.memory_mib(r) / 1024) for r in s[mode] if claims.memory_mib(r) is not None]
+            oom = [r["T"] for r in s[mode] if r.get("status", "").startswith("oom")]
+            if pts:
+                label = s["label"] + (f" (out of memory from {min(oom)})" if oom else "")
+                ax.plot(*zip(*pts, strict=True), marker="o", color=f"C{k}", label=label)
+        if not ax.lines:
+            ax.set(title=title, xticks=[], yticks=[])
+            ax.text(0.5, 0.5, "not measured (CUDA runs record memory)", ha="center", transform=ax.transAxes)
+            continue
+        ax.set(yscale="log", title=title, xlabel="Sequence length", ylabel=unit)
+        ax.set_xscale("log", base=2)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    first = next(r for s in series.values() for mode in claims.MODES for r in s[mode])
+    fig.suptitle(f"Lightning Attention, Figure 4: B = {first['B']}, H = {first['H']}, D = {first['D']}, "
+                 f"{first['dtype']}, {first.get('device', first.get('device_type', ''))}")  # fmt: skip
+    return save_figure(fig, out_stem)
+
+
+def figure_notes(item: Item, results: Results) -> list[str]:
+    """Lines for a rendered figure that is measured by a bench command: the command and, where its records are under
+    the results folder, the paper's claims against them (the Lightning paper's Figure 4)."""
+    if (style(item) or ("",))[0] != "speed_memory":
+        return []
+    notes = [f"measured by: {BENCH_COMMANDS[item.id]} (Flash2: PyTorch SDPA causal on its FlashAttention-2 backend, "
+             "a stand-in; memory beyond the inputs)"]  # fmt: skip
+    try:
+        records = figure4_records(results.root)
+    except UserError:
+        return [*notes, f"no records of that command under {results.root} yet"]
+    notes.append(f"our records: {records[0]['file']}")
+    notes += [f"claim (§5.1) \"{c['claim']}\": ours {c['ours']}: {claims.verdict(c['agrees'])}"
+              for c in claims.check_claims(records)]  # fmt: skip
+    return notes
+
+
 def draw(item: Item, models: list[str], results: Results, out_dir: Path | str) -> list[Path]:
     """The figure ``item`` from the runs of ``models`` under the results folder, as ``<out>/<paper>-<figure>.png``
     (and ``.pdf``); UserError when the results hold nothing to draw it from."""
@@ -154,6 +236,8 @@ def draw(item: Item, models: list[str], results: Results, out_dir: Path | str) -
         return mqar_figure(item, models, results, filters["preset"], stem)
     if kind == "speed":
         return speed_figure(bench_records(results.root, filters.get("ops")), stem)
+    if kind == "speed_memory":
+        return speed_memory_figure(figure4_records(results.root), stem)
     if kind == "loss":
         runs = _runs_of(results, "loss", models)
         if runs:

@@ -34,12 +34,19 @@ COLUMN_FIELDS = {
     "mqar": ("d_model",),
     "summarize": ("metric",),
 }
-# The `evalsuite bench` command that measures each bench op (None: no command measures it yet).
+# The `evalsuite bench` command that measures each bench op (None: no command measures it yet), and each figure
+# without columns that a bench run draws (keyed by its id).
 BENCH_COMMANDS = {
     "attention": "evalsuite bench attention",
     "linear": "evalsuite bench linear --modes fwd,fwdbwd",
     "decode": "evalsuite bench generate",
     "train_step": None,
+    # Lightning, Vanilla and Flash2 (SDPA on its flash backend) at a fixed batch, so that growth in T shows
+    "lightning:figure4": (
+        "evalsuite bench linear --ops lightning --providers lightning_triton,lightning_vanilla,sdpa_flash "
+        "--modes fwd,bwd --batch 1 --seq-lens 1024,2048,4096,8192,16384,32768,65536 "
+        "--out results/runs/bench/lightning-figure4"
+    ),
 }
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evalsuite.errors import UserError
+from evalsuite.papers.figures import figure_notes
 from evalsuite.papers.found import Results, find
 from evalsuite.papers.layout import Cell, Grid, Line, marks, to_csv, to_latex, to_markdown
 from evalsuite.papers.numbers import parse_number
@@ -239,7 +240,7 @@ def compare(item: Item, ours: list[Ours], results: Results) -> tuple[Grid, Grid 
             notes.append(f"{model} values from {', '.join(runs)}")
     if any((c.recipe or {}).get("kind") == "params" for c in item.columns):
         notes += [_params_note(model) for model in models if _card(model) is not None]
-    notes += _missing_notes(item, ours, results)
+    notes += _missing_notes(item, ours, results) + figure_notes(item, results)
     notes += [f"{a.column} = {a.how} of {', '.join(a.of)} (as the paper forms it)" for a in item.averages]
     notes += [f"paper: {f}" for f in item.footnotes] + ([f"about the table: {item.notes}"] if item.notes else [])
     return main, (_grid(item, deltas) if deltas else None), notes
