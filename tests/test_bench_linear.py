@@ -153,6 +153,17 @@ def test_fla_that_cannot_launch_is_recorded_not_fatal(tmp_path, driverless_fla, 
     assert ours and all(r["status"] == "ok" and "ratio_to_fla" not in r for r in ours), ours
 
 
+def test_constant_speed_target_for_both_ops():
+    """tokens/s at the longest T against the shortest: >= 0.85 passes, for GSA as for Lightning."""
+    speeds = {("gsa", 65536): 8.4e6, ("lightning", 65536): 9.0e6}  # the short T runs at 1e7 tokens/s
+    records = [{"kind": "op", "op": op, "provider": f"{op}_triton", "mode": "fwd", "T": T, "ms": 1.0,
+                "tokens_per_s": speeds.get((op, T), 1e7)}
+               for op in ("gsa", "lightning") for T in (1024, 65536)]  # fmt: skip
+    summary = linear_report.format_summary(records)
+    assert "| gsa | gsa_triton | fwd | 1e+07 | 8.4e+06 | 0.84 | FAIL |" in summary
+    assert "| lightning | lightning_triton | fwd | 1e+07 | 9e+06 | 0.90 | pass |" in summary
+
+
 def test_fox_kv_cache_grows_linearly(tmp_path):
     records = dec.bench_state_memory(("fox-pro", "no-such-arch"), (64, 256), "tiny", prefill_chunk=128, device="cpu")
     fox = {r["context"]: r for r in records if r["arch"] == "fox-pro"}

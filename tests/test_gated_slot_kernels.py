@@ -4,7 +4,8 @@
 References run in float64 on the same (rounded) inputs (they compute in float64 for float64 inputs).
 Errors are relative, ``|out - ref| / |ref|``. Every kernel output buffer starts as NaN (``poison``), so an element a
 kernel never writes fails the check. Interpreter blocks (common.INTERPRET_CONFIG): chunks of 32 rows in sub-chunks
-of 16, head-dim tiles of 16, so T = 40..70 spans two or three chunks with off-diagonal sub-blocks and a ragged tail.
+of 16, head-dim tiles of 16, so T = 40..70 spans two or three chunks with off-diagonal sub-blocks and a ragged tail;
+state scans in segments of 2 chunks, so T <= 64 walks the sequence at once and T > 64 takes the segment scan.
 Interpreted kernels are slow, so shapes stay small (B * H <= 2 programs per chunk).
 """
 
@@ -15,6 +16,7 @@ pytest.importorskip("triton")
 
 from conftest import interpreted_kernel_modules, rel_err
 
+from evalsuite.kernels import triton_utils
 from evalsuite.kernels.gated_slot import gated_slot_attention, reference
 
 # One kernel per module (None: binds the others'), checked to be interpreted (conftest.interpreted_kernel_modules).
@@ -58,7 +60,9 @@ def make_inputs(B, T, H, dk, dv, m, dtype, gate, init, seed=0):
     return q, k, v, log_alpha, state
 
 
-def check(B, T, H, dk, dv, m, dtype, gate, init, scale=0.5, grads=True, seed=0, config=None):
+def check(B, T, H, dk, dv, m, dtype, gate, init, scale=0.5, grads=True, seed=0, config=None, final_grad=True):
+    """Forward, final state and (with ``grads``) every gradient against the float64 token loop; ``final_grad``: the
+    loss takes the final state too (else the output alone: no final-state adjoint enters the backward)."""
     q, k, v, log_alpha, state = make_inputs(B, T, H, dk, dv, m, dtype, gate, init, seed)
     gen = torch.Generator().manual_seed(seed + 1)
     do = torch.randn(B, T, H, dv, generator=gen).to(dtype)
@@ -77,8 +81,11 @@ def check(B, T, H, dk, dv, m, dtype, gate, init, scale=0.5, grads=True, seed=0, 
     assert max(errors.values()) < tol_fwd, errors
     if not grads:
         return errors
-    got = torch.autograd.grad((o, *final), leaves, (do, *d_final))
-    want = torch.autograd.grad((o_ref, *final_ref), ref_leaves, (do.double(), *(d.double() for d in d_final)))
+    n_out = 3 if final_grad else 1
+    got = torch.autograd.grad((o, *final)[:n_out], leaves, (do, *d_final)[:n_out])
+    want = torch.autograd.grad(
+        (o_ref, *final_ref)[:n_out], ref_leaves, tuple(d.double() for d in (do, *d_final))[:n_out]
+    )
     for name, a, b in zip(("dq", "dk", "dv", "dlog_alpha", "dhk0", "dhv0"), got, want, strict=False):
         assert a.shape == b.shape, name
         errors[name] = rel_err(a, b)
@@ -109,6 +116,66 @@ def test_chunk_gpu_paths(sub):
     cfg = dict(common.INTERPRET_CONFIG, CHUNK=64, SUB=sub, STATE_BD=32, READ_BD=64, WRITE_BD=64, DGATE_BD=64,
                READ_BM=16, PAIR_BM=16, WRITE_BM=16, DGATE_BM=16)  # fmt: skip
     check(1, 140, 1, 64, 32, 32, torch.float32, "extreme", True, scale=0.125, config=cfg)
+
+
+# The state scans in segments (state_kernels; common.segment_chunks), (dtype, B, T, dk, dv, m, gate, init,
+# final_grad, SEG_CHUNKS): 4 segments of one chunk, the last ragged, in two batches; 3 segments, the last of one
+# chunk; 2 segments of 3 and 2 chunks; saturated gates (the scan's decays underflow to 0) and mild ones.
+SEGMENT_CASES = [
+    (torch.float32, 2, 100, 16, 16, 16, "extreme", True, True, 1),
+    (torch.bfloat16, 1, 140, 16, 32, 32, "extreme", False, True, 2),
+    (torch.float32, 1, 140, 16, 16, 16, "mild", True, False, 3),
+]
+
+
+@pytest.mark.parametrize("dtype,B,T,dk,dv,m,gate,init,final_grad,seg", SEGMENT_CASES)
+def test_segment_scan_forward_backward(dtype, B, T, dk, dv, m, gate, init, final_grad, seg):
+    """Several segments against the float64 token loop: output, final state, every gradient (the initial state's
+    included), with and without the final state's adjoint; no active lane leaves its buffer."""
+    config = dict(common.INTERPRET_CONFIG, SEG_CHUNKS=seg)
+    n_chunks = -(-T // config["CHUNK"])
+    assert common.segment_chunks(n_chunks, 1, config) == seg < n_chunks
+    with triton_utils.interpreter_bounds_check(masked_lanes=False):  # rows past T: masked lanes past the buffers
+        check(B, T, 1, dk, dv, m, dtype, gate, init, config=config, final_grad=final_grad)
+
+
+def test_segments_match_one_walk():
+    """Segmented and one-walk state scans (SEG_PROGRAMS = 0: never segment) give the same results to float32
+    rounding: the segments change only the order of the additions."""
+    q, k, v, log_alpha, state = make_inputs(1, 100, 2, 16, 16, 16, torch.float32, "mild", True, seed=5)
+    do = torch.randn(1, 100, 2, 16, generator=torch.Generator().manual_seed(6))
+    results = []
+    for overrides in ({"SEG_CHUNKS": 1}, {"SEG_PROGRAMS": 0}):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v, log_alpha, *state)]
+        o, final = chunk.gsa_chunk_triton(*leaves[:4], 0.5, tuple(leaves[4:]), True,
+                                          config={**common.INTERPRET_CONFIG, **overrides})  # fmt: skip
+        results.append([o, *final, *torch.autograd.grad(o, leaves, do)])
+    for name, a, b in zip(("o", "hk", "hv", "dq", "dk", "dv", "dg", "dhk0", "dhv0"), *results, strict=True):
+        assert rel_err(a, b) < 2e-6, name
+
+
+@pytest.mark.parametrize(
+    "B,T,H,D,walks,segments",
+    [
+        (64, 1024, 16, 64, 4096, 1),  # the benchmark at 65,536 tokens per call: enough heads, one walk each
+        (4, 16384, 16, 64, 256, 1),  # 2 walks per SM: still one walk each
+        (2, 32768, 16, 64, 4096, 32),  # few heads: segments of 16 chunks
+        (1, 65536, 16, 64, 4096, 64),
+        (1, 1 << 20, 16, 64, 4096, 64),  # segments lengthened to 256 chunks (at most SEG_WALKS walks)
+        (128, 512, 4, 128, 4096, 1),  # the MQAR d = 512 cell
+        (1, 300, 1, 64, 4, 1),  # shorter than a segment
+    ],
+)
+def test_gpu_segment_rule(B, T, H, D, walks, segments):
+    """The GPU's segmenting (no kernel runs): walks per launch and segments; grids within CUDA's limits."""
+    cfg = common.GPU_CONFIG
+    n_chunks = -(-T // cfg["CHUNK"])
+    tiles = 2 * D // min(cfg["STATE_BD"], D)
+    seg = common.segment_chunks(n_chunks, tiles * B * H, cfg)
+    n_seg = -(-n_chunks // seg)
+    assert (tiles * B * H * n_seg, n_seg) == (walks, segments)
+    assert (n_seg - 1) * seg < n_chunks <= n_seg * seg and max(n_seg, B * H) <= 65535
+    assert common.segment_chunks(n_chunks, tiles * B * H, {**cfg, "SEG_PROGRAMS": 0}) == n_chunks
 
 
 def test_chunk_forward_only_shapes():

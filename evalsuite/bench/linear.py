@@ -15,8 +15,8 @@ where a linear op's time grows with T and a quadratic one's with T^2). Five mode
 
 Providers whose package (fla) or device (Triton needs CUDA) is missing are recorded as "unavailable". The run
 writes ``linear_bench.json`` (provenance, parameters, records), ``linear_bench.png`` and ``linear_bench.md`` (the
-summary of :mod:`.linear_report`: ours <= 1.0x fla at T = 16384? Lightning tokens/s at the longest T within 15% of
-the shortest? decode state flat in context?) and returns the records. fla autotunes its kernels on first use, for
+summary of :mod:`.linear_report`: ours <= 1.0x fla at T = 16384? tokens/s at the longest T within 15% of the
+shortest? decode state flat in context?) and returns the records. fla autotunes its kernels on first use, for
 minutes at some shapes: ``evalsuite bench tune fla`` runs every peer once beforehand (the winners are cached under
 ``$TRITON_CACHE_DIR``).
 """

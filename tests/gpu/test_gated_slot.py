@@ -1,10 +1,15 @@
 """Gated Slot Attention kernels on a GPU at the MQAR d = 512 cell's head dim (D = 128; B = 2, T = 256, H = 2 keep the
 float64 token loop short), against a float64 recurrence: exact under saturated gates, and at large slot scores exact
-in float32 while bf16 stays at the floor of one bf16 rounding of the scores. Committed H100 numbers at B = 4, T = 512,
-H = 4: results/linear-kernels/gsa/ (every error at most 6.4e-3), results/linear-kernels/gsa-score-scale/h100.jsonl."""
+in float32 while bf16 stays at the floor of one bf16 rounding of the scores; the state scans in segments, forced at
+that shape and as shipped at a long sequence over few heads. Committed H100 numbers at B = 4, T = 512, H = 4:
+results/linear-kernels/gsa/ (every error at most 6.4e-3), results/linear-kernels/gsa-score-scale/h100.jsonl."""
 
 import pytest
+import torch
 
+from evalsuite.bench.common import rel_error
+from evalsuite.kernels.gated_slot import common
+from evalsuite.kernels.gated_slot.chunk import gsa_chunk_triton
 from gpu.gsa_checks import NAMES, gate_rows, score_scale_rows
 
 pytestmark = pytest.mark.gpu
@@ -28,3 +33,31 @@ def test_error_against_the_score_scale():
     kernel_1, kernel_30 = (max(rows[s, "kernel-bf16"][k] for k in GRADS) for s in (1.0, 30.0))
     assert kernel_1 < 1e-2 and floor_30 > 10 * floor_1
     assert kernel_30 < 5 * (floor_30 + kernel_1)
+
+
+def test_segment_scan_stays_exact():
+    """The state scans in segments (forced here: 4 segments of one chunk at T = 256), exact under saturated gates as
+    the one walk above."""
+    rows = gate_rows(SHAPE, overrides={"SEG_PROGRAMS": 1 << 30, "SEG_CHUNKS": 1})
+    assert rows[-1]["min_log_alpha"] < -100
+    for row in rows:
+        assert row["finite"] and max(row[k] for k in NAMES) < 1e-2, row
+
+
+def test_shipped_segments_match_one_walk():
+    """A long sequence over few heads (B 1, T 16384, H 4, D = m = 64, bf16) takes the segment scan with the shipped
+    settings; output and gradients equal those of one walk per program (SEG_PROGRAMS = 0) up to bf16 rounding."""
+    B, T, H, D = 1, 16384, 4, 64
+    cfg = common.GPU_CONFIG
+    n_chunks = T // cfg["CHUNK"]
+    assert common.segment_chunks(n_chunks, 2 * D // cfg["STATE_BD"] * B * H, cfg) < n_chunks
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(B, T, H, D, device="cuda", generator=gen).bfloat16() for _ in range(4))
+    g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, D, device="cuda", generator=gen)) / 16
+    results = []
+    for overrides in ({}, {"SEG_PROGRAMS": 0}):
+        leaves = [x.clone().requires_grad_() for x in (q * D**-0.25, k * D**-0.25, v, g)]
+        o, _ = gsa_chunk_triton(*leaves, scale=1.0, config={**cfg, **overrides})
+        results.append([o, *torch.autograd.grad(o, leaves, do)])
+    for name, a, b in zip(NAMES, *results, strict=True):
+        assert a.isfinite().all() and rel_error(a, b) < 5e-3, name

@@ -6,7 +6,9 @@ family at a time, the others at the winners so far: the state scans (STATE_BD, S
 2 forward scans + 1 backward scan, as in one step), the read kernel (READ_BM, READ_WARPS; 2 calls), the pair kernel
 (PAIR_BM, PAIR_WARPS; p and e), the write kernels (WRITE_BM, WRITE_BD, WRITE_WARPS; o, dq, dk, dv), the dgate kernel
 (DGATE_BM, DGATE_WARPS), then (CHUNK, SUB) end to end. Every candidate goes to the launchers as their ``cfg``
-argument. With ``configs`` (a list of overrides of GPU_CONFIG) it times those end to end instead of sweeping.
+argument. With ``configs`` (a list of overrides of GPU_CONFIG) it times those end to end instead of sweeping: the
+state scans' segmenting (SEG_PROGRAMS, SEG_CHUNKS, SEG_WALKS) is timed so, e.g. ``[{}, {"SEG_PROGRAMS": 0}]`` (0: one
+walk per program, never segments) at a long sequence over few heads.
 ``best`` is the fastest full configuration, a dict to paste into ``common.GPU_CONFIG``.
 """
 

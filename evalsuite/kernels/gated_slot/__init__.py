@@ -9,7 +9,8 @@ chunk by chunk), ``"recurrent"`` (the naive token loop: the ground truth the oth
 With ``"auto"``/``"triton"`` a single-token call with a state (decoding) runs the recurrent Triton step.
 
 Modules: ``reference.py`` (no triton needed); ``chunk.py`` (the chunked autograd function and its launchers);
-``state_kernels.py`` and ``chunk_kernels.py`` (its Triton kernels: the state scans, the per-chunk passes);
+``state_kernels.py`` and ``chunk_kernels.py`` (its Triton kernels: the state scans, in segments joined by a
+scan across them for long sequences over few heads; the per-chunk passes);
 ``common.py`` (block configs, shared jit helpers, checks); ``decode.py`` (the one-token recurrent step). The
 one-token step comes with the package where triton is installed (decoding steps run inside torch.compile, where an
 import statement breaks the graph); the other Triton modules are imported on first use.

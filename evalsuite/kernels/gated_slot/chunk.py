@@ -10,24 +10,31 @@ Design (kernels in :mod:`.state_kernels` and :mod:`.chunk_kernels`, helpers and 
   The log-gate cumsums within a chunk are taken in registers (float32) by every kernel that needs them; nothing
   is precomputed. The per-chunk kernels multiply ``[C, C] x [C, .]`` tiles with tl.dot (bf16/fp16 operands on the
   tensor cores, fp32 accumulation), one product per block of each level (chunk_kernels).
-* Forward, 4 launches: (1) ``_state_fwd_kernel``, grid ``(dk/BD + dv/BD, B*H)``: both passes' chunk-start states
-  (the two passes' states depend only on k, v, alpha), each program a sequential walk over the chunks;
-  (2) ``_read_kernel``, grid ``(NT, m/BM, B*H)``: the pass-1 logits ``z = scale * hk^T q`` (float32, kept for backward);
-  (3) ``_pair_kernel``, grid ``(NT, B*H)``: each chunk's pair matrix of p = softmax(z) (float32 ``[C, C]`` a chunk,
-  kept for backward); (4) ``_write_kernel``, grid ``(NT, dv/BD, B*H)``: ``o = hv^T softmax(z)``, with the softmax
-  over the m slots taken in the kernel. The state buffers are then freed (checkpoint level 2: backward saves q, k,
-  v, log_alpha, z, the pair matrix and the initial state).
-* Backward, 8 launches: the states again (1); ``dp = hv do`` by the read kernel (2); both state adjoints in one
-  reverse scan (3, ``_state_bwd_kernel``: pass 2 from p and dO, pass 1 from ``e = scale * dsoftmax(z; dp)``, which
-  it forms on the fly); the pair matrix of e (4); dq (write kernel with u = e), dk and dv (``_write_rev_kernel``
-  with the pair matrices of e and p, 5-7); and the log-gate gradient (8, ``_dgate_kernel``): ``dL/ds`` of both
-  passes plus the reversed-cumsum identity of Algorithm 1
+* The state scans (state_kernels), one launch each while many heads and batches fill the GPU: grid
+  ``(dk/BD + dv/BD, 1, B*H)``, each program a sequential walk over all chunks. A long sequence over few heads would
+  leave the GPU nearly idle and take time in proportion to T, so there (``common.segment_chunks``) a scan is three
+  launches: walks of every segment of ``SEGC`` chunks from zero (their totals), the scan across segments
+  (``_segment_scan_kernel``) and the walks again from the values entering each segment; each program's work and
+  the number of programs then stay the same at any T for a fixed B*T.
+* Forward, 4 launches (6 with segments): (1) ``_state_fwd_kernel``: both passes' chunk-start states (the two
+  passes' states depend only on k, v, alpha); (2) ``_read_kernel``, grid ``(NT, m/BM, B*H)``: the pass-1 logits
+  ``z = scale * hk^T q`` (float32, kept for backward); (3) ``_pair_kernel``, grid ``(NT, B*H)``: each chunk's pair
+  matrix of p = softmax(z) (float32 ``[C, C]`` a chunk, kept for backward); (4) ``_write_kernel``, grid
+  ``(NT, dv/BD, B*H)``: ``o = hv^T softmax(z)``, with the softmax over the m slots taken in the kernel. The state
+  buffers are then freed (checkpoint level 2: backward saves q, k, v, log_alpha, z, the pair matrix and the initial
+  state).
+* Backward, 8 launches (12 with segments): the states again (1); ``dp = hv do`` by the read kernel (2); both state
+  adjoints in one reverse scan (3, ``_state_bwd_kernel``: pass 2 from p and dO, pass 1 from
+  ``e = scale * dsoftmax(z; dp)``, which it forms on the fly); the pair matrix of e (4); dq (write kernel with
+  u = e), dk and dv (``_write_rev_kernel`` with the pair matrices of e and p, 5-7); and the log-gate gradient (8,
+  ``_dgate_kernel``): ``dL/ds`` of both passes plus the reversed-cumsum identity of Algorithm 1
   (arXiv:2409.07146 App. B), whose part from later chunks is read off the chunk-end states and adjoints instead
   of a scan over T.
 * No PyTorch math runs between launches except the allocations and the transposes of the small states.
 * Numerical safety: every factor any kernel takes stays within float32's range (the state scans' exponents are
-  ``<= 0``; the per-chunk kernels factor decays at block boundaries, see chunk_kernels), so saturated gates are
-  exact; log alpha is clamped at ``LOG_ALPHA_FLOOR`` (below), which also bounds the in-micro-block factors.
+  ``<= 0``, across segments too; the per-chunk kernels factor decays at block boundaries, see chunk_kernels), so
+  saturated gates are exact; log alpha is clamped at ``LOG_ALPHA_FLOOR`` (below), which also bounds the
+  in-micro-block factors.
 
 Head dims dk, dv in {16, ..., 512} and slots m in {16, 32, 64, 128} (powers of two; others raise ValueError).
 """
@@ -45,9 +52,9 @@ from evalsuite.kernels.gated_slot.chunk_kernels import (
     _write_kernel,
     _write_rev_kernel,
 )
-from evalsuite.kernels.gated_slot.common import check_dtypes, check_sizes, config, dot_flags
+from evalsuite.kernels.gated_slot.common import check_dtypes, check_sizes, config, dot_flags, segment_chunks
 from evalsuite.kernels.gated_slot.reference import LOG_ALPHA_FLOOR, _check
-from evalsuite.kernels.gated_slot.state_kernels import _state_bwd_kernel, _state_fwd_kernel
+from evalsuite.kernels.gated_slot.state_kernels import _segment_scan_kernel, _state_bwd_kernel, _state_fwd_kernel
 
 F32 = torch.float32
 # log alpha is clamped at LOG_ALPHA_FLOOR = -20 (reference.py, which clamps the same way): alpha = 2e-9 keeps less
@@ -63,18 +70,42 @@ def _dims(k, v, g, cfg):
     return B, T, H, DK, v.shape[-1], g.shape[-1], triton.cdiv(T, cfg["CHUNK"])
 
 
+def _scan(kernel, inputs, scalars, init, outs, T, H, BH, M, cfg, reverse, **flags):
+    """Both passes' state scan ``kernel`` (``_state_fwd_kernel`` or ``_state_bwd_kernel``, whose arguments are
+    ``*inputs, X0K, X0V, OUTK, OUTV, LSEG, T, H, NT, NSEG, SEGC, NDK, *scalars``) into ``outs`` (HS or DHS of both
+    passes) from ``init`` (h0 or the final state's adjoint, ``[B, H, M, D]`` each, or None: zero). One walk per
+    program, or (:func:`.common.segment_chunks`) segment totals, the scan across segments (``reverse``: last
+    segment first) and a walk of every segment from its entering value (state_kernels)."""
+    DK, DV = outs[0].shape[-1], outs[1].shape[-1]
+    BD = min(cfg["STATE_BD"], DK, DV)
+    NDK, tiles, NT = DK // BD, DK // BD + DV // BD, triton.cdiv(T, cfg["CHUNK"])
+    SEGC = segment_chunks(NT, tiles * BH, cfg)
+    NSEG = triton.cdiv(NT, SEGC)
+    launch = dict(M=M, DK=DK, DV=DV, BD=BD, C=cfg["CHUNK"], num_warps=cfg["STATE_WARPS"],
+                  num_stages=cfg["STATE_STAGES"], **flags)  # fmt: skip
+    x0, lseg = init, outs[0]
+    if NSEG > 1:
+        seg = (triton_utils.empty((BH, NSEG, M, DK), F32, outs[0].device),
+               triton_utils.empty((BH, NSEG, M, DV), F32, outs[0].device))  # fmt: skip
+        lseg = triton_utils.empty((BH, NSEG, M), F32, outs[0].device)  # the segments' summed log gates
+        kernel[(tiles, NSEG - 1, BH)](*inputs, *seg, *seg, lseg, T, H, NT, NSEG, SEGC, NDK, *scalars, HAS_X0=False,
+                                      TOTALS=True, **launch)  # fmt: skip
+        _segment_scan_kernel[(tiles, BH)](
+            *seg, lseg, *(init if init is not None else seg), NSEG, NDK, M=M, DK=DK, DV=DV, BD=BD, REVERSE=reverse,
+            HAS_INIT=init is not None, num_warps=cfg["STATE_WARPS"],
+        )  # fmt: skip
+        x0 = seg
+    kernel[(tiles, NSEG, BH)](*inputs, *(x0 if x0 is not None else outs), *outs, lseg, T, H, NT, NSEG, SEGC, NDK,
+                              *scalars, HAS_X0=x0 is not None, TOTALS=False, **launch)  # fmt: skip
+
+
 def _states(k, v, g, h0k, h0v, cfg):
     """Chunk-start states of both passes, ``[B*H, NT + 1, M, D]`` (index NT: the final state)."""
     B, T, H, DK, DV, M, NT = _dims(k, v, g, cfg)
     hsk = triton_utils.empty((B * H, NT + 1, M, DK), F32, k.device)
     hsv = triton_utils.empty((B * H, NT + 1, M, DV), F32, k.device)
-    BD = min(cfg["STATE_BD"], DK, DV)
-    has_h0 = h0k is not None
-    _state_fwd_kernel[(DK // BD + DV // BD, B * H)](
-        k, v, g, h0k if has_h0 else hsk, h0v if has_h0 else hsv, hsk, hsv, T, H, NT, DK // BD,
-        M=M, DK=DK, DV=DV, BD=BD, C=cfg["CHUNK"], HAS_H0=has_h0, **dot_flags(k.dtype),
-        num_warps=cfg["STATE_WARPS"], num_stages=cfg["STATE_STAGES"],
-    )  # fmt: skip
+    init = (h0k, h0v) if h0k is not None else None
+    _scan(_state_fwd_kernel, (k, v, g), (), init, (hsk, hsv), T, H, B * H, M, cfg, False, **dot_flags(k.dtype))
     return hsk, hsv
 
 
@@ -132,17 +163,13 @@ def _state_adjoints(q, do, z, dp, g, dhtk, dhtv, want_dh0, scale, cfg):
     """Both passes' state adjoints at every chunk end, ``[B*H, NT, M, D]`` float32, and those of the initial state
     (``[B, H, M, D]``, or None unless ``want_dh0``); dhtk/dhtv: the final-state adjoints (slot-major) or None."""
     B, T, H, DK, DV, M, NT = _dims(q, do, g, cfg)
-    has_dht = dhtk is not None
     dhsk = triton_utils.empty((B * H, NT, M, DK), F32, q.device)
     dhsv = triton_utils.empty((B * H, NT, M, DV), F32, q.device)
     dh0k = triton_utils.empty((B, H, M, DK), F32, q.device) if want_dh0 else dhsk
     dh0v = triton_utils.empty((B, H, M, DV), F32, q.device) if want_dh0 else dhsv
-    BD = min(cfg["STATE_BD"], DK, DV)
-    _state_bwd_kernel[(DK // BD + DV // BD, B * H)](
-        q, do, z, dp, g, dhtk if has_dht else dhsk, dhtv if has_dht else dhsv, dhsk, dhsv, dh0k, dh0v,
-        T, H, NT, DK // BD, scale, M=M, DK=DK, DV=DV, BD=BD, C=cfg["CHUNK"], HAS_DHT=has_dht,
-        STORE_DH0=want_dh0, **dot_flags(q.dtype), num_warps=cfg["STATE_WARPS"], num_stages=cfg["STATE_STAGES"],
-    )  # fmt: skip
+    init = (dhtk, dhtv) if dhtk is not None else None
+    _scan(_state_bwd_kernel, (q, do, z, dp, g, dh0k, dh0v), (scale,), init, (dhsk, dhsv), T, H, B * H, M, cfg, True,
+          STORE_DH0=want_dh0, **dot_flags(q.dtype))  # fmt: skip
     return dhsk, dhsv, (dh0k, dh0v) if want_dh0 else None
 
 

@@ -5,7 +5,8 @@ dimension first:
 ``hk^T [m, dk]`` for pass 1 and ``hv [m, dv]`` for pass 2, both updated as ``H_t = diag(alpha_t) H_{t-1} +
 s_t x_t^T`` (x = k or v). Pass 1 reads along d (``o1_t = H_t q_t``, an m-vector), pass 2 along m
 (``o_t = H_t^T p_t``). The chunked forward and backward are built from four per-chunk shapes of one formula and
-two sequential state scans (:mod:`.chunk_kernels`, :mod:`.state_kernels`); this module holds the pieces they share.
+two state scans, sequential over the chunks or over segments of them (:mod:`.chunk_kernels`, :mod:`.state_kernels`);
+this module holds the pieces they share.
 
 Numerics:
 * Gates are log-space float32. Within a chunk ``b`` is the inclusive cumsum of ``log alpha`` (from the chunk start),
@@ -47,7 +48,8 @@ MICRO = tl.constexpr(4)
 # GPU configuration. CHUNK: rows per chunk (one program per chunk in the per-chunk kernels, one step of the
 # sequential state scans); SUB: rows per sub-chunk, a multiple of MICRO (pairs across sub-chunks take CHUNK/SUB - 1
 # products, pairs across the micro-blocks of a sub-chunk SUB/MICRO - 1, pairs in a micro-block one); STATE_BD: d
-# tile per program of the state scans, grid (dk/BD + dv/BD, B*H); READ_BD and DGATE_BD: inner d step of the read
+# tile per program of the state scans, grid (dk/BD + dv/BD, segments, B*H); SEG_*: when and how the state scans cut
+# the sequence into segments (:func:`segment_chunks`); READ_BD and DGATE_BD: inner d step of the read
 # and dgate kernels (they contract over d); WRITE_BD: d tile per program of the kernels whose output is over d
 # (write, write_rev); *_BM: slots per tile (read, dgate: one program per tile; pair, write: a loop over the tiles);
 # *_WARPS per kernel family. The per-chunk kernels work on ``CHUNK x CHUNK`` and ``CHUNK x BM`` tiles with tl.dot
@@ -63,6 +65,14 @@ GPU_CONFIG = MappingProxyType(
         "STATE_BD": 32,
         "STATE_WARPS": 4,
         "STATE_STAGES": 2,
+        # Segments only when fewer walks than SEG_PROGRAMS (about 2 per SM of an H100/H200's 132) would run: a segmented
+        # scan walks every chunk twice (totals, then states), which pays only on an underfilled GPU, and one walk per
+        # program lost little at 256 walks (T = 16K at the benchmark's shape: ours / fla 1.26x there, 1.31x at T = 1K,
+        # results/linear-kernels/README.md). Then SEG_CHUNKS chunks a segment (1024 rows, as Lightning's) or more, for
+        # at most SEG_WALKS walks. Not swept: ``evalsuite bench tune gsa --configs`` times alternatives.
+        "SEG_PROGRAMS": 256,
+        "SEG_CHUNKS": 16,
+        "SEG_WALKS": 4096,
         "READ_BD": 64,
         "READ_BM": 64,  # 32 faults (illegal memory access) on the H100 with triton 3.6; 64 and 128 are exact
         "READ_WARPS": 4,
@@ -80,7 +90,8 @@ GPU_CONFIG = MappingProxyType(
     }
 )
 # Interpreter: chunks of 32 in sub-chunks of 16 (so T ~ 40..100 spans several chunks, several sub-chunks and a
-# ragged tail), d tiles of 16 (so dk = 32 already takes two tiles).
+# ragged tail), d tiles of 16 (so dk = 32 already takes two tiles), state scans in segments of 2 chunks (so T > 64
+# takes the segment scan, T <= 64 the one walk).
 INTERPRET_CONFIG = MappingProxyType(
     {
         "CHUNK": 32,
@@ -88,6 +99,9 @@ INTERPRET_CONFIG = MappingProxyType(
         "STATE_BD": 16,
         "STATE_WARPS": 1,
         "STATE_STAGES": 1,
+        "SEG_PROGRAMS": 1 << 30,  # fixed (no device to ask): every sequence of more than SEG_CHUNKS chunks is segmented
+        "SEG_CHUNKS": 2,
+        "SEG_WALKS": 1 << 30,
         "READ_BD": 16,
         "READ_BM": 16,
         "READ_WARPS": 1,
@@ -114,7 +128,19 @@ def config(override: Mapping | None = None) -> Mapping:
     cfg = override if override is not None else (INTERPRET_CONFIG if interpreting() else GPU_CONFIG)
     if cfg["CHUNK"] % cfg["SUB"] or cfg["SUB"] % MICRO.value:
         raise ValueError(f"GSA kernels: CHUNK must be a multiple of SUB and SUB of {MICRO.value}; got {cfg}")
+    if cfg["SEG_CHUNKS"] < 1 or cfg["SEG_WALKS"] < 1:
+        raise ValueError(f"GSA kernels: SEG_CHUNKS and SEG_WALKS must be >= 1; got {cfg}")
     return cfg
+
+
+def segment_chunks(n_chunks: int, walks: int, cfg: Mapping) -> int:
+    """Chunks per segment of the state scans (:mod:`.state_kernels`) over ``n_chunks`` chunks, where ``walks`` programs
+    (d tiles x B*H) walk each segment: all of them (one segment, a single walk per program) while ``walks`` reaches
+    ``cfg["SEG_PROGRAMS"]``; else ``SEG_CHUNKS`` chunks, more where over ``SEG_WALKS`` walks would run (which bounds
+    the sequential scan across segments)."""
+    if walks >= cfg["SEG_PROGRAMS"]:
+        return n_chunks
+    return min(n_chunks, max(cfg["SEG_CHUNKS"], triton.cdiv(n_chunks * walks, cfg["SEG_WALKS"])))
 
 
 def dot_flags(dtype: torch.dtype, gated: bool = False) -> dict:
