@@ -259,6 +259,33 @@ def test_offloaded_state_keeps_only_the_store_off_device(model):
 
 
 @torch.no_grad()
+def test_the_base_lm_is_window_layers_over_the_tokens_alone():
+    """lower_layers = num_layers: the GCA paper's Base LM (Table 3), sliding-window ALiBi layers over the text tokens
+    (no landmark, no chunk encoder, nothing retrieved); its decode state holds the window caches alone, and decoding
+    (eager or static) equals the full forward."""
+    base = build(lower_layers=TINY["num_layers"])
+    assert not base.config.retrieves and len(base.upper_layers) == 0
+    assert {name.split(".")[0] for name, _ in base.named_parameters()} == {"embed", "lower_layers", "norm"}
+    ids = ids_of((2, 40), 14)
+    full = base(ids)
+    h = base.embed(ids)
+    for layer in base.lower_layers:
+        h, _ = layer(h, None, base.config.window)
+    torch.testing.assert_close(full, base.norm(h))
+    state = base.new_state(2, 40)
+    outs = [base(ids[:, :17], state=state)] + [base(ids[:, t : t + 1], state=state) for t in range(17, 40)]
+    torch.testing.assert_close(torch.cat(outs, 1), full, rtol=1e-5, atol=1e-5)
+    memory = state.groups[0].memory
+    assert (memory.positions, memory.num_chunks, memory.partial) == (40, 0, None)
+    window = 2 * TINY["num_layers"] * TINY["window"] * TINY["hidden_size"] * 4  # k and v of 12 positions, fp32
+    assert state.nbytes() == 2 * base.decode_state_size(40, torch.float32)["bytes"] == 2 * window
+    decoder = base.static_decoder(2, 40)
+    decoder.prefill(ids[:, :17])
+    steps = torch.stack([decoder.step(ids[:, t : t + 1]) for t in range(17, 40)], 1)
+    torch.testing.assert_close(steps, full[:, 17:], rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
 def test_long_inputs_in_segments(model):
     ids = ids_of((2, 45), 14)
     whole = model(ids)

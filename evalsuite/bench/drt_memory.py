@@ -1,12 +1,22 @@
-"""DRT's chunk memory at long context (``evalsuite bench drt-memory``): device memory and decode speed with the chunk
-store on the GPU vs in CPU memory (the GCA paper's offloading, arXiv:2410.01651 §3.4 / Table 3).
+"""DRT's chunk memory at long context, against its Base LM (``evalsuite bench drt-memory``): decode speed and memory
+with the chunk store on the device vs in CPU memory, and their ratios to a sliding-window Base LM measured in the same
+run (the GCA paper's offloading and its Table 3, arXiv:2410.01651 §3.2 "Memory Offloading" and §4.3).
 
-The ``drt`` card (the paper's 128M shape, random weights, bf16 autocast over fp32 weights) prefills a context of L
-tokens into a chunk-memory decode state, then decodes new tokens one at a time. For each L and placement of the
-chunk store it records the peak device memory of the prefill and of the decoding, the state's device-resident and
-host bytes, and milliseconds per decoded token. With the store in CPU memory the device holds the window caches, the
-landmark embeddings and the retrieved chunks only, so its share must stay flat as L grows. Writes
-``OUT/drt_memory.json`` and ``OUT/drt_memory.md``.
+A DRT card (``drt``: the paper's 128M shape) and its Base LM (``drt-base-lm``: the same shape with every one of the 12
+layers a sliding-window ALiBi layer, nothing retrieved), random weights, bf16 autocast over fp32 weights, batch 1: each
+prefills a context of L random tokens into its decode state, then decodes new tokens one at a time (greedy, eager
+steps, as the authors' released code decodes). On a GPU each model and placement first makes one untimed run at the
+smallest L that crosses a chunk boundary, so no timed row compiles a kernel. Per L and placement of DRT's chunk store
+(the Base LM has none) a row holds the peak device memory of the prefill and of the decoding (both above the weights,
+so the decoding's counts the state), the state's device-resident and host bytes, and milliseconds per decoded token.
+With the store in CPU memory the device holds the window caches, the landmark embeddings and the retrieved chunks only,
+so its share stays flat as L grows.
+
+Table 3's ratios, DRT over the Base LM at the same L, per placement: ``time_per_token`` (ms per decoded token),
+``cache_memory`` (the decode state's bytes on the device) and ``peak_memory`` (the decoding's peak device memory; none
+on a CPU). The table's "mem. cost" is ``cache_memory``: Landmark Attention's ratios without offload are exactly L/512
+(32 at 16K, 96 at 48K), its whole KV cache over the Base LM's 512-position window, so the paper counts attention-cache
+memory, not process memory. Writes ``OUT/drt_memory.json`` and ``OUT/drt_memory.md``.
 """
 
 from __future__ import annotations
@@ -17,7 +27,10 @@ from pathlib import Path
 
 import torch
 
+from evalsuite.errors import UserError
+
 MIB = 2**20
+JSON_NAME, MD_NAME = "drt_memory.json", "drt_memory.md"
 
 
 class DeviceMemory:
@@ -27,11 +40,17 @@ class DeviceMemory:
         self.cuda = device.type == "cuda"
 
     def reset(self) -> None:
+        """A new baseline (what is allocated now) and a new peak."""
+        if self.cuda:
+            self.reset_peak()
+            self.base = torch.cuda.memory_allocated()
+
+    def reset_peak(self) -> None:
+        """A new peak over the same baseline."""
         if self.cuda:
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
-            self.base = torch.cuda.memory_allocated()
 
     def peak_mib(self) -> float:
         if not self.cuda:
@@ -54,7 +73,7 @@ def measure(model, length: int, offload: bool, new_tokens: int) -> dict:
         prefill_peak = memory.peak_mib()
         prefill_s = time.perf_counter() - t0
         del hidden
-        memory.reset()
+        memory.reset_peak()  # the baseline stays the weights': the decoding's peak counts the state
         t0 = time.perf_counter()
         for _ in range(new_tokens):
             token = model.logits(model(token, state=state)).argmax(-1)
@@ -67,6 +86,7 @@ def measure(model, length: int, offload: bool, new_tokens: int) -> dict:
         "prefill_peak_mib": prefill_peak,
         "decode_peak_mib": decode_peak,
         "ms_per_token": 1000 * decode_s / new_tokens,
+        "state_device_bytes": state.device_nbytes(),
         "state_device_mib": state.device_nbytes() / MIB,
         "state_host_mib": state.host_nbytes() / MIB,
         "state_total_mib": state.nbytes() / MIB,
@@ -74,57 +94,113 @@ def measure(model, length: int, offload: bool, new_tokens: int) -> dict:
     }
 
 
-def drt_memory(out, lengths=(16384, 65536, 262144), new_tokens: int = 128, model: str = "drt",
-               device: str = "cuda") -> dict:  # fmt: skip
-    """Measure every (length, placement) (module doc; ``new_tokens``: 128 in the paper's Table 3; ``model``: a DRT
-    card, ``drt-tiny`` for a CPU run) and write the JSON and the Markdown table. Returns the JSON's document."""
+def _rows(name: str, net, lengths: list[int], placements: tuple[bool, ...], new_tokens: int) -> list[dict]:
+    """One model's rows: on CUDA an untimed warm-up per placement, then every (length, placement); out of memory is a
+    row."""
+    for offload in placements if net.embed.weight.is_cuda else ():  # past a chunk boundary: the kernels compiled
+        measure(net, lengths[0], offload, net.cfg.chunk_size + 2)
+    rows = []
+    for length in lengths:
+        for offload in placements:
+            try:
+                row = {"model": name, **measure(net, length, offload, new_tokens)}
+            except torch.OutOfMemoryError:  # recorded, and the sweep goes on
+                row = {"model": name, "length": length, "offload": offload, "error": "out of memory"}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
+def table3_ratios(rows: list[dict], model: str, base: str) -> list[dict]:
+    """Per length and placement of ``model``'s chunk store, its row over ``base``'s at the same length (see the module
+    docstring): ``time_per_token``, ``cache_memory``, ``peak_memory`` (None without a device peak)."""
+    bases = {r["length"]: r for r in rows if r["model"] == base and "error" not in r}
+    out = []
+    for r in rows:
+        b = bases.get(r["length"])
+        if r["model"] != model or "error" in r or b is None:
+            continue
+        peak = r["decode_peak_mib"] / b["decode_peak_mib"] if b["decode_peak_mib"] > 0 else None
+        cache = r["state_device_bytes"] / b["state_device_bytes"]
+        out.append({**{key: r[key] for key in ("length", "offload", "new_tokens")},
+                    "time_per_token": r["ms_per_token"] / b["ms_per_token"], "cache_memory": cache,
+                    "peak_memory": peak})  # fmt: skip
+    return out
+
+
+def _card(name: str, base: bool):
+    """The card ``name``, a DRT that retrieves (``base`` False) or a Base LM (a DRT without upper layers)."""
     from evalsuite.cards import load_card
+
+    card = load_card(name)
+    if card.family.name != "drt" or card.model_config().retrieves == base:
+        what = "a Base LM card (a DRT with lower_layers = num_layers)" if base else "a DRT card with retrieval"
+        raise UserError(f"--{'base' if base else 'model'} {name} is not {what}")
+    return card
+
+
+def drt_memory(out, lengths=(16384, 65536, 262144), new_tokens: int = 128, model: str = "drt",
+               base: str | None = "drt-base-lm", device: str = "cuda") -> dict:  # fmt: skip
+    """Measure every (model, length, placement) (module doc; ``new_tokens``: 128 in the paper's Table 3; ``model``: a
+    DRT card, ``drt-tiny`` for a CPU run; ``base``: its Base LM card, ``drt-base-lm-tiny`` beside ``drt-tiny``, None
+    for DRT alone) and write the JSON and the Markdown table. Returns the JSON's document."""
     from evalsuite.runs.provenance import device_name, provenance
     from evalsuite.training.train import build_model
 
-    card = load_card(model)
+    if not lengths or min(lengths) < 1 or new_tokens < 1:
+        raise UserError("give positive --lengths and --new-tokens")
+    cards = [(_card(model, base=False), (False, True))] + ([(_card(base, base=True), (False,))] if base else [])
     dev = torch.device(device)
-    net = build_model(card, seed=0).to(dev).eval()
-    weights_mib = sum(p.numel() * p.element_size() for p in net.parameters()) / MIB
-    rows = []
-    for length in lengths:
-        for offload in (False, True):
-            try:
-                row = measure(net, length, offload, new_tokens)
-            except torch.OutOfMemoryError:  # recorded, and the sweep goes on
-                row = {"length": length, "offload": offload, "error": "out of memory"}
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+    rows, weights_mib = [], {}
+    for card, placements in cards:
+        net = build_model(card, seed=0).to(dev).eval()
+        weights_mib[card.name] = sum(p.numel() * p.element_size() for p in net.parameters()) / MIB
+        rows += _rows(card.name, net, sorted(set(lengths)), placements, new_tokens)
+        del net
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    names = [card.name for card, _ in cards]
+    result = {"model": names[0], "base": names[1] if base else None, "new_tokens": new_tokens,
+              "weights_mib": weights_mib, "rows": rows,
+              "ratios": table3_ratios(rows, *names) if base else [],
+              "provenance": provenance(device=device_name(dev))}  # fmt: skip
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    result = {"model": card.name, "weights_mib": weights_mib, "rows": rows,
-              "provenance": provenance(device=device_name(dev))}  # fmt: skip
-    (out / "drt_memory.json").write_text(json.dumps(result, indent=1) + "\n")
-    table = format_table(result, new_tokens)
-    (out / "drt_memory.md").write_text(table + "\n")
+    (out / JSON_NAME).write_text(json.dumps(result, indent=1) + "\n")
+    table = format_table(result)
+    (out / MD_NAME).write_text(table + "\n")
     print(table)
     return result
 
 
-def format_table(result: dict, new_tokens: int) -> str:
-    """The Markdown table of :func:`drt_memory`'s rows."""
+def format_table(result: dict) -> str:
+    """The Markdown tables of :func:`drt_memory`'s rows and ratios."""
+    weights = ", ".join(f"{name} {mib:.0f} MiB" for name, mib in result["weights_mib"].items())
     lines = [
-        f"DRT (`{result['model']}` card, random weights, bf16 autocast; weights {result['weights_mib']:.0f} MiB, not "
-        f"counted below) on {result['provenance']['device']}: peak device memory above the weights, state bytes, "
-        f"decode speed ({new_tokens} tokens).",
+        f"DRT (`{result['model']}` card) and its Base LM (`{result['base']}`), random weights, bf16 autocast, batch 1, "
+        f"eager steps, on {result['provenance']['device']} (weights: {weights}, not counted below): peak device memory "
+        f"above the weights, state bytes, decode speed ({result['new_tokens']} tokens).",
         "",
-        "| context | chunk store | prefill s | prefill peak MiB | decode peak MiB | state on device MiB "
+        "| model | context | chunk store | prefill s | prefill peak MiB | decode peak MiB | state on device MiB "
         "| state in CPU MiB | ms / token |",
-        "|---:|:---|---:|---:|---:|---:|---:|---:|",
+        "|:---|---:|:---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["rows"]:
         place = "CPU memory" if r["offload"] else "device"
         if "error" in r:
-            lines.append(f"| {r['length']} | {place} | {r['error']} | | | | | |")
+            lines.append(f"| {r['model']} | {r['length']} | {place} | {r['error']} | | | | | |")
             continue
         lines.append(
-            f"| {r['length']} | {place} | {r['prefill_seconds']:.1f} | {r['prefill_peak_mib']:.0f} | "
+            f"| {r['model']} | {r['length']} | {place} | {r['prefill_seconds']:.1f} | {r['prefill_peak_mib']:.0f} | "
             f"{r['decode_peak_mib']:.0f} | {r['state_device_mib']:.1f} | {r['state_host_mib']:.1f} | "
             f"{r['ms_per_token']:.1f} |"
         )
+    if result["ratios"]:
+        head = "| context | chunk store | time / token | mem. cost | peak memory |\n|---:|:---|---:|---:|---:|"
+        lines += ["", "DRT / Base LM (the GCA paper's Table 3; mem. cost = the decode state on the device):", "", head]
+        for r in result["ratios"]:
+            peak = "-" if r["peak_memory"] is None else f"{r['peak_memory']:.2f}×"
+            place = "CPU memory" if r["offload"] else "device"
+            ratios = f"{r['time_per_token']:.2f}× | {r['cache_memory']:.2f}× | {peak}"
+            lines.append(f"| {r['length']} | {place} | {ratios} |")
     return "\n".join(lines)

@@ -3,7 +3,9 @@
 For each model (a card, by default FoX (Pro) at its 760M shapes with random weights, or ``hf:DIR``), decode path,
 prompt length L and batch B: B random prompts of L tokens go through the adapter's ``generate`` (EOS off, so every
 call makes all its tokens). ``t1``, ``tM``, ``tN``: calls making 1 (the prefill and one LM-head pass), M = N / 2 and
-N tokens, each call repeated (``--repeats``, default 3) and timed by its median. Prefill tokens/s = B L / t1; decode
+N tokens, each call repeated (``--repeats``, default 3) and timed by its median; ``--call-tokens`` adds calls of other
+token counts (at most N), timed alike, for the seconds a whole call of k new tokens takes (``call_times_s``, keyed by
+k: the GSA paper's inference latency, arXiv:2409.07146 Figure 4(c)). Prefill tokens/s = B L / t1; decode
 tokens/s = B (N - M) / (tN - tM), the steady state past the first steps and the CUDA-graph capture, whose one-off
 cost per call is ``call_overhead_s`` = tM - t1 - (M - 1) x the steady step time. All include the host's work, as a
 task sees it. For our own models the N-token call also times its steps from inside
@@ -73,7 +75,7 @@ def _previous(run: RunDir) -> list[dict]:
     return [{k: v for k, v in r.items() if k != "key"} for r in kept]
 
 
-def _check_options(paths, weights, new_tokens, models, lengths, batches, repeats) -> None:
+def _check_options(paths, weights, new_tokens, models, lengths, batches, repeats, call_tokens) -> None:
     """A UserError for the first option :func:`bench_generate` cannot take."""
     bad = [p for p in paths if p not in PATHS]
     if bad:
@@ -86,24 +88,29 @@ def _check_options(paths, weights, new_tokens, models, lengths, batches, repeats
         raise UserError("give at least one model, and positive lengths and batch sizes")
     if repeats < 1:
         raise UserError("--repeats must be at least 1")
+    if any(not 1 <= k <= new_tokens for k in call_tokens):
+        raise UserError(f"--call-tokens must lie between 1 and --new-tokens ({new_tokens}), got {list(call_tokens)}")
 
 
 def bench_generate(out, *, models=DEFAULT_MODELS, lengths=DEFAULT_LENGTHS, batches=DEFAULT_BATCHES,
                    new_tokens: int = 128, paths=DEFAULT_PATHS, device: str = "auto", dtype: str | None = None,
                    weights: str = "random", copy_mib: int | None = None, warmup: bool = True, seed: int = 0,
-                   repeats: int = REPEATS, verbose: bool = True, repair: bool = False) -> list[dict]:  # fmt: skip
+                   repeats: int = REPEATS, call_tokens=(), verbose: bool = True,
+                   repair: bool = False) -> list[dict]:  # fmt: skip
     """The whole sweep; writes the JSON (as it goes), Markdown and PNG under ``out``; returns the records.
 
     ``dtype``: default bfloat16 on CUDA, float32 on a CPU. ``weights``: ``random`` (the cards' shapes, seed 0) or
     ``card`` (what each card names). ``copy_mib``: size of the bandwidth copy (default 1 GiB on CUDA, 256 MiB on a
-    CPU). ``warmup``: one untimed full call per cell first. ``repeats``: timed repeats of each call (medians).
+    CPU). ``warmup``: one untimed call of each token count past 1 per cell first. ``repeats``: timed repeats of each
+    call (medians). ``call_tokens``: more token counts each timed as a whole call (at most ``new_tokens``).
     ``repair``: set aside the corrupt lines of ``records.jsonl`` first (their cells run again). ``out`` is claimed
     for these settings (another run's ``RESUME_KEYS`` values there are a UserError) and locked while the sweep runs.
     """
     from evalsuite.runs.store import atomic_write_bytes, atomic_write_json
     from evalsuite.runtime import resolve_device
 
-    _check_options(paths, weights, new_tokens, models, lengths, batches, repeats)
+    call_tokens = sorted(set(call_tokens))
+    _check_options(paths, weights, new_tokens, models, lengths, batches, repeats, call_tokens)
     dev = resolve_device(device)
     dtype = dtype or ("bfloat16" if dev.type == "cuda" else "float32")
     out = Path(out)
@@ -111,8 +118,10 @@ def bench_generate(out, *, models=DEFAULT_MODELS, lengths=DEFAULT_LENGTHS, batch
     env["device"] = env["device"] if dev.type == "cuda" else "cpu"
     params = dict(models=list(models), lengths=sorted(lengths), batches=sorted(batches), new_tokens=new_tokens,
                   paths=list(paths), dtype=dtype, weights=weights, device=env["device"], seed=seed,
-                  warmup=warmup, repeats=repeats)  # fmt: skip
+                  warmup=warmup, repeats=repeats, call_tokens=call_tokens)  # fmt: skip
     resume = {k: params[k] for k in RESUME_KEYS}  # a resumed run must agree on these
+    if call_tokens:  # (absent otherwise: a run made before the option resumes as it was)
+        resume["call_tokens"] = call_tokens
     with writing(out, "bench-generate", config_hash(resume), resume, outputs=(JSON_NAME,), repair=repair) as run:
         records = _previous(run)
         bandwidth = measure_copy_bandwidth(dev, copy_mib)
@@ -136,7 +145,7 @@ def bench_generate(out, *, models=DEFAULT_MODELS, lengths=DEFAULT_LENGTHS, batch
                 cell = f"{rec['model']:20s} {rec['path']:6s} L={rec['length']:<6d} B={rec['batch']:<4d}"
                 print(f"{cell} {what}", flush=True)
 
-        timing = dict(new_tokens=new_tokens, warmup=warmup, seed=seed, repeats=repeats)
+        timing = dict(new_tokens=new_tokens, warmup=warmup, seed=seed, repeats=repeats, calls=tuple(call_tokens))
         for spec in models:
             cells = [(p, L, B) for p in paths for L in sorted(lengths) for B in sorted(batches)]
             cells = [c for c in cells if (spec, *c) not in done]
@@ -152,7 +161,7 @@ def bench_generate(out, *, models=DEFAULT_MODELS, lengths=DEFAULT_LENGTHS, batch
 def _run_model(spec, cells, add, dev, dtype, weights, device_name, bandwidth, timing) -> None:
     """Load model ``spec`` and hand ``add`` one record per ``(path, length, batch)`` of ``cells``: timed, or why not
     (unavailable path, too big for the free memory, out of memory, error). ``timing``: :func:`measure_cell`'s
-    ``new_tokens``, ``warmup``, ``seed`` and ``repeats``."""
+    ``new_tokens``, ``warmup``, ``seed``, ``repeats`` and ``calls``."""
     try:
         adapter = load_model(spec, str(dev), dtype, weights)
     except Exception as exc:  # noqa: BLE001 -- a model that cannot load is a recorded cell status, not a crash

@@ -146,45 +146,46 @@ def two_call_rates(t1: float, tm: float, tn: float, m: int, n: int, batch: int) 
 
 
 def measure_cell(adapter, length: int, batch: int, new_tokens: int, *, warmup: bool = True, seed: int = 0,
-                 repeats: int = REPEATS) -> dict:  # fmt: skip
+                 repeats: int = REPEATS, calls: tuple[int, ...] = ()) -> dict:  # fmt: skip
     """Time one (length, batch) cell on the adapter's current path (see :mod:`evalsuite.bench.generate`): the three
-    calls ``repeats`` times over, each call's time the median of its repeats (one slow prefill or capture does not
-    move the two-call rate)."""
+    calls, and one more of each token count in ``calls`` (none above ``new_tokens``), ``repeats`` times over, each
+    call's time the median of its repeats (one slow prefill or capture does not move the two-call rate)."""
     device = adapter.device
     gen = torch.Generator().manual_seed(seed + 7919 * length + batch)
     prompts = torch.randint(0, adapter.tokenizer.vocab_size, (batch, length), generator=gen).tolist()
-    counts = (1, max(1, new_tokens // 2), new_tokens)
-    configs = [GenerationConfig(max_new_tokens=k, stop_at_eos=False) for k in counts]
+    half = max(1, new_tokens // 2)
+    counts = sorted({1, half, new_tokens, *calls})
+    configs = {k: GenerationConfig(max_new_tokens=k, stop_at_eos=False) for k in counts}
     if warmup:  # kernels compiled and autotuned, static caches compiled, for these shapes, outside the timings
-        adapter.generate(prompts, configs[1])
-        adapter.generate(prompts, configs[2])
+        for k in counts[1:]:
+            adapter.generate(prompts, configs[k])
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    times: list[list[float]] = [[], [], []]  # per call kind, one wall time per repeat
-    timers: list[StepTimer | None] = [None, None, None]  # the last repeat's, for our own models
+    times: dict[int, list[float]] = {k: [] for k in counts}  # per call, one wall time per repeat
+    timers: dict[int, StepTimer | None] = dict.fromkeys(counts)  # the last repeat's, for our own models
     in_call, made = [], []
 
     for _ in range(repeats):
-        for i, config in enumerate(configs):
+        for k in counts:
             if hasattr(adapter, "step_timer"):
-                adapter.step_timer = timers[i] = StepTimer()
+                adapter.step_timer = timers[k] = StepTimer()
             try:
-                call = lambda config=config: made.append(adapter.generate(prompts, config))  # noqa: E731
-                times[i].append(wall_seconds(call, device))
+                call = lambda config=configs[k]: made.append(adapter.generate(prompts, config))  # noqa: E731
+                times[k].append(wall_seconds(call, device))
             finally:
                 if hasattr(adapter, "step_timer"):
                     adapter.step_timer = None
-            if i == 2 and timers[2] is not None and timers[2].ms_per_step is not None:
-                in_call.append(timers[2].ms_per_step)
-    t1, tm, tn = (statistics.median(t) for t in times)
+            if k == new_tokens and timers[k] is not None and timers[k].ms_per_step is not None:
+                in_call.append(timers[k].ms_per_step)
+    t1, tm, tn = (statistics.median(times[k]) for k in (1, half, new_tokens))
     rec = {"prefill_s": t1, "half_s": tm, "total_s": tn, "prefill_tokens_per_s": batch * length / t1}
-    rec.update(two_call_rates(t1, tm, tn, counts[1], new_tokens, batch))
-    rec.update(repeats=repeats, call_times_s={str(k): t for k, t in zip(counts, times, strict=True)})
+    rec.update(two_call_rates(t1, tm, tn, half, new_tokens, batch))
+    rec.update(repeats=repeats, call_times_s={str(k): t for k, t in times.items()})
     if in_call:  # the same steps timed inside the N-token calls (StepTimer), median over the repeats
-        rec.update(ms_per_step_in_call=statistics.median(in_call), steps_in_call=timers[2].steps)
-    if timers[0] is not None:  # where each call's time went: what differs between the calls the rate is taken from
-        rec["phases_s"] = {str(k): t.phases for k, t in zip(counts, timers, strict=True)}
-    rec["tokens_made"] = sum(len(g.token_ids) for g in made[-1])
+        rec.update(ms_per_step_in_call=statistics.median(in_call), steps_in_call=timers[new_tokens].steps)
+    if timers[1] is not None:  # where each call's time went: what differs between the calls the rate is taken from
+        rec["phases_s"] = {str(k): t.phases for k, t in timers.items()}
+    rec["tokens_made"] = sum(len(g.token_ids) for g in made[-1])  # the last call: new_tokens, the most
     if device.type == "cuda":
         rec["peak_mem_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
     return rec

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 PATH_STYLES = {"eager": "-", "static": "-.", "graph": "--", "compiled": ":"}
 
 
@@ -29,7 +31,23 @@ def format_markdown(records, env: dict, params: dict) -> str:
                      num("bound_tokens_per_s", ".0f"), pct("fraction_of_bound"), pct("fraction_of_bound_in_call"),
                      r["status"][:60]]  # fmt: skip
             lines.append("| " + " | ".join(cells) + " |")
+    if params.get("call_tokens"):
+        lines += ["", *_call_seconds(records)]
     return "\n".join(lines)
+
+
+def _call_seconds(records) -> list[str]:
+    """Seconds of a whole generate call per number of new tokens (median over the repeats), prefill included."""
+    counts = sorted({int(k) for r in records for k in r.get("call_times_s", {})})
+    lines = ["## Seconds per generate call (prompt prefill included), by new tokens", "",
+             "| model | path | length | batch | " + " | ".join(map(str, counts)) + " |",
+             "|" + "---|" * (4 + len(counts))]  # fmt: skip
+    for r in sorted((r for r in records if "call_times_s" in r), key=lambda r: (r["model"], r["path"], r["length"],
+                                                                                r["batch"])):  # fmt: skip
+        times = r["call_times_s"]
+        cells = [f"{statistics.median(times[str(k)]):.3f}" if str(k) in times else "-" for k in counts]
+        lines.append(f"| {r['model']} | {r['path']} | {r['length']} | {r['batch']} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def plot_generate_bench(records, path, env=None) -> None:

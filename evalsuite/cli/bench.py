@@ -170,6 +170,9 @@ def bench_generate_cmd(
     ] = None,
     warmup: Annotated[bool, typer.Option(help="One untimed call per cell first (compiles, autotunes).")] = True,
     repeats: Annotated[int, typer.Option(help="Timed repeats of each call; the medians count.", min=1)] = 3,
+    call_tokens: Annotated[
+        str, typer.Option(help="Comma-separated new-token counts also timed as whole calls (at most --new-tokens).")
+    ] = "",
     repair: RepairOpt = False,
 ):
     """Prefill and decode tokens/s of generate calls per path, length and batch, against the bandwidth bound."""
@@ -181,7 +184,8 @@ def bench_generate_cmd(
     gen.bench_generate(out, models=model or list(gen.DEFAULT_MODELS), lengths=_csv_list(lengths, int, "--lengths"),
                        batches=_csv_list(batches, int, "--batches"), new_tokens=new_tokens,
                        paths=_csv_list(paths, str, "--paths"), device=device, dtype=dtype, weights=weights,
-                       copy_mib=copy_mib, warmup=warmup, repeats=repeats, repair=repair)  # fmt: skip
+                       copy_mib=copy_mib, warmup=warmup, repeats=repeats, repair=repair,
+                       call_tokens=_csv_list(call_tokens, int, "--call-tokens", allow_empty=True))  # fmt: skip
     typer.echo(f"wrote {out}/{gen.JSON_NAME}, .md and .png")
 
 
@@ -245,13 +249,17 @@ def bench_drt_memory_cmd(
     lengths: Annotated[str, typer.Option(help="Comma-separated context lengths.")] = "16384,65536,262144",
     new_tokens: Annotated[int, typer.Option(help="Tokens decoded after the prefill.", min=1)] = 128,
     model: Annotated[str, typer.Option(help="A DRT card (drt-tiny for a CPU run).")] = "drt",
+    base: Annotated[
+        str, typer.Option(help="Its Base LM card (drt-base-lm-tiny beside drt-tiny), or 'none' for DRT alone.")
+    ] = "drt-base-lm",
     device: DeviceOpt = "cuda",
 ):
-    """DRT's chunk memory at long context: device memory and decode speed, chunk store on the device vs in CPU RAM."""
-    from evalsuite.bench.drt_memory import drt_memory
+    """DRT's decode speed and memory, chunk store on the device vs in CPU RAM, and their ratios to the Base LM."""
+    from evalsuite.bench.drt_memory import JSON_NAME, drt_memory
 
-    drt_memory(out, lengths=_csv_list(lengths, int, "--lengths"), new_tokens=new_tokens, model=model, device=device)
-    typer.echo(f"wrote {out}/drt_memory.json and .md")
+    drt_memory(out, lengths=_csv_list(lengths, int, "--lengths"), new_tokens=new_tokens, model=model,
+               base=None if base == "none" else base, device=device)  # fmt: skip
+    typer.echo(f"wrote {out}/{JSON_NAME} and .md")
 
 
 @bench_app.command("step-time")

@@ -4,7 +4,8 @@
 (``records.jsonl``, or the committed ``records.jsonl.gz``); :func:`find` then gives, for a column's recipe and a
 model, the value the paper's table would print, on the paper's scale (proportions as percentages). Where several
 runs hold a value (a quick ``--limit`` run and a full one, a rerun with other settings), the one over the most
-samples wins, then the newest; the value names its run directory.
+samples wins, then the newest; the value names its run directory. A ``bench`` column's value comes from the benchmark
+files under the folder (:mod:`evalsuite.papers.found_bench`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evalsuite.errors import UserError
+from evalsuite.papers.found_bench import BENCH_FINDERS
 from evalsuite.papers.recipes import data_name
 
 # lm-eval metrics that are proportions: the papers print them as percentages.
@@ -211,7 +213,10 @@ FINDERS = {"longbench": _longbench, "lm-eval": _lm_eval, "loss": _loss, "niah": 
 
 
 def find(results: Results, recipe: dict | None, model: str) -> Found | None:
-    """Our value of a run-based column for ``model`` (its recorded name), or None."""
+    """Our value of a run-based or bench column for ``model`` (its recorded name), or None."""
+    if recipe is not None and recipe["kind"] == "bench" and recipe["op"] in BENCH_FINDERS:
+        found = BENCH_FINDERS[recipe["op"]](results.root, recipe, model)
+        return _best((Found(value, n, source), mtime) for value, n, source, mtime in found)
     if recipe is None or recipe["kind"] not in FINDERS:
         return None
     return _best(FINDERS[recipe["kind"]](results, recipe, model))

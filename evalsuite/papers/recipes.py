@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evalsuite.errors import UserError
-from evalsuite.papers.format import printed_length
+from evalsuite.papers.format import LENGTH_FIELDS, printed_length
 from evalsuite.papers.published import Column, Item
 
 CARD_KINDS = ("params", "flops", "card")
@@ -35,11 +35,11 @@ COLUMN_FIELDS = {
     "summarize": ("metric",),
 }
 # The `evalsuite bench` command that measures each bench op (None: no command measures it yet), and each figure
-# without columns that a bench run draws (keyed by its id).
+# without columns that a bench run draws (keyed by its id); L, N, C: token counts that bench_command fills in.
 BENCH_COMMANDS = {
     "attention": "evalsuite bench attention",
     "linear": "evalsuite bench linear --modes fwd,fwdbwd",
-    "decode": "evalsuite bench generate",
+    "decode": "evalsuite bench generate --batches 1 --lengths L --new-tokens N --call-tokens C",
     "train_step": None,
     # Lightning, Vanilla and Flash2 (SDPA on its flash backend) at a fixed batch, so that growth in T shows
     "lightning:figure4": (
@@ -48,6 +48,8 @@ BENCH_COMMANDS = {
         "--out results/runs/bench/lightning-figure4"
     ),
 }
+# A decode recipe with `offload` (DRT's chunk store in CPU memory or not) is DRT against its Base LM.
+OFFLOAD_COMMAND = "evalsuite bench drt-memory --model drt --base drt-base-lm --lengths L --new-tokens N"
 
 
 def recipe_lengths(item: Item, recipe: dict, name: str = "length") -> list[int]:
@@ -66,11 +68,31 @@ def recipe_lengths(item: Item, recipe: dict, name: str = "length") -> list[int]:
 
 
 def at_each_length(item: Item, recipe: dict) -> list[dict]:
-    """A run recipe at each token count it stands for: itself, one per row length for ``length: row``, none for a
-    length printed in another column (a row of ours prints none)."""
+    """A recipe at each token count it stands for: itself, one per row length for ``length: row``, one per setting of
+    :func:`column_settings` for counts printed in other columns."""
     if recipe.get("length") == "row":
         return [{**recipe, "length": n} for n in recipe_lengths(item, recipe)]
-    return [] if isinstance(recipe.get("length"), dict) else [recipe]
+    if any(isinstance(recipe.get(name), dict) for name in LENGTH_FIELDS):
+        return [at_setting(recipe, setting) for setting in column_settings(item)]
+    return [recipe]
+
+
+def column_settings(item: Item) -> list[tuple[tuple[str, str], ...]]:
+    """Where recipes take token counts from other columns (``{column: KEY}``): the distinct printed cells of those
+    columns over the paper's rows, each as ``((KEY, cell), ...)``, the settings our rows are made at (GCA's Table 3:
+    ``(("prompt_tokens", "16K"), ("generated_tokens", "128"))`` and the 48K one); none otherwise."""
+    keys = list(dict.fromkeys(v["column"] for c in item.columns if c.recipe for name in LENGTH_FIELDS
+                              if isinstance(v := c.recipe.get(name), dict)))  # fmt: skip
+    settings = [tuple((key, row.values[item.index(key)]) for key in keys) for row in item.rows] if keys else []
+    return list(dict.fromkeys(s for s in settings if all(printed_length(cell) is not None for _, cell in s)))
+
+
+def at_setting(recipe: dict, setting: tuple[tuple[str, str], ...]) -> dict:
+    """``recipe`` with each token count printed in another column read from ``setting`` (:func:`column_settings`)."""
+    cells = dict(setting)
+    counts = {name: printed_length(cells[v["column"]]) for name in LENGTH_FIELDS
+              if isinstance(v := recipe.get(name), dict)}  # fmt: skip
+    return {**recipe, **counts}
 
 
 def takes_row_length(item: Item) -> bool:
@@ -146,9 +168,32 @@ def describe(recipe: dict | None) -> str:
     return f"card {r['field']}"
 
 
-def bench_command(recipe: dict) -> str:
-    command = BENCH_COMMANDS.get(recipe["op"])
-    return command or f"no `evalsuite bench` command measures {recipe['op']} {recipe['metric']} yet"
+def _template(recipe: dict) -> str | None:
+    return OFFLOAD_COMMAND if "offload" in recipe else BENCH_COMMANDS.get(recipe["op"])
+
+
+def bench_command(recipe: dict, at: list[dict] | None = None) -> str:
+    """The command that measures a bench column, with the token counts of the recipes of ``at`` that share it (the
+    item's bench recipes at each of their settings, :func:`at_each_length`) where they are numbers: L the prompt
+    lengths, N the most new tokens, C the other counts of new tokens (``--call-tokens``; dropped when none)."""
+    command = _template(recipe)
+    if command is None:
+        return f"no `evalsuite bench` command measures {recipe['op']} {recipe['metric']} yet"
+    same = [r for r in at or [recipe] if _template(r) == command] or [recipe]
+
+    def counts(field: str) -> list[str]:
+        found = {r.get(field) for r in same}
+        return [str(n) for n in sorted(found)] if all(isinstance(n, int) for n in found) else []
+
+    new = counts("new_tokens")
+    fill = {"L": ",".join(counts("length")) or None, "N": ",".join(new[-1:]) or None, "C": ",".join(new[:-1]) or None}
+    words: list[str] = []
+    for word in command.split():
+        if word == "C" and fill["C"] is None:
+            words.pop()  # no other count: no --call-tokens
+            continue
+        words.append(fill.get(word) or word)
+    return " ".join(words)
 
 
 # --- columns computed from a model card ---------------------------------------------------------------------------

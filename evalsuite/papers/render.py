@@ -3,11 +3,12 @@
 Our row for a model takes each column from its recipe: the model card (parameters, FLOPs, architecture flags), or
 the run directories under the results folder (:mod:`evalsuite.papers.found`); an average column is the mean of its
 columns, as the paper forms it. Where the paper's rows state the length a column is measured at (``length: row``),
-a model has one row of ours per such length. Our numbers print in the column's printed format and unit (values
-computed exactly from a card keep two more decimals than the paper's rounded ones). The difference view has a row
-for each of our models that a published row names as the same model (``model``); every row of ours gets a note of
-what it is (the card's size and weights) beside what the paper's rows report, so a tiny random-weight twin is never
-read as the paper's model.
+a model has one row of ours per such length; where they take it from other columns of the row (``{column: KEY}``: GCA's
+Table 3 prints prompt and generated tokens), one per setting the paper's rows print, showing it. Our numbers print in
+the column's printed format and unit (values computed exactly from a card keep two more decimals than the paper's
+rounded ones). The difference view has a row for each of our models that a published row names as the same model
+(``model``); every row of ours gets a note of what it is (the card's size and weights) beside what the paper's rows
+report, so a tiny random-weight twin is never read as the paper's model.
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ from evalsuite.papers.recipes import (
     GPU_KINDS,
     RUN_KINDS,
     at_each_length,
+    at_setting,
     bench_command,
     card_value,
+    column_settings,
     describe,
     takes_row_length,
 )
@@ -39,14 +42,16 @@ SUFFIX = {"md": "md", "latex": "tex", "csv": "csv"}
 
 @dataclass(frozen=True)
 class Ours:
-    """Our row for one model (at ``length`` tokens, for the columns measured at each row's length): per column a
-    number in the column's printed unit, a flag (✓ columns) or None, and the run directory behind it."""
+    """Our row for one model (at ``length`` tokens, for the columns measured at each row's length; at ``setting``,
+    the printed cells of the columns others take token counts from): per column a number in the column's printed unit,
+    a flag (✓ columns), a setting's printed cell or None, and the run directory behind it."""
 
     model: str
-    values: tuple[float | bool | None, ...]
+    values: tuple[float | bool | str | None, ...]
     sources: tuple[str | None, ...]
     note: str
     length: int | None = None
+    setting: tuple[tuple[str, str], ...] = ()
 
     @property
     def label(self) -> str:
@@ -77,27 +82,35 @@ def _note(item: Item, model: str, card) -> str:
     return f"{model} (no row of the paper is this model): {what}; {theirs}"
 
 
-def _at_length(recipe: dict, length: int | None) -> dict | None:
-    """A run recipe with its length set for our row: its own number, the row's for ``length: row`` (None without
-    one), None for a length printed in another column (our rows print none)."""
+def _at_length(recipe: dict, length: int | None, setting: tuple[tuple[str, str], ...] = ()) -> dict | None:
+    """A run or bench recipe with its token counts set for our row: its own numbers, the row's length for ``length:
+    row`` and the ``setting``'s for counts printed in other columns (None without them)."""
     if recipe.get("length") == "row":
         return {**recipe, "length": length} if length is not None else None
+    if setting:
+        return at_setting(recipe, setting)
     return None if isinstance(recipe.get("length"), dict) else recipe
 
 
-def our_row(item: Item, model: str, results: Results, length: int | None = None) -> Ours:
+def our_row(item: Item, model: str, results: Results, length: int | None = None,
+            setting: tuple[tuple[str, str], ...] = ()) -> Ours:  # fmt: skip
     """``model``'s row (its recorded name: a card, or an hf:/openai: model's name), at ``length`` tokens for the
-    columns measured at each row's length."""
+    columns measured at each row's length, at ``setting`` for those measured at counts printed in other columns."""
     card = _card(model)
+    given = dict(setting)
     values: list = []
     sources: list = []
     for i, column in enumerate(item.columns):
-        recipe, value, source = column.recipe, None, None
+        recipe, value, source = column.recipe, given.get(column.key), None
         if recipe is not None and recipe["kind"] in CARD_KINDS and card is not None:
             value, source = card_value(recipe, card), "card"
             if isinstance(value, float):  # a count, in the column's printed unit (Lightning's "44.65" millions)
                 value /= item.magnitude(i)
-        elif recipe is not None and recipe["kind"] in RUN_KINDS and (concrete := _at_length(recipe, length)):
+        elif (
+            recipe is not None
+            and recipe["kind"] in (*RUN_KINDS, *GPU_KINDS)
+            and (concrete := _at_length(recipe, length, setting))
+        ):
             found = find(results, concrete, model)
             value, source = (found.value, found.source) if found else (None, None)
         values.append(value)
@@ -106,33 +119,44 @@ def our_row(item: Item, model: str, results: Results, length: int | None = None)
         parts = [values[item.index(key)] for key in average.of]
         if all(isinstance(p, (int, float)) and not isinstance(p, bool) for p in parts):
             values[item.index(average.column)] = sum(parts) / len(parts)
-    return Ours(model, tuple(values), tuple(sources), _note(item, model, card), length)
+    return Ours(model, tuple(values), tuple(sources), _note(item, model, card), length, setting)
 
 
 def our_rows(item: Item, models: list[str], results: Results) -> list[Ours]:
-    """Our rows of ``models``: one each, or one per length the paper's rows state where a column takes each row's."""
-    if not takes_row_length(item):
-        return [our_row(item, model, results) for model in models]
-    lengths = sorted({row.length for row in item.rows if row.length is not None})
-    return [our_row(item, model, results, n) for model in models for n in lengths]
+    """Our rows of ``models``: one each, or one per length the paper's rows state where a column takes each row's, or
+    one per setting of :func:`~evalsuite.papers.recipes.column_settings`."""
+    if takes_row_length(item):
+        lengths = sorted({row.length for row in item.rows if row.length is not None})
+        return [our_row(item, model, results, n) for model in models for n in lengths]
+    if settings := column_settings(item):
+        return [our_row(item, model, results, setting=s) for model in models for s in settings]
+    return [our_row(item, model, results) for model in models]
+
+
+def _measured(item: Item, kinds: tuple[str, ...]) -> list[dict]:
+    """The recipes of ``kinds`` of the item's columns, at each of their token counts."""
+    return [r for c in item.columns if c.recipe and c.recipe["kind"] in kinds for r in at_each_length(item, c.recipe)]
 
 
 def default_models(item: Item, results: Results) -> list[str]:
     """The models a render shows without ``--models``: the cards the paper's rows name (for columns computed from
-    cards) and every model with a run-based value under the results folder."""
+    cards) and every model with a run-based value under the results folder, or a bench value (of the models the
+    paper's rows name: bench files are found by model)."""
     out = []
     if any(c.recipe and c.recipe["kind"] in CARD_KINDS for c in item.columns):
         out += [r.model for r in item.rows if r.model and _card(r.model) is not None]
-    runs = [
-        r for c in item.columns if c.recipe and c.recipe["kind"] in RUN_KINDS for r in at_each_length(item, c.recipe)
-    ]
+    runs, bench = _measured(item, RUN_KINDS), _measured(item, GPU_KINDS)
     out += [m for m in results.models() if any(find(results, recipe, m) for recipe in runs)]
+    named = dict.fromkeys(r.model for r in item.rows if r.model)
+    out += [m for m in named if any(find(results, recipe, m) for recipe in bench)]
     return list(dict.fromkeys(out))
 
 
 def _text(item: Item, i: int, value) -> str:
     if value is None:
         return ""
+    if isinstance(value, str):  # a setting's cell, as the paper prints it
+        return value
     if isinstance(value, bool):
         return "✓" if value else ""
     kind = (item.columns[i].recipe or {}).get("kind")
@@ -145,6 +169,8 @@ def _delta(item: Item, i: int, ours, printed: str | None) -> str:
     """ours − paper for one cell: a signed number, = / ≠ for check marks, empty when either is missing."""
     if isinstance(ours, bool):
         return "=" if ours == (printed == "✓") else "≠"
+    if isinstance(ours, str):  # a setting's cell: the same as the row's
+        return ours
     paper = parse_number(printed)
     if ours is None or paper is None:
         return ""
@@ -197,20 +223,21 @@ def show(item: Item, fmt: str) -> str:
 
 
 def _missing_notes(item: Item, ours: list[Ours], results: Results) -> list[str]:
-    """Why columns have no value of ours."""
-    notes = []
+    """Why columns have no value of ours (the bench columns one command measures in one note)."""
+    notes, gpu, bench = [], {}, _measured(item, GPU_KINDS)
     for i, column in enumerate(item.columns):
         if not ours or any(o.values[i] is not None for o in ours):
             continue
         kind = (column.recipe or {}).get("kind")
         if kind in GPU_KINDS:
-            notes.append(f"{column.label}: needs a GPU run ({bench_command(column.recipe)})")
+            gpu.setdefault(bench_command(column.recipe, bench), []).append(column.label)
         elif kind in RUN_KINDS:
             notes.append(f"{column.label}: no results of these models for {describe(column.recipe)} under "
                          f"{results.root} (evalsuite paper run {item.id} --models ...)")  # fmt: skip
         elif kind in CARD_KINDS:
             notes.append(f"{column.label}: computed from model cards; none of these models has one")
-    return notes
+    return notes + [f"{', '.join(labels)}: {'needs' if len(labels) == 1 else 'need'} a GPU run ({command})"
+                    for command, labels in gpu.items()]  # fmt: skip
 
 
 def _params_note(model: str) -> str:
@@ -228,9 +255,11 @@ def compare(item: Item, ours: list[Ours], results: Results) -> tuple[Grid, Grid 
     main = _grid(item, _marked(item, _published(item, "paper") + mine))
     deltas = []
     for o in ours:
-        row = next((r for r in item.rows if r.model == o.model and o.length in (None, r.length)), None)
+        row = next((r for r in item.rows if r.model == o.model and o.length in (None, r.length)
+                    and all(r.values[item.index(key)] == cell for key, cell in o.setting)), None)  # fmt: skip
         cells = tuple(Cell(_delta(item, i, v, row.values[i])) for i, v in enumerate(o.values)) if row else ()
-        if any(c.text for c in cells):  # a row of the paper's with a value to compare (a plot's cells are empty)
+        numbers = [c.text for c, v in zip(cells, o.values, strict=False) if not isinstance(v, str)]
+        if any(numbers):  # a row of the paper's with a value to compare (a plot's cells are empty)
             deltas.append(Line(f"{o.model} − {row.label}", cells, source="ours − paper"))
     models = list(dict.fromkeys(o.model for o in ours))
     notes = list(dict.fromkeys(o.note for o in ours))

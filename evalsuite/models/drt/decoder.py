@@ -44,7 +44,7 @@ class _Grid:
         hidden_dtype = model.embed.weight.dtype  # the residual stream's, also under autocast
         self.partial = torch.zeros(b, cfg.chunk_size, cfg.hidden_size, dtype=hidden_dtype, device=device)
         self.plans = []
-        for _ in range(cfg.retrieval_groups):
+        for _ in model.upper_layers:
             k = torch.zeros(b, 1, cfg.top_k, cfg.chunk_kv_rows, *heads, dtype=dtype, device=device)
             w = torch.zeros(b, 1, cfg.top_k, dtype=torch.float32, device=device)
             self.plans.append(GCAPlan(k, torch.zeros_like(k), w, phase=0, length=1, chunk_size=cfg.chunk_size))
@@ -52,7 +52,7 @@ class _Grid:
 
     def boundary_due(self) -> bool:
         """Whether the next token is its chunk's last text token (a landmark follows)."""
-        return self.positions % self.cfg.chunk_size == self.cfg.chunk_size - 2
+        return self.cfg.retrieves and self.positions % self.cfg.chunk_size == self.cfg.chunk_size - 2
 
     def step(self, ids: torch.Tensor) -> torch.Tensor:
         """``ids [b, 1]`` -> hidden ``[b, D]``: eagerly at a boundary, else :meth:`step_on_device`."""
@@ -77,7 +77,8 @@ class _Grid:
         rings = iter(self.rings)
         for layer in model.lower_layers:
             h = layer.step(h, next(rings), None, backend)
-        self.partial.index_copy_(1, self.position % self.cfg.chunk_size, h.to(self.partial.dtype))
+        if self.cfg.retrieves:  # the chunk encoder's input (the Base LM encodes none)
+            self.partial.index_copy_(1, self.position % self.cfg.chunk_size, h.to(self.partial.dtype))
         for group, plan in zip(model.upper_layers, self.plans, strict=True):
             for layer in group:
                 h = layer.step(h, next(rings), plan, backend)

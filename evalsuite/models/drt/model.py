@@ -22,6 +22,8 @@
 * **Upper layers**: self-attention as below, then GCA over the retrieved chunks (per-chunk softmax-off-by-one,
   mixed by the weights, eqs. 2-3), wired as in the released code (:class:`~evalsuite.models.drt.layers.DecoderLayer`).
 * Final norm, LM head tied to the embedding (``tie_word_embeddings``).
+* **The Base LM** of the paper's Table 3 (12 sliding-window layers, otherwise DRT's shape) is ``lower_layers =
+  num_layers``: no upper layer, so no landmark is inserted, no chunk is encoded or stored, nothing is retrieved.
 
 Gradients reach the retriever (``lmk_norms``, the encoder, the lower layers) through the fusion weights: the top-k
 choice is discrete, the weights are a softmax of the chosen scores.
@@ -61,6 +63,7 @@ class DRTConfig:
     hidden_size: int = 768
     num_layers: int = 12
     lower_layers: int | None = None  # None: num_layers // 2 (the paper's N/2); the rest are upper layers
+    # lower_layers == num_layers: every layer a window layer, no landmark, no retrieval (the paper's Base LM, Table 3)
     num_heads: int = 12
     intermediate_size: int = 2048
     use_mlp: bool = True  # False: attention-only blocks everywhere (Zoology's MQAR)
@@ -102,7 +105,8 @@ class DRTConfig:
                 f"lower_layers must lie in 0..num_layers, got {self.lower_layers}",
             ),
             (
-                self.upper_layers >= self.retrieval_groups and self.upper_layers % max(self.retrieval_groups, 1) == 0,
+                not self.retrieves
+                or (self.upper_layers >= self.retrieval_groups and self.upper_layers % self.retrieval_groups == 0),
                 f"{self.upper_layers} upper layer(s) (num_layers {self.num_layers} - lower_layers {self.lower_layers}) "
                 f"do not split evenly into retrieval_groups={self.retrieval_groups} non-empty groups",
             ),
@@ -118,6 +122,11 @@ class DRTConfig:
     @property
     def upper_layers(self) -> int:
         return self.num_layers - self.lower_layers
+
+    @property
+    def retrieves(self) -> bool:
+        """Whether the model has upper layers (else it is a sliding-window LM: no landmarks, no chunk encoder)."""
+        return self.upper_layers > 0
 
     @property
     def head_dim(self) -> int:
@@ -178,17 +187,18 @@ class DRTForCausalLM(EmbeddingHeadLM):
         super().__init__()
         self.cfg = self.config = cfg
         self._init_embedding_and_head(cfg)
-        G = cfg.retrieval_groups
+        G = cfg.retrieval_groups if cfg.retrieves else 0  # the Base LM: no group, no retrieval parts
         self.lower_layers = nn.ModuleList(DecoderLayer(cfg, upper=False) for _ in range(cfg.lower_layers))
-        per_group = cfg.upper_layers // G
+        per_group = cfg.upper_layers // max(G, 1)
         self.upper_layers = nn.ModuleList(
             nn.ModuleList(DecoderLayer(cfg, upper=True) for _ in range(per_group)) for _ in range(G)
         )
         self.lmk_norms = nn.ModuleList(RMSNorm(cfg.hidden_size, LMK_NORM_EPS) for _ in range(G))
-        self.encoder = ChunkEncoder(cfg)
-        self.enc_prenorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.chunk_k_proj = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=False)
-        self.chunk_v_proj = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=False)
+        if G:
+            self.encoder = ChunkEncoder(cfg)
+            self.enc_prenorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+            self.chunk_k_proj = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=False)
+            self.chunk_v_proj = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=False)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.gumbel_generator: torch.Generator | None = None  # None: the global RNG (like dropout)
         self.segment_length: int | None = 16384  # no-grad inputs longer than this run in segments
@@ -246,11 +256,13 @@ class DRTForCausalLM(EmbeddingHeadLM):
             return torch.cat([self._stream(ids[:, s : s + seg], memory) for s in range(0, T, seg)], 1)
         n = self.cfg.chunk_size - 1
         before = 0 if memory is None else memory.tokens
-        t = torch.arange(before, before + T, device=ids.device)
-        offset, end = before + before // n, before + T + (before + T) // n
-        rel = t + t // n - offset  # where the text tokens go among the call's positions; landmarks elsewhere
-        expanded = ids.new_full((B, end - offset), self.cfg.landmark_id)
-        expanded[:, rel] = ids
+        rel, expanded = slice(None), ids  # the Base LM: every position is a text token
+        if self.cfg.retrieves:
+            t = torch.arange(before, before + T, device=ids.device)
+            offset, end = before + before // n, before + T + (before + T) // n
+            rel = t + t // n - offset  # where the text tokens go among the call's positions; landmarks elsewhere
+            expanded = ids.new_full((B, end - offset), self.cfg.landmark_id)
+            expanded[:, rel] = ids
         hidden = self._run(expanded, memory)
         if memory is not None:
             memory.tokens += T
@@ -273,6 +285,8 @@ class DRTForCausalLM(EmbeddingHeadLM):
             window_kv.append(kv)
         # The chunk encoder runs on every chunk this call completes (its start may lie in an earlier call).
         lower = h if memory is None or memory.partial is None else torch.cat([memory.partial, h], 1)
+        if not cfg.retrieves:
+            lower = lower[:, :0]  # the Base LM keeps no chunk
         n_new = lower.shape[1] // P
         encoded = self._encode(lower[:, : n_new * P]) if n_new else (None, None, None)
         bank = _Bank(memory, *encoded)
@@ -363,7 +377,7 @@ class DRTForCausalLM(EmbeddingHeadLM):
 
     def _memory(self, batch: int, capacity: int, offload: bool) -> ChunkMemory:
         chunks = -(-max(capacity, 1) // (self.cfg.chunk_size - 1))
-        return ChunkMemory(batch, self.cfg.num_layers, self.cfg.retrieval_groups, chunks, offload)
+        return ChunkMemory(batch, self.cfg.num_layers, len(self.upper_layers), chunks, offload)
 
     def new_state(self, batch: int, capacity: int, start=None, offload: bool | None = None) -> ChunkMemoryState:
         """An empty chunk memory for ``batch`` sequences of up to ``capacity`` tokens (the chunk store is preallocated
@@ -390,11 +404,11 @@ class DRTForCausalLM(EmbeddingHeadLM):
         (unfinished chunk, landmarks) in the weights' dtype (the residual stream's, also under autocast)."""
         cfg = self.cfg
         D, S = cfg.hidden_size, cfg.chunk_kv_rows
-        N = length // (cfg.chunk_size - 1)
+        N = length // (cfg.chunk_size - 1) if cfg.retrieves else 0
         E = length + N
         K = min(cfg.top_k, N - 1) if N >= 1 else 0
         kv = 2 * cfg.num_layers * min(E, cfg.window) * D + 2 * N * S * D + cfg.retrieval_groups * 2 * K * S * D
-        hidden = (E % cfg.chunk_size) * D + N * D
+        hidden = ((E % cfg.chunk_size) if cfg.retrieves else 0) * D + N * D
         small = cfg.retrieval_groups * K  # indices (int64) and weights (float32)
         item = torch.empty((), dtype=dtype).element_size()
         hidden_item = self.embed.weight.element_size()

@@ -1,0 +1,71 @@
+"""Our values of ``bench`` columns (docs/paper-tables.md), found in the benchmark files under a results folder.
+
+:data:`BENCH_FINDERS` maps a bench op to its finder: ``finder(root, recipe, model)`` yields one ``(value, n, source,
+mtime)`` per measurement of the column's cell for ``model`` under the folder ``root`` (``n``: the samples behind it,
+``source``: the file, ``mtime``: its time); :func:`evalsuite.papers.found.find` keeps the best, as for runs.
+
+``decode``:
+
+* with ``offload`` (the GCA paper's Table 3): DRT over its Base LM, from ``evalsuite bench drt-memory``'s
+  ``drt_memory.json`` ratios at the recipe's prompt length, new tokens and chunk-store placement: ms per decoded token
+  (``time``) or the decode state's bytes on the device (``memory``; why that is the paper's "mem. cost":
+  :mod:`evalsuite.bench.drt_memory`);
+* without it (the GSA paper's Figure 4(c)): seconds of one whole generate call of ``new_tokens`` new tokens after a
+  prompt of ``length`` tokens at batch 1, prefill included, from ``evalsuite bench generate``'s
+  ``generate_bench.json`` (``call_times_s``: the median over the repeats; ``--call-tokens`` times the counts its
+  standard calls lack); the fastest of the decode paths measured, which the source names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def _documents(root: Path, name: str) -> Iterator[tuple[dict, Path]]:
+    """Every readable JSON object in a file called ``name`` under ``root``, with its path."""
+    for folder, dirs, files in os.walk(root):
+        dirs.sort()
+        if name in files:
+            path = Path(folder) / name
+            try:
+                doc = json.loads(path.read_text())
+            except (OSError, ValueError):  # a file being written: the next render reads it
+                continue
+            if isinstance(doc, dict):
+                yield doc, path
+
+
+def _drt_ratio(root: Path, recipe: dict, model: str):
+    key = {"time": "time_per_token", "memory": "cache_memory"}.get(recipe["metric"])
+    for doc, path in _documents(root, "drt_memory.json"):
+        if doc.get("model") != model or key is None:
+            continue
+        for r in doc.get("ratios", []):
+            setting = (r.get("length"), r.get("new_tokens"), r.get("offload"))
+            if setting == (recipe["length"], recipe["new_tokens"], recipe["offload"]) and r.get(key) is not None:
+                yield float(r[key]), None, f"{path} (over {doc.get('base')})", path.stat().st_mtime
+
+
+def _call_seconds(root: Path, recipe: dict, model: str):
+    found = []
+    for doc, path in _documents(root, "generate_bench.json"):
+        for r in doc.get("records", []):
+            times = (r.get("call_times_s") or {}).get(str(recipe["new_tokens"]))
+            cell = (r.get("length"), r.get("batch"), r.get("status")) == (recipe["length"], 1, "ok")
+            if times and cell and model in (r.get("model"), r.get("name")):
+                found.append((statistics.median(times), len(times), f"{path} ({r['path']} path)", path.stat().st_mtime))
+    yield from sorted(found)[:1]  # the fastest path
+
+
+def _decode(root: Path, recipe: dict, model: str):
+    if not isinstance(recipe.get("length"), int) or not isinstance(recipe.get("new_tokens"), int):
+        return iter(())  # a token count the paper does not state
+    return (_drt_ratio if "offload" in recipe else _call_seconds)(Path(root), recipe, model)
+
+
+# One finder per bench op of docs/paper-tables.md that a command here measures.
+BENCH_FINDERS = {"decode": _decode}
