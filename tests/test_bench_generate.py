@@ -38,7 +38,7 @@ def test_bench_writes_records_table_and_plot_and_resumes(tmp_path):
     params = sum(p.numel() for p in adapter.model.parameters())
     assert by[("eager", 128, 1)]["weight_bytes"] == 4 * (params - 50257 * 64)  # untied: no input embedding
     table = (tmp_path / bench.MD_NAME).read_text()
-    assert "## fox-pro-tiny" in table and "| eager | 128 | 1 |" in table and "unavailable: needs CUDA" in table
+    assert "## fox-pro-tiny" in table and "| eager | greedy | 128 | 1 |" in table and "unavailable: needs CUDA" in table
 
     # a rerun resumes: finished cells are kept as they were, new lengths are added
     again = bench.bench_generate(tmp_path, paths=["eager", "static", "graph"], **{**TINY, "lengths": [128, 256, 64]})
@@ -61,6 +61,20 @@ def test_a_model_that_cannot_load_is_recorded(tmp_path):
     assert len(records) == 4 and all(r["status"].startswith("error: ") for r in records)
 
 
+def test_sampled_cells_are_their_own_cells(tmp_path):
+    """``samplings``: a greedy and a sampled cell per (path, length, batch), each with its own record and table row;
+    an earlier run's records, which name no sampling, resume as greedy ones."""
+    tiny = {**TINY, "lengths": [64], "batches": [2], "new_tokens": 3}
+    records = bench.bench_generate(tmp_path, paths=["eager"], samplings=["greedy", "sampled"], **tiny)
+    assert sorted(r["sampling"] for r in records) == ["greedy", "sampled"]
+    assert all(r["status"] == "ok" and r["tokens_made"] == 6 for r in records)
+    table = (tmp_path / bench.MD_NAME).read_text()
+    assert "| eager | greedy | 64 | 2 |" in table and "| eager | sampled | 64 | 2 |" in table
+    assert bench._key({k: v for k, v in records[0].items() if k != "sampling"})[2] == "greedy"
+    with pytest.raises(UserError, match="unknown sampling"):
+        bench.bench_generate(tmp_path, samplings=["beam"], **tiny)
+
+
 def test_copy_bandwidth_counts_read_and_write():
     out = bench.measure_copy_bandwidth(torch.device("cpu"), mib=4, reps=3)
     assert out["copy_mib"] == 4 and out["bytes_per_s"] == pytest.approx(2 * 4 * 2**20 / out["seconds"])
@@ -73,7 +87,8 @@ def test_cli_bench_generate(tmp_path, run_cli):
     assert code == 0, err
     assert "generate_bench.json" in out and (tmp_path / "b" / bench.PNG_NAME).exists()
     bad_options = [(["--paths", "warp"], "unknown path(s) warp"), (["--lengths", "x"], "--lengths takes"),
-                   (["--dtype", "int8"], "unknown --dtype 'int8'"), (["--new-tokens", "1"], "at least 2")]  # fmt: skip
+                   (["--dtype", "int8"], "unknown --dtype 'int8'"), (["--new-tokens", "1"], "at least 2"),
+                   (["--sampling", "beam"], "unknown sampling(s) beam")]  # fmt: skip
     for bad, message in bad_options:
         code, _, err = run_cli([*args[:3], "b2", *args[4:], *bad], tmp_path)
         assert_one_line_error(code, err, message)
