@@ -10,7 +10,7 @@ from evalsuite.bench import generate as bench
 from evalsuite.errors import UserError
 from evalsuite.generation.engine import StepTimer
 
-TINY = dict(models=["fox-pro-tiny"], lengths=[128, 256], batches=[1, 2], new_tokens=4, copy_mib=8, warmup=False,
+TINY = dict(models=["fox-pro-tiny"], lengths=[128, 256], batches=[1, 2], new_tokens=16, copy_mib=8, warmup=False,
             verbose=False)  # fmt: skip
 
 
@@ -28,7 +28,7 @@ def test_bench_writes_records_table_and_plot_and_resumes(tmp_path):
         for L in (128, 256):
             for B in (1, 2):
                 r = by[(path, L, B)]
-                assert r["status"] == "ok" and r["tokens_made"] == 4 * B, r
+                assert r["status"] == "ok" and r["tokens_made"] == 16 * B, r
                 assert r["prefill_tokens_per_s"] > 0 and r["decode_tokens_per_s"] > 0
                 # the bound: B tokens per (weight bytes + B * state bytes at L) / bandwidth
                 assert r["state_bytes"] == 2 * (2 * L * 64 * 4 + 2 * 64 * 4 + L * 4 * 4)  # fox-pro-tiny, fp32
@@ -38,15 +38,15 @@ def test_bench_writes_records_table_and_plot_and_resumes(tmp_path):
     params = sum(p.numel() for p in adapter.model.parameters())
     assert by[("eager", 128, 1)]["weight_bytes"] == 4 * (params - 50257 * 64)  # untied: no input embedding
     table = (tmp_path / bench.MD_NAME).read_text()
-    assert "## fox-pro-tiny" in table and "| eager | 128 | 1 |" in table and "unavailable: needs CUDA" in table
+    assert "## fox-pro-tiny" in table and "| eager | greedy | 128 | 1 |" in table and "unavailable: needs CUDA" in table
 
     # a rerun resumes: finished cells are kept as they were, new lengths are added
     again = bench.bench_generate(tmp_path, paths=["eager", "static", "graph"], **{**TINY, "lengths": [128, 256, 64]})
     kept = {(r["path"], r["length"], r["batch"]): r for r in again}
     assert len(again) == 18 and all(kept[k]["total_s"] == r["total_s"] for k, r in by.items() if "total_s" in r)
     assert kept[("eager", 64, 2)]["status"] == "ok"
-    with pytest.raises(UserError, match="holds a run with other settings .*new_tokens 4 there vs 6"):
-        bench.bench_generate(tmp_path, **{**TINY, "new_tokens": 6})
+    with pytest.raises(UserError, match="holds a run with other settings .*new_tokens 16 there vs 18"):
+        bench.bench_generate(tmp_path, **{**TINY, "new_tokens": 18})
 
 
 def test_cells_that_do_not_fit_are_skipped_not_run(tmp_path, monkeypatch):
@@ -61,6 +61,20 @@ def test_a_model_that_cannot_load_is_recorded(tmp_path):
     assert len(records) == 4 and all(r["status"].startswith("error: ") for r in records)
 
 
+def test_sampled_cells_are_their_own_cells(tmp_path):
+    """``samplings``: a greedy and a sampled cell per (path, length, batch), each with its own record and table row;
+    an earlier run's records, which name no sampling, resume as greedy ones."""
+    tiny = {**TINY, "lengths": [64], "batches": [2], "new_tokens": 3}
+    records = bench.bench_generate(tmp_path, paths=["eager"], samplings=["greedy", "sampled"], **tiny)
+    assert sorted(r["sampling"] for r in records) == ["greedy", "sampled"]
+    assert all(r["status"] == "ok" and r["tokens_made"] == 6 for r in records)
+    table = (tmp_path / bench.MD_NAME).read_text()
+    assert "| eager | greedy | 64 | 2 |" in table and "| eager | sampled | 64 | 2 |" in table
+    assert bench._key({k: v for k, v in records[0].items() if k != "sampling"})[2] == "greedy"
+    with pytest.raises(UserError, match="unknown sampling"):
+        bench.bench_generate(tmp_path, samplings=["beam"], **tiny)
+
+
 def test_copy_bandwidth_counts_read_and_write():
     out = bench.measure_copy_bandwidth(torch.device("cpu"), mib=4, reps=3)
     assert out["copy_mib"] == 4 and out["bytes_per_s"] == pytest.approx(2 * 4 * 2**20 / out["seconds"])
@@ -73,7 +87,8 @@ def test_cli_bench_generate(tmp_path, run_cli):
     assert code == 0, err
     assert "generate_bench.json" in out and (tmp_path / "b" / bench.PNG_NAME).exists()
     bad_options = [(["--paths", "warp"], "unknown path(s) warp"), (["--lengths", "x"], "--lengths takes"),
-                   (["--dtype", "int8"], "unknown --dtype 'int8'"), (["--new-tokens", "1"], "at least 2")]  # fmt: skip
+                   (["--dtype", "int8"], "unknown --dtype 'int8'"), (["--new-tokens", "1"], "at least 2"),
+                   (["--sampling", "beam"], "unknown sampling(s) beam")]  # fmt: skip
     for bad, message in bad_options:
         code, _, err = run_cli([*args[:3], "b2", *args[4:], *bad], tmp_path)
         assert_one_line_error(code, err, message)
@@ -97,7 +112,7 @@ def test_steps_are_also_timed_inside_the_call(tmp_path):
 
 def test_each_call_is_repeated_and_timed_by_its_median(tmp_path):
     records = bench.bench_generate(tmp_path, paths=["static"], repeats=3, **{**TINY, "lengths": [64],
-                                                                             "batches": [1]})  # fmt: skip
+                                                                             "batches": [1], "new_tokens": 4})  # fmt: skip
     (r,) = records
     times = r["call_times_s"]
     assert r["repeats"] == 3 and set(times) == {"1", "2", "4"} and all(len(t) == 3 for t in times.values())

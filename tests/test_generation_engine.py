@@ -12,6 +12,7 @@ from evalsuite.adapters.native import NativeAdapter
 from evalsuite.cards import load_card
 from evalsuite.errors import UserError
 from evalsuite.generation import engine
+from evalsuite.generation.sampling import draw_uniforms
 from evalsuite.generation.types import Generation, GenerationConfig, apply_stop
 from evalsuite.models.registry import resolve_architecture
 from evalsuite.tokenizers import get_tokenizer
@@ -19,8 +20,9 @@ from evalsuite.tokenizers import get_tokenizer
 TEXTS = ["The quick brown fox jumps over the lazy dog, twice.", "Hello", "A prompt of middling length here."]
 
 
-def reference_sample(logits, config, gen):
-    """The sampling step of the per-token reference loop (temperature, top-k, top-p, the draw; on the CPU)."""
+def reference_sample(logits, config, u):
+    """The sampling step of the per-token reference loop (temperature, top-k, top-p, the draw of the uniforms ``u
+    [B]``; on the CPU)."""
     if config.temperature == 0:
         return logits.argmax(-1)
     probs = torch.softmax(logits.float().cpu() / config.temperature, dim=-1)
@@ -32,9 +34,7 @@ def reference_sample(logits, config, gen):
         sorted_p, order = probs.sort(dim=-1, descending=True)
         sorted_p = sorted_p * (sorted_p.cumsum(-1) - sorted_p < config.top_p)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-    # the draw: a uniform per row from the generator, row after row; the first token whose cumulative probability
-    # passes it (times the row's total)
-    u = torch.rand(probs.shape[0], generator=gen, dtype=torch.float64)
+    # the draw: the first token whose cumulative probability passes the row's uniform (times the row's total)
     cdf = probs.double().cumsum(-1)
     return (cdf <= u[:, None] * cdf[:, -1:]).sum(-1).to(logits.device)
 
@@ -49,7 +49,7 @@ def reference_generate(adapter, prompts, config):
         ids[b, longest - len(p) :] = torch.tensor(p)
     start = torch.tensor([longest - len(p) for p in prompts])
     start = start if int(start.max()) > 0 else None
-    gen = torch.Generator().manual_seed(config.seed)
+    uniforms = draw_uniforms(config, B, config.max_new_tokens)  # the engine's counter-based draws: [B, steps]
     eos = tok.eos_id if config.stop_at_eos else None
     new = [[] for _ in range(B)]
     results = [None] * B
@@ -57,7 +57,7 @@ def reference_generate(adapter, prompts, config):
         state = model.new_state(B, longest + config.max_new_tokens, start)
         logits = model.logits(model(ids, state=state)[:, -1])
         for step_index in range(config.max_new_tokens):
-            tokens = reference_sample(logits, config, gen).tolist()
+            tokens = reference_sample(logits, config, uniforms[:, step_index]).tolist()
             for b, t in enumerate(tokens):
                 if results[b] is not None:
                     continue

@@ -1,5 +1,6 @@
-"""The GPU test of the decode paths (tests/gpu/test_generate.py) on a CPU: the logits each sampled draw read are
-recorded per path, and a sampled float32 difference counts as a failure unless those logits agreed (a near-tie)."""
+"""The GPU test of the decode paths (tests/gpu/test_generate.py) on a CPU: a sampled generate call is checked against
+the same path's step-by-step run, whose logits are recorded per path, and a sampled float32 difference counts as a
+failure unless those logits agreed (a near-tie)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from evalsuite.cards import load_card
 def test_sampled_records_carry_the_logit_gap_and_cpu_paths_agree():
     records = check.check_model(load_card("fox-pro-tiny"), "float32", [9, 4], new_tokens=6, device="cpu")
     sampled = [r for r in records if r["ending"] == "sampled" and r["path"] == "static"]
-    assert len(sampled) == 1 and sampled[0]["equal_eager"]
+    assert len(sampled) == 1 and sampled[0]["equal_eager"] and sampled[0]["equal_stepped"]
     gaps = sampled[0]["logit_gap_eager"]
     assert len(gaps) == 2 and max(gaps) < 1e-4  # the same float32 math on one CPU, up to summation order
     assert all("logit_gap_eager" not in r for r in records if r["ending"] != "sampled")
@@ -35,3 +36,7 @@ def test_a_sampled_float32_difference_fails_unless_it_is_a_near_tie():
     greedy = {**base, "ending": "free"}  # no logits recorded: a greedy difference always fails
     assert len(check.failures([greedy])) == 1
     assert check.failures([{**greedy, "dtype": "bfloat16"}]) == []
+    # generate and the step-by-step run of one path must agree, in any dtype and on any path
+    agreed = {**base, "path": "static", "dtype": "bfloat16", "equal_eager": False}
+    assert check.failures([{**agreed, "equal_stepped": True}]) == []
+    assert len(check.failures([{**agreed, "equal_stepped": False}])) == 1

@@ -19,7 +19,6 @@ from evalsuite.cards import ModelCard, load_card
 from evalsuite.errors import UserError
 from evalsuite.generation import engine
 from evalsuite.generation.engine import left_pad
-from evalsuite.generation.sampling import sample_next
 from evalsuite.generation.steps import DecodeRun
 from evalsuite.generation.types import SAMPLER_EXTRAS, Generation, GenerationConfig
 from evalsuite.models.checkpoint import checkpoint_dir, checkpoint_sha256, load_checkpoint
@@ -161,10 +160,6 @@ class NativeAdapter(TokenAdapter):
         with self._autocast():
             hidden = self.model(input_ids.to(self.device))
             yield from self.model.chunked_logits(hidden)
-
-    def _next_token(self, logits: torch.Tensor, config: GenerationConfig, gen: torch.Generator) -> torch.Tensor:
-        """logits ``[B, V]`` -> token ids ``[B]``; sampling runs on the CPU so seeds agree across devices."""
-        return sample_next(logits, config, gen)
 
     def _left_padded(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The checked prompts as left-padded ids ``[B, T]`` and ``start`` (padded keys are masked through it)."""

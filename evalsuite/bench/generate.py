@@ -1,14 +1,15 @@
 """Generation speed against the memory-bandwidth bound: ``evalsuite bench generate``.
 
 For each model (a card, by default FoX (Pro) at its 760M shapes with random weights, or ``hf:DIR``), decode path,
-prompt length L and batch B: B random prompts of L tokens go through the adapter's ``generate`` (EOS off, so every
-call makes all its tokens). ``t1``, ``tM``, ``tN``: calls making 1 (the prefill and one LM-head pass), M = N / 2 and
-N tokens, each call repeated (``--repeats``, default 3) and timed by its median; ``--call-tokens`` adds calls of other
-token counts (at most N), timed alike, for the seconds a whole call of k new tokens takes (``call_times_s``, keyed by
-k: the GSA paper's inference latency, arXiv:2409.07146 Figure 4(c)). Prefill tokens/s = B L / t1; decode
-tokens/s = B (N - M) / (tN - tM), the steady state past the first steps and the CUDA-graph capture, whose one-off
-cost per call is ``call_overhead_s`` = tM - t1 - (M - 1) x the steady step time. All include the host's work, as a
-task sees it. For our own models the N-token call also times its steps from inside
+sampling (``greedy``, or ``sampled``: :data:`~evalsuite.bench.generate_cells.SAMPLERS`' seeded draw with a top-k and
+a top-p cut), prompt length L and batch B: B random prompts of L tokens go through the adapter's ``generate`` (EOS
+off, so every call makes all its tokens). ``t1``, ``tM``, ``tN``: calls making 1 (the prefill and one LM-head pass),
+M = N / 2 and N tokens, each call repeated (``--repeats``, default 3) and timed by its median; ``--call-tokens`` adds
+calls of other token counts (at most N), timed alike, for the seconds a whole call of k new tokens takes
+(``call_times_s``, keyed by k: the GSA paper's inference latency, arXiv:2409.07146 Figure 4(c)). Prefill tokens/s =
+B L / t1; decode tokens/s = B (N - M) / (tN - tM), the steady state past the first steps and the CUDA-graph capture,
+whose one-off cost per call is ``call_overhead_s`` = tM - t1 - (M - 1) x the steady step time. All include the
+host's work, as a task sees it. For our own models the N-token call also times its steps from inside
 (:class:`~evalsuite.generation.engine.StepTimer`: the steps after the capture, the device synchronised at both ends):
 ``ms_per_step_in_call`` (median over the repeats), free of the differences between two calls' one-off costs; and
 every call's wall time by phase in the last repeat (``phases_s``, keyed by the call's token count: setup, prefill,
@@ -40,6 +41,7 @@ import torch
 from evalsuite.bench.common import env_info
 from evalsuite.bench.generate_cells import (
     REPEATS,
+    SAMPLERS,
     add_bound,
     cell_bytes,
     free_bytes,
@@ -61,12 +63,13 @@ DEFAULT_MODELS = ("fox-pro",)  # the 760M FoX (Pro) shapes of the paper
 DEFAULT_LENGTHS = tuple(2**i for i in range(10, 17))  # 1K .. 64K
 DEFAULT_BATCHES = (1, 8, 32)
 DEFAULT_PATHS = ("eager", "graph")
+DEFAULT_SAMPLINGS = ("greedy",)
 JSON_NAME, MD_NAME, PNG_NAME = "generate_bench.json", "generate_bench.md", "generate_bench.png"
 RESUME_KEYS = ("new_tokens", "dtype", "weights", "device", "seed")  # the settings a run directory holds
 
 
 def _key(r: dict) -> tuple:
-    return r["model"], r["path"], r["length"], r["batch"]
+    return r["model"], r["path"], r.get("sampling", "greedy"), r["length"], r["batch"]
 
 
 def _previous(run: RunDir) -> list[dict]:
@@ -75,11 +78,12 @@ def _previous(run: RunDir) -> list[dict]:
     return [{k: v for k, v in r.items() if k != "key"} for r in kept]
 
 
-def _check_options(paths, weights, new_tokens, models, lengths, batches, repeats, call_tokens) -> None:
+def _check_options(paths, samplings, weights, new_tokens, models, lengths, batches, repeats, call_tokens) -> None:
     """A UserError for the first option :func:`bench_generate` cannot take."""
-    bad = [p for p in paths if p not in PATHS]
-    if bad:
-        raise UserError(f"unknown path(s) {', '.join(bad)}; choose from {', '.join(PATHS)}")
+    for given, known, what in ((paths, PATHS, "path"), (samplings, tuple(SAMPLERS), "sampling")):
+        bad = [p for p in given if p not in known]
+        if bad or not given:
+            raise UserError(f"unknown {what}(s) {', '.join(bad)}; choose from {', '.join(known)}")
     if weights not in ("random", "card"):
         raise UserError("--weights must be random or card")
     if new_tokens < 2:
@@ -93,32 +97,34 @@ def _check_options(paths, weights, new_tokens, models, lengths, batches, repeats
 
 
 def bench_generate(out, *, models=DEFAULT_MODELS, lengths=DEFAULT_LENGTHS, batches=DEFAULT_BATCHES,
-                   new_tokens: int = 128, paths=DEFAULT_PATHS, device: str = "auto", dtype: str | None = None,
-                   weights: str = "random", copy_mib: int | None = None, warmup: bool = True, seed: int = 0,
-                   repeats: int = REPEATS, call_tokens=(), verbose: bool = True,
+                   new_tokens: int = 128, paths=DEFAULT_PATHS, samplings=DEFAULT_SAMPLINGS, device: str = "auto",
+                   dtype: str | None = None, weights: str = "random", copy_mib: int | None = None,
+                   warmup: bool = True, seed: int = 0, repeats: int = REPEATS, call_tokens=(), verbose: bool = True,
                    repair: bool = False) -> list[dict]:  # fmt: skip
     """The whole sweep; writes the JSON (as it goes), Markdown and PNG under ``out``; returns the records.
 
-    ``dtype``: default bfloat16 on CUDA, float32 on a CPU. ``weights``: ``random`` (the cards' shapes, seed 0) or
-    ``card`` (what each card names). ``copy_mib``: size of the bandwidth copy (default 1 GiB on CUDA, 256 MiB on a
-    CPU). ``warmup``: one untimed call of each token count past 1 per cell first. ``repeats``: timed repeats of each
-    call (medians). ``call_tokens``: more token counts each timed as a whole call (at most ``new_tokens``).
-    ``repair``: set aside the corrupt lines of ``records.jsonl`` first (their cells run again). ``out`` is claimed
-    for these settings (another run's ``RESUME_KEYS`` values there are a UserError) and locked while the sweep runs.
+    ``samplings``: ``greedy`` and/or ``sampled`` (:data:`~evalsuite.bench.generate_cells.SAMPLERS`), an axis of the
+    cells like ``paths``. ``dtype``: default bfloat16 on CUDA, float32 on a CPU. ``weights``: ``random`` (the cards'
+    shapes, seed 0) or ``card`` (what each card names). ``copy_mib``: size of the bandwidth copy (default 1 GiB on
+    CUDA, 256 MiB on a CPU). ``warmup``: one untimed call of each token count past 1 per cell first. ``repeats``:
+    timed repeats of each call (medians). ``call_tokens``: more token counts each timed as a whole call (at most
+    ``new_tokens``). ``repair``: set aside the corrupt lines of ``records.jsonl`` first (their cells run again).
+    ``out`` is claimed for these settings (another run's ``RESUME_KEYS`` values there are a UserError) and locked
+    while the sweep runs.
     """
     from evalsuite.runs.store import atomic_write_bytes, atomic_write_json
     from evalsuite.runtime import resolve_device
 
     call_tokens = sorted(set(call_tokens))
-    _check_options(paths, weights, new_tokens, models, lengths, batches, repeats, call_tokens)
+    _check_options(paths, samplings, weights, new_tokens, models, lengths, batches, repeats, call_tokens)
     dev = resolve_device(device)
     dtype = dtype or ("bfloat16" if dev.type == "cuda" else "float32")
     out = Path(out)
     env = env_info()
     env["device"] = env["device"] if dev.type == "cuda" else "cpu"
     params = dict(models=list(models), lengths=sorted(lengths), batches=sorted(batches), new_tokens=new_tokens,
-                  paths=list(paths), dtype=dtype, weights=weights, device=env["device"], seed=seed,
-                  warmup=warmup, repeats=repeats, call_tokens=call_tokens)  # fmt: skip
+                  paths=list(paths), samplings=list(samplings), dtype=dtype, weights=weights, device=env["device"],
+                  seed=seed, warmup=warmup, repeats=repeats, call_tokens=call_tokens)  # fmt: skip
     resume = {k: params[k] for k in RESUME_KEYS}  # a resumed run must agree on these
     if call_tokens:  # (absent otherwise: a run made before the option resumes as it was)
         resume["call_tokens"] = call_tokens
@@ -142,12 +148,13 @@ def bench_generate(out, *, models=DEFAULT_MODELS, lengths=DEFAULT_LENGTHS, batch
                 decode = f"{rec['decode_tokens_per_s']:9.1f} tok/s" if "decode_tokens_per_s" in rec else "unresolved"
                 what = (f"prefill {rec['prefill_tokens_per_s']:10.0f} tok/s  decode {decode}"
                         if rec["status"] == "ok" else rec["status"])  # fmt: skip
-                cell = f"{rec['model']:20s} {rec['path']:6s} L={rec['length']:<6d} B={rec['batch']:<4d}"
+                cell = (f"{rec['model']:20s} {rec['path']:8s} {rec['sampling']:7s} L={rec['length']:<6d} "
+                        f"B={rec['batch']:<4d}")  # fmt: skip
                 print(f"{cell} {what}", flush=True)
 
         timing = dict(new_tokens=new_tokens, warmup=warmup, seed=seed, repeats=repeats, calls=tuple(call_tokens))
         for spec in models:
-            cells = [(p, L, B) for p in paths for L in sorted(lengths) for B in sorted(batches)]
+            cells = [(p, s, L, B) for p in paths for s in samplings for L in sorted(lengths) for B in sorted(batches)]
             cells = [c for c in cells if (spec, *c) not in done]
             if not cells:
                 continue
@@ -159,25 +166,26 @@ def bench_generate(out, *, models=DEFAULT_MODELS, lengths=DEFAULT_LENGTHS, batch
 
 
 def _run_model(spec, cells, add, dev, dtype, weights, device_name, bandwidth, timing) -> None:
-    """Load model ``spec`` and hand ``add`` one record per ``(path, length, batch)`` of ``cells``: timed, or why not
-    (unavailable path, too big for the free memory, out of memory, error). ``timing``: :func:`measure_cell`'s
+    """Load model ``spec`` and hand ``add`` one record per ``(path, sampling, length, batch)`` of ``cells``: timed, or
+    why not (unavailable path, too big for the free memory, out of memory, error). ``timing``: :func:`measure_cell`'s
     ``new_tokens``, ``warmup``, ``seed``, ``repeats`` and ``calls``."""
     try:
         adapter = load_model(spec, str(dev), dtype, weights)
     except Exception as exc:  # noqa: BLE001 -- a model that cannot load is a recorded cell status, not a crash
-        for p, L, B in cells:
-            add({"model": spec, "path": p, "length": L, "batch": B, "status": f"error: {exc}"[:500]})
+        for p, s, L, B in cells:
+            add({"model": spec, "path": p, "sampling": s, "length": L, "batch": B, "status": f"error: {exc}"[:500]})
         return
     weight_bytes = step_weight_bytes(adapter)
     new_tokens = timing["new_tokens"]
-    for path in dict.fromkeys(p for p, _, _ in cells):
+    for path in dict.fromkeys(c[0] for c in cells):
         try:
             why = set_path(adapter, path)
         except Exception as exc:  # noqa: BLE001 -- e.g. a static decoder that fails to build: recorded
             why = f"{type(exc).__name__}: {exc}"[:300]
         oom_at: dict[int, int] = {}  # length -> smallest batch that ran out of memory
-        for _, L, B in [c for c in cells if c[0] == path]:
-            rec = {"model": spec, "name": adapter.name, "path": path, "length": L, "batch": B, "device": device_name}
+        for _, sampling, L, B in [c for c in cells if c[0] == path]:
+            rec = {"model": spec, "name": adapter.name, "path": path, "sampling": sampling, "length": L, "batch": B,
+                   "device": device_name}  # fmt: skip
             need, free = cell_bytes(adapter, L, B, new_tokens), free_bytes(dev)
             rec.update(estimated_bytes=need, free_bytes=free)  # the estimate, to compare with peak_mem_mib
             if why is not None:
@@ -188,7 +196,7 @@ def _run_model(spec, cells, add, dev, dtype, weights, device_name, bandwidth, ti
                 rec["status"] = f"skipped: needs ~{need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free"
             else:
                 try:
-                    rec.update(measure_cell(adapter, L, B, **timing), status="ok")
+                    rec.update(measure_cell(adapter, L, B, sampling=sampling, **timing), status="ok")
                 except torch.OutOfMemoryError:
                     rec["status"], oom_at[L] = "oom", min(B, oom_at.get(L, B))
                 except Exception as exc:  # noqa: BLE001 -- one failing cell must not stop the sweep

@@ -15,6 +15,8 @@ from evalsuite.generation.types import GenerationConfig
 
 COPY_MIB = {"cuda": 1024, "cpu": 256}  # the bandwidth copy: well beyond every cache
 REPEATS = 3  # timed repeats of each call per cell (medians)
+# a cell's sampling: the argmax, or a seeded draw after common cuts (each cut costs the sampler a pass: top-p a sort)
+SAMPLERS = {"greedy": {}, "sampled": {"temperature": 0.8, "top_k": 50, "top_p": 0.9}}
 
 
 def measure_copy_bandwidth(device, mib: int | None = None, reps: int = 5) -> dict:
@@ -145,17 +147,19 @@ def two_call_rates(t1: float, tm: float, tn: float, m: int, n: int, batch: int) 
     return {"decode_tokens_per_s": batch / step_s, "ms_per_step": step_s * 1e3, "call_overhead_s": overhead}
 
 
-def measure_cell(adapter, length: int, batch: int, new_tokens: int, *, warmup: bool = True, seed: int = 0,
-                 repeats: int = REPEATS, calls: tuple[int, ...] = ()) -> dict:  # fmt: skip
-    """Time one (length, batch) cell on the adapter's current path (see :mod:`evalsuite.bench.generate`): the three
-    calls, and one more of each token count in ``calls`` (none above ``new_tokens``), ``repeats`` times over, each
-    call's time the median of its repeats (one slow prefill or capture does not move the two-call rate)."""
+def measure_cell(adapter, length: int, batch: int, new_tokens: int, *, sampling: str = "greedy", warmup: bool = True,
+                 seed: int = 0, repeats: int = REPEATS, calls: tuple[int, ...] = ()) -> dict:  # fmt: skip
+    """Time one (length, batch) cell on the adapter's current path under ``sampling`` (a key of :data:`SAMPLERS`; see
+    :mod:`evalsuite.bench.generate`): the three calls, and one more of each token count in ``calls`` (none above
+    ``new_tokens``), ``repeats`` times over, each call's time the median of its repeats (one slow prefill or capture
+    does not move the two-call rate)."""
     device = adapter.device
     gen = torch.Generator().manual_seed(seed + 7919 * length + batch)
     prompts = torch.randint(0, adapter.tokenizer.vocab_size, (batch, length), generator=gen).tolist()
     half = max(1, new_tokens // 2)
     counts = sorted({1, half, new_tokens, *calls})
-    configs = {k: GenerationConfig(max_new_tokens=k, stop_at_eos=False) for k in counts}
+    configs = {k: GenerationConfig(max_new_tokens=k, stop_at_eos=False, seed=seed, **SAMPLERS[sampling])
+               for k in counts}  # fmt: skip
     if warmup:  # kernels compiled and autotuned, static caches compiled, for these shapes, outside the timings
         for k in counts[1:]:
             adapter.generate(prompts, configs[k])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 
 PATH_STYLES = {"eager": "-", "static": "-.", "graph": "--", "compiled": ":"}
+SAMPLING_MARKERS = {"greedy": "o", "sampled": "x"}
 
 
 def format_markdown(records, env: dict, params: dict) -> str:
@@ -13,11 +14,12 @@ def format_markdown(records, env: dict, params: dict) -> str:
     lines = [f"# Generation benchmark\n\n{env.get('device')}, torch {env.get('torch')}, {params['dtype']}, "
              f"{params['weights']} weights, {params['new_tokens']} new tokens per call; copy bandwidth "
              f"{bw.get('bytes_per_s', 0) / 1e9:.1f} GB/s ({bw.get('copy_mib')} MiB copy)."]  # fmt: skip
-    head = ["path", "length", "batch", "prefill tok/s", "decode tok/s", "ms/step", "ms/step in call", "bound tok/s",
-            "of bound", "in call", "status"]  # fmt: skip
+    head = ["path", "sampling", "length", "batch", "prefill tok/s", "decode tok/s", "ms/step", "ms/step in call",
+            "bound tok/s", "of bound", "in call", "status"]  # fmt: skip
     for model in dict.fromkeys(r["model"] for r in records):
         lines += ["", f"## {model}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        rows = sorted((r for r in records if r["model"] == model), key=lambda r: (r["path"], r["length"], r["batch"]))
+        rows = sorted((r for r in records if r["model"] == model),
+                      key=lambda r: (r["path"], r.get("sampling", "greedy"), r["length"], r["batch"]))  # fmt: skip
         for r in rows:
 
             def num(key, fmt, r=r):
@@ -26,10 +28,10 @@ def format_markdown(records, env: dict, params: dict) -> str:
             def pct(key, r=r):
                 return f"{100 * r[key]:.1f}%" if key in r else "-"
 
-            cells = [r["path"], str(r["length"]), str(r["batch"]), num("prefill_tokens_per_s", ".0f"),
-                     num("decode_tokens_per_s", ".1f"), num("ms_per_step", ".2f"), num("ms_per_step_in_call", ".2f"),
-                     num("bound_tokens_per_s", ".0f"), pct("fraction_of_bound"), pct("fraction_of_bound_in_call"),
-                     r["status"][:60]]  # fmt: skip
+            cells = [r["path"], r.get("sampling", "greedy"), str(r["length"]), str(r["batch"]),
+                     num("prefill_tokens_per_s", ".0f"), num("decode_tokens_per_s", ".1f"), num("ms_per_step", ".2f"),
+                     num("ms_per_step_in_call", ".2f"), num("bound_tokens_per_s", ".0f"), pct("fraction_of_bound"),
+                     pct("fraction_of_bound_in_call"), r["status"][:60]]  # fmt: skip
             lines.append("| " + " | ".join(cells) + " |")
     if params.get("call_tokens"):
         lines += ["", *_call_seconds(records)]
@@ -51,8 +53,8 @@ def _call_seconds(records) -> list[str]:
 
 
 def plot_generate_bench(records, path, env=None) -> None:
-    """Per model: decode tokens/s vs prompt length (one line per path and batch, the bound dashed) above prefill
-    tokens/s; log scales."""
+    """Per model: decode tokens/s vs prompt length (one line per path, sampling and batch, the bound dashed) above
+    prefill tokens/s; log scales."""
     from matplotlib.figure import Figure
 
     ok = [r for r in records if r.get("status") == "ok"]
@@ -72,11 +74,12 @@ def plot_generate_bench(records, path, env=None) -> None:
             if bound:
                 ax_d.plot([r["length"] for r in bound], [r["bound_tokens_per_s"] for r in bound], ":", color=color,
                           alpha=0.6, label=f"bound B={B}")  # fmt: skip
-            for p in PATH_STYLES:
+            for p, s in [(p, s) for p in PATH_STYLES for s in SAMPLING_MARKERS]:
                 rs = sorted((r for r in ok if (r["model"], r["batch"], r["path"]) == (model, B, p)
-                             and "decode_tokens_per_s" in r),
+                             and r.get("sampling", "greedy") == s and "decode_tokens_per_s" in r),
                             key=lambda r: r["length"])  # fmt: skip
-                xs, style = [r["length"] for r in rs], dict(marker="o", color=color, label=f"{p} B={B}")
+                label = f"{p}{'' if s == 'greedy' else ' ' + s} B={B}"
+                xs, style = [r["length"] for r in rs], dict(marker=SAMPLING_MARKERS[s], color=color, label=label)
                 if rs:
                     ax_d.plot(xs, [r["decode_tokens_per_s"] for r in rs], PATH_STYLES[p], **style)
                     ax_p.plot(xs, [r["prefill_tokens_per_s"] for r in rs], PATH_STYLES[p], **style)

@@ -158,6 +158,9 @@ def bench_generate_cmd(
     paths: Annotated[
         str, typer.Option(help="Comma-separated decode paths: eager, static, graph, compiled.")
     ] = "eager,graph",
+    sampling: Annotated[
+        str, typer.Option(help="Comma-separated: greedy, sampled (temperature 0.8, top-k 50, top-p 0.9, seeded).")
+    ] = "greedy",
     device: DeviceOpt = "auto",
     dtype: Annotated[
         str | None, typer.Option(help="float32, bfloat16 or float16 (default: bfloat16 on CUDA, float32 on CPU).")
@@ -183,8 +186,9 @@ def bench_generate_cmd(
         raise UserError(f"unknown --dtype {dtype!r}; use {', '.join(DTYPES)}")
     gen.bench_generate(out, models=model or list(gen.DEFAULT_MODELS), lengths=_csv_list(lengths, int, "--lengths"),
                        batches=_csv_list(batches, int, "--batches"), new_tokens=new_tokens,
-                       paths=_csv_list(paths, str, "--paths"), device=device, dtype=dtype, weights=weights,
-                       copy_mib=copy_mib, warmup=warmup, repeats=repeats, repair=repair,
+                       paths=_csv_list(paths, str, "--paths"), samplings=_csv_list(sampling, str, "--sampling"),
+                       device=device, dtype=dtype, weights=weights, copy_mib=copy_mib, warmup=warmup,
+                       repeats=repeats, repair=repair,
                        call_tokens=_csv_list(call_tokens, int, "--call-tokens", allow_empty=True))  # fmt: skip
     typer.echo(f"wrote {out}/{gen.JSON_NAME}, .md and .png")
 

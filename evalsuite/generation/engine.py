@@ -9,25 +9,24 @@ Decode paths (``path``):
 * ``static``: the family's ``CausalLM.static_decoder(batch, capacity, start)``
   (:class:`~evalsuite.models.base.StaticDecoder`: preallocated state, fixed shapes, the length on the device),
   stepped eagerly.
-* ``graph``: the static decoder's step, the LM head and (greedy) the argmax recorded once per call as a CUDA graph
-  (:class:`CudaGraphStep`) and replayed per token; on CUDA, with a decoder whose ``graph_safe``.
+* ``graph``: the static decoder's step, the LM head and the choice of the next tokens recorded once per call as a
+  CUDA graph (:class:`CudaGraphStep`) and replayed per token; on CUDA, with a decoder whose ``graph_safe``.
 * ``compiled``: ``graph`` over the decoder's step put through ``torch.compile`` first
   (:meth:`~evalsuite.models.base.StaticDecoder.compile_step`: the step's many small kernels fused), where the
   family offers it (FoX).
 * ``auto``: on CUDA, ``graph`` where the family's static decoder is graph-safe, ``static`` where it is not; else
   ``eager``. The CPU keeps the eager path and never touches ``torch.cuda``.
 
-Host syncs: greedy tokens are chosen on the device and written into a ``[B, max_new_tokens]`` buffer; EOS and
-stop token ids set a device-side ``done`` mask. The host looks every ``sync_every`` tokens only: at ``done.all()``
+Host syncs: tokens are chosen on the device and written into a ``[B, max_new_tokens]`` buffer; EOS and stop token
+ids set a device-side ``done`` mask. The host looks every ``sync_every`` tokens only: at ``done.all()``
 without stop strings, at the new tokens with them (stop strings need text). How each row ends is decided on the
 host by :class:`~evalsuite.generation.finish.Finisher`, which applies the per-token loop's rules token by token, so
 the tokens made past a row's end (fewer than ``sync_every``) are dropped and the outputs equal the per-token loop's
 exactly. The choice itself is :class:`~evalsuite.generation.sampling.TokenChooser`'s, each row under its own
-settings: the logit rules (penalties, logit_bias, min_tokens) on the device, so a greedy batch still syncs every
-``sync_every`` tokens only; a batch with a sampled row draws on the CPU from seeded generators, so seeds agree across
-devices and paths (the graph replays the step and the LM head; the draw reads the logits it leaves), and syncs and
-checks every token. :class:`~evalsuite.generation.steps.DecodeRun` holds the same decoder and chooser between calls,
-for a caller that schedules step by step.
+settings: the logit rules (penalties, logit_bias, min_tokens) and the argmax or the seeded counter-based draw, all
+on the device, so greedy and sampled batches alike sync every ``sync_every`` tokens only, and the graph path
+captures the choice with the step. :class:`~evalsuite.generation.steps.DecodeRun` holds the same decoder and chooser
+between calls, for a caller that schedules step by step.
 
 Also the batch size from free memory: :func:`prompts_per_call`.
 """
@@ -36,7 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -104,9 +103,15 @@ def left_pad(prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tens
     return ids, (start if int(start.max()) > 0 else None)
 
 
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """The greedy choice: logits ``[B, V]`` -> token ids ``[B]``."""
+    return logits.argmax(-1)
+
+
 class CudaGraphStep:
-    """``tok [B] -> next greedy tok [B]``: the decoder's ``step``, the LM head and the argmax as one CUDA graph
-    (``greedy=False``: ``tok [B] -> logits [B, V]``, without the argmax, for a sampler outside the graph).
+    """``tok [B] -> next tok [B]``: the decoder's ``step``, the LM head and ``choose`` (logits ``[B, V]`` -> token
+    ids ``[B]``, device ops alone: by default the argmax; a :class:`~evalsuite.generation.sampling.TokenChooser`)
+    as one CUDA graph; ``choose=None``: ``tok [B] -> logits [B, V]``, for a choice made outside the graph.
 
     The first ``warmup`` calls run eagerly on a side stream (lazy initialisation and Triton autotuning must not
     happen inside a capture: the recipe of the torch.cuda.graphs notes); they are real decode steps and their
@@ -118,16 +123,17 @@ class CudaGraphStep:
     next call.
     """
 
-    def __init__(self, model, decoder, warmup: int = GRAPH_WARMUP, greedy: bool = True):
-        self.model, self.decoder, self.warmup, self.greedy = model, decoder, warmup, greedy
+    def __init__(self, model, decoder, warmup: int = GRAPH_WARMUP, choose: Callable | None = argmax):
+        self.model, self.decoder, self.warmup, self.choose = model, decoder, warmup, choose
         self.graph: torch.cuda.CUDAGraph | None = None
         self.inp = self.out = None  # static buffers: every replay reads and writes these addresses
 
     def _step(self) -> None:
         logits = self.model.logits(self.decoder.step(self.inp[:, None]))
-        if self.out is None:  # the first (eager) call sizes the output: token ids, or the logits to sample from
-            self.out = torch.empty_like(logits[:, 0], dtype=torch.long) if self.greedy else torch.empty_like(logits)
-        self.out.copy_(logits.argmax(-1) if self.greedy else logits)
+        out = logits if self.choose is None else self.choose(logits)
+        if self.out is None:  # the first (eager) call sizes the output: token ids, or the logits to choose from
+            self.out = torch.empty_like(out)
+        self.out.copy_(out)
 
     def __call__(self, tok: torch.Tensor) -> torch.Tensor:
         if self.inp is None:
@@ -273,8 +279,7 @@ def generate(
     timer.phase("setup")
     select = TokenChooser(config, ids, start, model.vocab_size, eos, device)
     if taken in ("graph", "compiled"):
-        graph = CudaGraphStep(model, decoder, greedy=select.plain)
-        step = graph if select.plain else (lambda tok: select(graph(tok)))
+        step = CudaGraphStep(model, decoder, choose=select)
     else:
 
         def step(tok):
@@ -287,10 +292,9 @@ def generate(
     timer.phase("prefill")
     ending = _ending_ids(configs, eos, device)  # with stop strings the host sees all tokens
     done = (tok[:, None] == ending).any(-1) if ending is not None and not stop else None
-    every = 1 if any(c.temperature > 0 for c in configs) else sync_every  # sampling has synced: check every token
     made, checked = 1, 0
     while made < n:
-        if made % every == 0:  # a host sync: has every row ended?
+        if made % sync_every == 0:  # a host sync: has every row ended?
             if stop:
                 finisher.feed(out[:, checked:made].tolist())
                 checked = made

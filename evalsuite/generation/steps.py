@@ -38,13 +38,14 @@ class DecodeRun:
         self.model, self.context = model, context
         device = model.input_embedding.weight.device
         self.ids = ids.to(device)
+        start = None if start is None else start.to(device)  # the state masks padding on the model's device
         B, T = ids.shape
         capacity = T + max(c.max_new_tokens for c in per_row(config, B))
         with self._calls():
             self.decoder, self.path = _decoder(model, path, device, B, capacity, start)
             self.chooser = TokenChooser(config, self.ids, start, model.vocab_size, eos, device)
-        # a graph step returns the logits it leaves in its static buffer: a sampler outside the graph reads them
-        self._graph = CudaGraphStep(model, self.decoder, greedy=False) if self.path in ("graph", "compiled") else None
+        # a graph step returns the logits it leaves in its static buffer: the chooser, outside the graph, reads them
+        self._graph = CudaGraphStep(model, self.decoder, choose=None) if self.path in ("graph", "compiled") else None
         # The first pass reaches every row's first real token: a pass that is all padding for some row is not one
         # the families' forward continues exactly from.
         self.min_first = 1 if start is None else int(start.max()) + 1

@@ -5,11 +5,12 @@ For a model card, a dtype and a left-padded batch of random prompts of mixed len
 each path -- ``eager`` (``model.forward`` with a state: the reference), ``static`` (the family's static decoder, eager
 steps), ``graph`` (its step, LM head and argmax replayed as a CUDA graph) and ``compiled`` (the step through
 torch.compile, then a graph) -- first free-running, then sampled (temperature 0.8, top-k 50, top-p 0.9, one seed:
-the graph path leaves the logits, the CPU draws), then greedy under per-row logit rules (penalties, logit_bias,
-min_tokens: applied on the device to the logits the graph leaves), then with a stop string and an EOS id taken from
-the eager output so rows end inside a sync block. A record per (ending, path): equal to eager, equal to static, the
-first differing position per row, seconds for the call. :func:`failures` says which records break the rules (see
-there).
+the counter-based draw on the device, inside the graph on the graph paths), then greedy under per-row logit rules
+(penalties, logit_bias, min_tokens: applied on the device, inside the graph too), then with a stop string and an EOS
+id taken from the eager output so rows end inside a sync block. A record per (ending, path): equal to eager, equal to
+static, the first differing position per row, seconds for the call; a sampled record also whether the path's
+step-by-step ``DecodeRun`` drew the same tokens, and the logits it drew from (:func:`stepped`). :func:`failures` says
+which records break the rules (see there).
 """
 
 import time
@@ -18,7 +19,6 @@ from dataclasses import replace
 import torch
 
 from evalsuite.adapters.native import NativeAdapter
-from evalsuite.generation import sampling
 from evalsuite.generation.engine import compiled_support, static_support
 from evalsuite.generation.types import GenerationConfig
 
@@ -26,27 +26,19 @@ PATHS = ("eager", "static", "graph", "compiled")
 NEAR_TIE = 1e-3  # largest logit difference (float32) under which a sampled row's other draw counts as a near-tie
 
 
-class LogitRecorder:
-    """Keeps the logits every sampled draw of ``engine.generate`` reads (``steps``: one ``[B, V]``
-    float32 CPU tensor per new token, the prefill's first), by wrapping the sampling module's ``sample_next`` (which
-    its ``TokenChooser`` calls) while active."""
-
-    def __init__(self):
-        self.steps: list[torch.Tensor] = []
-        self._original = None
-
-    def __enter__(self):
-        self._original = sampling.sample_next
-
-        def recording(logits, config, gen):
-            self.steps.append(logits.float().cpu())
-            return self._original(logits, config, gen)
-
-        sampling.sample_next = recording
-        return self
-
-    def __exit__(self, *exc):
-        sampling.sample_next = self._original
+def stepped(adapter, prompts, config: GenerationConfig) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """(token ids per row, the logits of every draw: ``[B, V]`` float32 on the CPU, the prefill's first) of ``config``
+    (no stop: every row makes ``max_new_tokens``) decoded a step at a time through the adapter's ``DecodeRun`` on its
+    path, which leaves the logits outside the graph for its chooser to read."""
+    run = adapter.decode_run(prompts, config)
+    run.prefill()
+    tokens, logits = [], []
+    for i in range(config.max_new_tokens):
+        if i:
+            run.step(tokens[-1])
+        logits.append(run.logits.float().cpu())
+        tokens.append(run.next_tokens())
+    return torch.stack(tokens, 1).tolist(), logits
 
 
 def logit_gaps(ref: list[torch.Tensor], got: list[torch.Tensor], first_diff: list[int | None]) -> list[float]:
@@ -91,7 +83,7 @@ def check_model(card, dtype: str, lengths: list[int], new_tokens: int, device="c
     mid = len(text) // 3
     stop = next((text[i : i + 2] for i in range(mid, len(text) - 1) if text[i : i + 2].strip()), None)
     saved_eos = adapter.tokenizer.eos_id
-    # sampling: the graph replays the step and LM head, the CPU draws from the logits it leaves; same seed, same draws
+    # sampling: the seed's counter-based draws on the device; same seed, same draws on every path
     sampled = GenerationConfig(max_new_tokens=new_tokens, stop_at_eos=False, temperature=0.8, top_k=50, top_p=0.9,
                                seed=3)  # fmt: skip
     rules = [dict(repetition_penalty=1.3, presence_penalty=0.4, logit_bias={11: 1.0}),
@@ -110,18 +102,20 @@ def check_model(card, dtype: str, lengths: list[int], new_tokens: int, device="c
                 adapter.generate(prompts, config)  # warm-up: compiles and autotunes
                 _sync(adapter.device)
                 t0 = time.perf_counter()
-                with LogitRecorder() as logits:  # records nothing on the greedy endings
-                    got = adapter.generate(prompts, config)
+                got = adapter.generate(prompts, config)
                 _sync(adapter.device)
-                outs[path], drawn[path] = got, logits.steps
+                outs[path] = got
                 rec = {**base, "ending": ending, "path": path, "seconds": time.perf_counter() - t0}
                 rec.update(finish_reasons=[g.finish_reason for g in got], tokens=[len(g.token_ids) for g in got])
+                if ending == "sampled":
+                    ids, drawn[path] = stepped(adapter, prompts, config)
+                    rec["equal_stepped"] = ids == [g.token_ids for g in got]
                 for peer in ("eager", "static"):
                     if peer in outs and peer != path:
                         ids, peer_ids = [g.token_ids for g in got], [g.token_ids for g in outs[peer]]
                         rec[f"equal_{peer}"] = ids == peer_ids and [g.text for g in got] == [g.text for g in outs[peer]]
                         rec[f"first_difference_{peer}"] = first_difference(ids, peer_ids)
-                if drawn[path] and "eager" in drawn and path != "eager":
+                if path in drawn and "eager" in drawn and path != "eager":
                     rec["logit_gap_eager"] = logit_gaps(drawn["eager"], drawn[path], rec["first_difference_eager"])
                 records.append(rec)
         finally:
@@ -132,13 +126,16 @@ def check_model(card, dtype: str, lengths: list[int], new_tokens: int, device="c
 def failures(records: list[dict]) -> list[dict]:
     """Graph records that differ from static, or from eager in float32; compiled records that differ from eager in
     float32 (fused kernels may round differently from static's, so bf16 differences are recorded, not failures). A
-    sampled float32 difference whose logits agreed to within ``NEAR_TIE`` is a near-tie, not a failure."""
+    sampled float32 difference whose logits agreed to within ``NEAR_TIE`` is a near-tie, not a failure. On any path,
+    a sampled generate call that differs from the same path's step-by-step run."""
     bad = []
     for r in records:
         near_tie = max(r.get("logit_gap_eager") or [float("inf")]) <= NEAR_TIE
         fp32_differs = r["dtype"] == "float32" and r.get("equal_eager") is False and not near_tie
-        if (r.get("path") == "graph" and (r.get("equal_static") is False or fp32_differs)) or (
-            r.get("path") == "compiled" and fp32_differs
+        if (
+            (r.get("path") == "graph" and (r.get("equal_static") is False or fp32_differs))
+            or (r.get("path") == "compiled" and fp32_differs)
+            or r.get("equal_stepped") is False
         ):
             bad.append(r)
     return bad
