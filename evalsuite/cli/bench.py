@@ -1,6 +1,6 @@
-"""The benchmark commands, ``evalsuite bench attention|linear|gca|generate|tune|profile-decode|drt-memory|step-time``:
-thin layers over :mod:`evalsuite.bench`. Registered on the ``bench`` group when :mod:`evalsuite.cli.main` imports this
-module."""
+"""The benchmark commands, ``evalsuite bench
+attention|linear|gca|generate|tune|profile-decode|drt-memory|step-time|train``: thin layers over
+:mod:`evalsuite.bench`. Registered on the ``bench`` group when :mod:`evalsuite.cli.main` imports this module."""
 
 from __future__ import annotations
 
@@ -290,3 +290,40 @@ def bench_step_time_cmd(
               graphs=_csv_list(graph, str, "--graph"), cells=_csv_list(cells, int, "--cells"), steps=steps,
               warmup=warmup, profile=profile)  # fmt: skip
     typer.echo(f"wrote {out}")
+
+
+@bench_app.command("train")
+def bench_train_cmd(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (JSON, Markdown); a rerun resumes.")] = Path(
+        "results/runs/bench/train"
+    ),
+    model: Annotated[
+        list[str] | None,
+        typer.Option("--model", "-m", help="A card (its shapes, random weights); repeatable or comma-separated."),
+    ] = None,
+    shape: Annotated[
+        list[str] | None,
+        typer.Option(help="LENGTHxBATCH; repeatable or comma-separated (default: 2048x8,4096x4,8192x2,16384x1)."),
+    ] = None,
+    baseline: Annotated[
+        str | None, typer.Option(help="The model each round's tokens/s ratios divide by (default: the first).")
+    ] = None,
+    rounds: RoundsOpt = 10,
+    attention: Annotated[str, typer.Option(help="Attention backend (auto: the model's default).")] = "auto",
+    amp: Annotated[str, typer.Option(help="auto (bf16 autocast on CUDA), bf16 or none.")] = "auto",
+    one_at_a_time: Annotated[
+        bool, typer.Option(help="Build one model at a time (no interleaving), even where they fit together.")
+    ] = False,
+    device: DeviceOpt = "auto",
+    repair: RepairOpt = False,
+):
+    """Training tokens/s, ms/step and peak memory of whole models, timed interleaved against a baseline."""
+    from evalsuite.bench import train_speed
+
+    _check_rounds(rounds)
+    models = [m for spec in model or [] for m in _csv_list(spec, str, "--model")] or list(train_speed.DEFAULT_MODELS)
+    shapes = [train_speed.parse_shape(s) for spec in shape or [] for s in _csv_list(spec, str, "--shape")]
+    train_speed.bench_train(out, models=models, shapes=shapes or train_speed.DEFAULT_SHAPES, baseline=baseline,
+                            rounds=rounds, device=device, attention=attention, amp=amp,
+                            together=False if one_at_a_time else None, repair=repair)  # fmt: skip
+    typer.echo(f"wrote {out}/{train_speed.JSON_NAME} and .md")

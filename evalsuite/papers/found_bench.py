@@ -14,6 +14,10 @@ mtime)`` per measurement of the column's cell for ``model`` under the folder ``r
   prompt of ``length`` tokens at batch 1, prefill included, from ``evalsuite bench generate``'s
   ``generate_bench.json`` (``call_times_s``: the median over the repeats; ``--call-tokens`` times the counts its
   standard calls lack); the fastest of the decode paths measured, which the source names.
+
+``train_step`` (FoX Table 6, GSA Figure 4(a)-(b), GCA Table 4): from ``evalsuite bench train``'s ``train_bench.json``
+(:mod:`evalsuite.bench.train_speed`), the model's record at the recipe's length (:func:`train_step_record`): tokens/s
+(``throughput``) or the peak memory of a step in bytes (``memory``; the column's unit scales it).
 """
 
 from __future__ import annotations
@@ -67,5 +71,30 @@ def _decode(root: Path, recipe: dict, model: str):
     return (_drt_ratio if "offload" in recipe else _call_seconds)(Path(root), recipe, model)
 
 
+# What a ``train_step`` recipe's metric reads from a record.
+TRAIN_STEP_FIELDS = {"throughput": "tokens_per_s", "memory": "peak_memory_bytes"}
+
+
+def train_step_record(root: Path, recipe: dict, model: str) -> dict | None:
+    """``model``'s ``bench train`` record (with its ``file`` and ``mtime``) for a ``train_step`` recipe: at the
+    recipe's length (any length where the paper states none), the most tokens a step, then the longest length, then
+    the most rounds, then the newest file's."""
+    found = []
+    for doc, path in _documents(Path(root), "train_bench.json"):
+        for r in doc.get("records", []):
+            if r.get("model") == model and r.get("status") == "ok" and recipe.get("length") in (None, r.get("length")):
+                found.append({**r, "file": str(path), "mtime": path.stat().st_mtime})
+    rank = lambda r: (r.get("tokens_per_step", 0), r.get("length", 0), r.get("rounds", 0), r["mtime"])  # noqa: E731
+    return max(found, key=rank, default=None)
+
+
+def _train_step(root: Path, recipe: dict, model: str):
+    record = train_step_record(root, recipe, model)
+    field = TRAIN_STEP_FIELDS.get(recipe["metric"])
+    if record is not None and record.get(field) is not None:
+        shape = f"{record['length']}x{record['batch']}"
+        yield float(record[field]), record.get("rounds"), f"{record['file']} ({shape})", record["mtime"]
+
+
 # One finder per bench op of docs/paper-tables.md that a command here measures.
-BENCH_FINDERS = {"decode": _decode}
+BENCH_FINDERS = {"decode": _decode, "train_step": _train_step}

@@ -15,7 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 SUFFIXES = {"": 1.0, "%": 1.0, "×": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
-MAGNITUDES = {"K": 1e3, "M": 1e6, "B": 1e9}  # a column's unit that counts in thousands, millions, billions
+# A column's unit that counts in thousands, millions, billions, or bytes in GiB or GB (our memory is in bytes).
+MAGNITUDES = {"K": 1e3, "M": 1e6, "B": 1e9, "GiB": 2.0**30, "GB": 1e9}
 _SUPERSCRIPT = str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹⁻", "0123456789-")
 _TO_SUPERSCRIPT = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
 _NUMBER = re.compile(

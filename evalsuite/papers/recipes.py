@@ -40,7 +40,7 @@ BENCH_COMMANDS = {
     "attention": "evalsuite bench attention",
     "linear": "evalsuite bench linear --modes fwd,fwdbwd",
     "decode": "evalsuite bench generate --batches 1 --lengths L --new-tokens N --call-tokens C",
-    "train_step": None,
+    "train_step": "evalsuite bench train",
     # Lightning, Vanilla and Flash2 (SDPA on its flash backend) at a fixed batch, so that growth in T shows
     "lightning:figure4": (
         "evalsuite bench linear --ops lightning --providers lightning_triton,lightning_vanilla,sdpa_flash "
@@ -48,6 +48,9 @@ BENCH_COMMANDS = {
         "--out results/runs/bench/lightning-figure4"
     ),
 }
+# The metrics of a bench op its command measures, where not all (no `train_step` `time`: GCA Table 1's training time
+# relative to its Base LM).
+BENCH_METRICS = {"train_step": ("throughput", "memory")}
 # A decode recipe with `offload` (DRT's chunk store in CPU memory or not) is DRT against its Base LM.
 OFFLOAD_COMMAND = "evalsuite bench drt-memory --model drt --base drt-base-lm --lengths L --new-tokens N"
 
@@ -169,6 +172,8 @@ def describe(recipe: dict | None) -> str:
 
 
 def _template(recipe: dict) -> str | None:
+    if recipe["metric"] not in BENCH_METRICS.get(recipe["op"], (recipe["metric"],)):
+        return None
     return OFFLOAD_COMMAND if "offload" in recipe else BENCH_COMMANDS.get(recipe["op"])
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from evalsuite.errors import UserError
 from evalsuite.papers.figures import figure_notes
 from evalsuite.papers.found import Results, find
+from evalsuite.papers.found_bench import train_step_record
 from evalsuite.papers.layout import Cell, Grid, Line, marks, to_csv, to_latex, to_markdown
 from evalsuite.papers.numbers import parse_number
 from evalsuite.papers.published import Item
@@ -111,8 +112,8 @@ def our_row(item: Item, model: str, results: Results, length: int | None = None,
             and recipe["kind"] in (*RUN_KINDS, *GPU_KINDS)
             and (concrete := _at_length(recipe, length, setting))
         ):
-            found = find(results, concrete, model)
-            value, source = (found.value, found.source) if found else (None, None)
+            found = find(results, concrete, model)  # memory in bytes: the column's unit scales it (GiB)
+            value, source = (found.value / item.magnitude(i), found.source) if found else (None, None)
         values.append(value)
         sources.append(source)
     for average in item.averages:
@@ -247,6 +248,37 @@ def _params_note(model: str) -> str:
     return f"{model} parameters by component: " + ", ".join(f"{k} {v / 1e6:.2f}M" for k, v in parts.items())
 
 
+def _train_step_notes(item: Item, models: list[str], results: Results) -> list[str]:
+    """What our ``bench train`` values are: the shape measured, and for throughput the ratio to the run's baseline
+    over rounds timed at the same moments, beside the paper's ratio of the same two rows where it prints both (the
+    papers' GPUs are not ours: only ratios compare)."""
+    notes = []
+    rows = {r.model: r for r in reversed(item.rows) if r.model}  # the first row of each model
+    for i, column in enumerate(item.columns):
+        recipe = column.recipe or {}
+        if (recipe.get("kind"), recipe.get("op")) != ("bench", "train_step") or recipe["metric"] == "time":
+            continue
+        for model in models:
+            rec = train_step_record(results.root, recipe, model)
+            if rec is None:
+                continue
+            where = f"{column.label}: {model} at {rec['length']}x{rec['batch']}"
+            if recipe["metric"] == "memory":
+                notes.append(f"{where}, the peak device memory of a training step (weights, gradients, AdamW state, "
+                             "activations)")  # fmt: skip
+            elif "ratio_to_baseline" in rec:
+                timed = "interleaved" if rec.get("interleaved") else "timed one model at a time"
+                note = (f"{where}: {rec['ratio_to_baseline']:.3f}× {rec['baseline']}'s tokens/s (median of "
+                        f"{rec['rounds']} {timed} rounds, p20-p80 {rec['ratio_to_baseline_p20']:.3f}-"
+                        f"{rec['ratio_to_baseline_p80']:.3f})")  # fmt: skip
+                ours, base = rows.get(model), rows.get(rec["baseline"])
+                if ours and base and parse_number(ours.values[i]) and parse_number(base.values[i]):
+                    ratio = parse_number(ours.values[i]) / parse_number(base.values[i])
+                    note += f"; the paper's {ours.values[i]} / {base.values[i]} = {ratio:.2f}×"
+                notes.append(note)
+    return notes
+
+
 def compare(item: Item, ours: list[Ours], results: Results) -> tuple[Grid, Grid | None, list[str]]:
     """(the table with our rows, the ours − paper table or None, notes)."""
     mine = [(o.label, [_text(item, i, v) for i, v in enumerate(o.values)],
@@ -267,6 +299,7 @@ def compare(item: Item, ours: list[Ours], results: Results) -> tuple[Grid, Grid 
         runs = sorted({s for o in ours if o.model == model for s in o.sources if s not in (None, "card")})
         if runs:
             notes.append(f"{model} values from {', '.join(runs)}")
+    notes += _train_step_notes(item, models, results)
     if any((c.recipe or {}).get("kind") == "params" for c in item.columns):
         notes += [_params_note(model) for model in models if _card(model) is not None]
     notes += _missing_notes(item, ours, results) + figure_notes(item, results)
