@@ -111,8 +111,8 @@ def test_steps_are_also_timed_inside_the_call(tmp_path):
 
 
 def test_each_call_is_repeated_and_timed_by_its_median(tmp_path):
-    records = bench.bench_generate(tmp_path, paths=["static"], repeats=3, **{**TINY, "lengths": [64],
-                                                                             "batches": [1], "new_tokens": 4})  # fmt: skip
+    cell = {**TINY, "lengths": [64], "batches": [1], "new_tokens": 4}
+    records = bench.bench_generate(tmp_path, paths=["static"], repeats=3, **cell)
     (r,) = records
     times = r["call_times_s"]
     assert r["repeats"] == 3 and set(times) == {"1", "2", "4"} and all(len(t) == 3 for t in times.values())
