@@ -633,13 +633,13 @@ def test_a_cell_cut_short_resumes_from_its_snapshot(tmp_path):
     """The MQAR worker's handler snapshots a cell in training (here at every log step) under
     ``<run>/partial/<key>.pt``; a cell cut short (a GPU lease ending) resumes from it and ends with the uninterrupted
     cell's record; the snapshot goes."""
-    from evalsuite.tasks.mqar.cell import cell_handler
+    from evalsuite.tasks.mqar.stack import Unit, unit_handler
 
     sweep = MQARSweep(**{**TINY_SWEEP, "max_steps": 40, "eval_every": 20, "early_stop": None})
-    cell = sweep_cells(sweep)[0]
+    unit = Unit(tuple(sweep_cells(sweep)[:1]), (True,))
     partial = tmp_path / "partial"
-    handler = cell_handler(sweep.to_dict(), "cpu", "auto", snapshot_dir=str(partial), snapshot_every_s=0.0)
-    want = cell_handler(sweep.to_dict(), "cpu", "auto")(cell, lambda n: None)
+    handler = unit_handler(sweep.to_dict(), "cpu", "auto", snapshot_dir=str(partial), snapshot_every_s=0.0)
+    [want] = unit_handler(sweep.to_dict(), "cpu", "auto")(unit, lambda n: None)
 
     reported = []
 
@@ -649,9 +649,9 @@ def test_a_cell_cut_short_resumes_from_its_snapshot(tmp_path):
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        handler(cell, cut_at_30)
+        handler(unit, cut_at_30)
     assert [p.name for p in partial.iterdir()] == [f"{want['key']}.pt"]
-    got = handler(cell, lambda n: None)
+    [got] = handler(unit, lambda n: None)
     assert not list(partial.iterdir()) and got["steps"] == want["steps"] == 40
     assert got["value"] == want["value"] and got["test_loss"] == want["test_loss"]
     assert [h["loss"] for h in got["history"]] == [h["loss"] for h in want["history"]]

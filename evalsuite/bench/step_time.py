@@ -1,11 +1,13 @@
 """Milliseconds per MQAR training step (``evalsuite bench step-time``), per model, precision, attention backend,
-CUDA graph or not, and number of cells training at once.
+CUDA graph or not, and number of cells training at once (in threads, or as one stacked model).
 
 The ``gsa-paper`` preset's cell (or ``preset``) at ``d_model``: the model the sweep would build (its overrides: tied
 head, 4 layers, no MLP, ...), trained by the sweep's loop (:func:`evalsuite.training.train.train`, with the sweep's
 loss, schedule, optimizer and clipping) on batches of the preset's size drawn from its data. ``cells = N`` trains N
 such models at once in threads of this process, each on its own CUDA stream (as ``evalsuite mqar --threads N``):
-after ``warmup`` steps they meet at a barrier, then each times ``steps`` steps. Reported per combination:
+after ``warmup`` steps they meet at a barrier, then each times ``steps`` steps. With ``stack`` the N cells (seeds
+0..N-1) train as one stacked model instead (:mod:`evalsuite.training.stack`, as ``evalsuite mqar --stack``), one
+step of the stack a step of every cell. Reported per combination:
 ``ms_per_step`` (the window from the barrier to the last cell's end, over the steps one cell made: the step time a
 cell sees with N cells sharing the GPU) and ``cell_steps_per_s`` (all cells' steps per second); compiled steps also
 ``graph_breaks`` (dynamo's, in the forward and loss); with ``profile = K`` the K kernels with most GPU time.
@@ -72,19 +74,22 @@ def _build(c: _Cell, name: str, backend: str | None, seed: int = 0):
     return model
 
 
-def _train_cell(c: _Cell, name, amp, backend, graph, barrier, times, seed, setup, kernels):
-    """Train one model for warmup + steps steps on its own stream; append (start, end) of the timed steps."""
+def _train_cell(c: _Cell, name, amp, backend, graph, barrier, times, seed, setup, kernels, stack=1):
+    """Train one model (``stack`` > 1: that many, seeds ``seed``.., as one stacked model) for warmup + steps steps on
+    its own stream; append (start, end) of the timed steps."""
     from evalsuite.training.train import shuffled_batches, train
+    from evalsuite.training.train_stack import train_stack
 
     on_gpu = c.device.type == "cuda"
     stream = torch.cuda.Stream() if on_gpu else None
     with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-        model = _build(c, name, backend, seed)
+        seeds = range(seed, seed + stack)
+        models = [_build(c, name, backend, s) for s in seeds]
         tcfg = c.sweep.train_config(1e-3, c.seq_len)
         tcfg.amp = "none" if amp == "tf32" else amp
         tcfg.max_steps, tcfg.warmup_steps, tcfg.log_every = c.warmup + c.steps, 0, 10**9
         marks, begin = [], time.perf_counter()
-        batches = shuffled_batches(c.x, c.y, c.batch, np.random.default_rng(seed))
+        batches = [shuffled_batches(c.x, c.y, c.batch, np.random.default_rng(s)) for s in seeds]
         activity = torch.profiler.ProfilerActivity.CUDA if on_gpu else torch.profiler.ProfilerActivity.CPU
         profiler = torch.profiler.profile(activities=[activity]) if c.profile else None
 
@@ -100,8 +105,11 @@ def _train_cell(c: _Cell, name, amp, backend, graph, barrier, times, seed, setup
                         profiler.start()  # the timed steps only: compilation and capture stay out of the table
                 marks.append(time.perf_counter())
 
-        train(model, batches, tcfg, loss_fn=c.loss_fn, on_step=on_step, cuda_graph=graph != "eager",
-              compile=graph == "compile")  # fmt: skip
+        options = dict(loss_fn=c.loss_fn, on_step=on_step, cuda_graph=graph != "eager", compile=graph == "compile")
+        if stack > 1:
+            train_stack(models, batches, [tcfg] * stack, **options)
+        else:
+            train(models[0], batches[0], tcfg, **options)
         times.append(tuple(marks))
         if profiler is not None:
             profiler.stop()
@@ -134,18 +142,19 @@ def _graph_breaks(c: _Cell, name, amp, backend) -> int:
     return torch._dynamo.explain(forward_loss)(c.x[:8], c.y[:8]).graph_break_count
 
 
-def _measure(c: _Cell, name, amp, backend, graph, cells) -> dict:
+def _measure(c: _Cell, name, amp, backend, graph, cells, stack: bool = False) -> dict:
     torch.backends.cuda.matmul.allow_tf32 = amp == "tf32"
-    barrier, times, errors, setup, kernels = threading.Barrier(cells), [], [], [], []
+    threads_n = 1 if stack else cells
+    barrier, times, errors, setup, kernels = threading.Barrier(threads_n), [], [], [], []
 
     def run(i):
         try:
-            _train_cell(c, name, amp, backend, graph, barrier, times, i, setup, kernels)
+            _train_cell(c, name, amp, backend, graph, barrier, times, i, setup, kernels, cells if stack else 1)
         except Exception as e:  # noqa: BLE001 -- recorded
             errors.append(f"{type(e).__name__}: {e}"[:300])
             barrier.abort()
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(cells)]
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(threads_n)]
     for t in threads:
         t.start()
     for t in threads:
@@ -173,10 +182,12 @@ def step_time(
     steps: int = 30,
     warmup: int = 5,
     profile: int = 0,
+    stack: bool = False,
 ) -> list[dict]:
     """Every (model, amp, backend, graph, cells) combination (module doc; ``amps``: none (fp32), tf32 (fp32 with
     TF32 matmuls), auto (bf16 on CUDA); backends a model does not offer are skipped, and eager steps run one cell
-    only: they are launch-bound on the host). Returns the records."""
+    only unless stacked: in threads they are launch-bound on the host). ``stack``: several cells as one stacked
+    model instead of threads. Returns the records."""
     from evalsuite.errors import UserError
     from evalsuite.runs.provenance import provenance
 
@@ -186,13 +197,14 @@ def step_time(
     c = _setup(preset, d_model, steps, warmup, profile)
     records = []
     for name, amp, backend, graph, n in itertools.product(models, amps, attention, graphs, cells):
-        if (graph == "eager" and n > 1) or backend not in _build(c, name, None).available_backends(c.device):
+        threaded_eager = graph == "eager" and n > 1 and not stack
+        if threaded_eager or backend not in _build(c, name, None).available_backends(c.device):
             continue
         rec = {"model": name, "d_model": d_model, "seq_len": c.seq_len, "batch": c.batch, "amp": amp,
-               "attention": backend, "graph": graph, "cells": n}  # fmt: skip
+               "attention": backend, "graph": graph, "cells": n, "stack": stack and n > 1}  # fmt: skip
         if graph == "compile":
             rec["graph_breaks"] = _graph_breaks(c, name, amp, backend)
-        rec.update(_measure(c, name, amp, backend, graph, n))
+        rec.update(_measure(c, name, amp, backend, graph, n, stack))
         records.append(rec)
         print(json.dumps(rec), flush=True)
         Path(out).parent.mkdir(parents=True, exist_ok=True)

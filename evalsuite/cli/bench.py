@@ -281,6 +281,7 @@ def bench_step_time_cmd(
     steps: Annotated[int, typer.Option(help="Timed steps per cell.", min=1)] = 30,
     warmup: Annotated[int, typer.Option(help="Steps before the timing.", min=1)] = 5,
     profile: Annotated[int, typer.Option(help="Record the N kernels with most GPU time.", min=0)] = 0,
+    stack: Annotated[bool, typer.Option(help="Cells at once as one stacked model (else in threads).")] = False,
 ):
     """Milliseconds per MQAR training step per model, precision, backend, CUDA graph and cells at once."""
     from evalsuite.bench.step_time import step_time
@@ -288,7 +289,7 @@ def bench_step_time_cmd(
     step_time(out, models=_csv_list(models, str, "--models"), preset=preset, d_model=d_model,
               amps=_csv_list(amp, str, "--amp"), attention=_csv_list(attention, str, "--attention"),
               graphs=_csv_list(graph, str, "--graph"), cells=_csv_list(cells, int, "--cells"), steps=steps,
-              warmup=warmup, profile=profile)  # fmt: skip
+              warmup=warmup, profile=profile, stack=stack)  # fmt: skip
     typer.echo(f"wrote {out}")
 
 

@@ -47,6 +47,12 @@ def mqar(
     compile: Annotated[
         bool | None, typer.Option("--compile/--no-compile", help="torch.compile the forward (default: on CUDA).")
     ] = None,
+    stack: Annotated[
+        bool, typer.Option("--stack/--no-stack", help="Cells differing only in lr/seed train as one stacked model.")
+    ] = False,
+    stack_size: Annotated[
+        int | None, typer.Option(min=2, help="Cells per stacked model at most (with --stack; default 8).")
+    ] = None,
     time_limit: Annotated[float | None, typer.Option(help="Seconds after which no new cell starts.")] = None,
     device: DeviceOpt = "auto",
     seed: SeedOpt = None,
@@ -78,9 +84,10 @@ def mqar(
     if settings:
         sweep = MQARSweep.from_dict({**sweep.to_dict(), **_key_values(settings)})
     run_dir = out or default_run_dir(sweep, preset)
+    stacked = (stack_size or True) if stack else False  # True: stacks of the task's default size
     results = run_mqar(sweep, run_dir, device=device, attention=attention, workers=workers, threads=threads,
-                       cuda_graph=cuda_graph, compile=compile, time_limit=time_limit, progress=progress, preset=preset,
-                       on_record=None if progress else _echo_mqar_cell, repair=repair)  # fmt: skip
+                       cuda_graph=cuda_graph, compile=compile, stack=stacked, time_limit=time_limit, progress=progress,
+                       preset=preset, on_record=None if progress else _echo_mqar_cell, repair=repair)  # fmt: skip
     _only_main()
     _show_sweep(results, preset, run_dir, report)
 

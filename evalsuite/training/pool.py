@@ -8,7 +8,8 @@ sweep's throughput (the MQAR sweep, ``evalsuite/tasks/mqar/``). The pool knows n
 * ``make_handler``: a picklable callable (a module-level function, or a ``functools.partial`` of one) that each
   worker calls once to get its handler; per-process state such as a data cache lives in the handler.
   ``handler(item, report)`` does the work and returns the result; it may call ``report(n)`` to announce ``n``
-  units of progress (e.g. optimizer steps).
+  units of progress (e.g. optimizer steps), or with any other picklable payload (a part of its result that is
+  ready early), which ``on_progress`` receives as it is.
 * The parent receives ``on_start(index)``, ``on_progress(index, n)``, ``on_result(index, result)`` and
   ``on_error(index, message)`` calls, in its own process, so only it ever writes files (no locking).
 
@@ -29,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-Handler = Callable[[object, Callable[[int], None]], object]
+Handler = Callable[[object, Callable[[object], None]], object]
 
 
 def run_pool(
@@ -41,7 +42,7 @@ def run_pool(
     deadline: float | None = None,
     torch_threads: int | None = None,
     on_start: Callable[[int], None] | None = None,
-    on_progress: Callable[[int, int], None] | None = None,
+    on_progress: Callable[[int, object], None] | None = None,
     on_result: Callable[[int, object], None] | None = None,
     on_error: Callable[[int | None, str], None] | None = None,
     poll_seconds: float = 5.0,

@@ -344,7 +344,7 @@ def train(
             continue
         entry = {"step": step + 1, "lr": lr, **_mean_loss(stepper, loss_count)}
         loss_count = 0
-        stop = _check_step(model, evaluate, do_eval, config, result, entry)
+        stop = check_step(model, evaluate, do_eval, config, result, entry)
         entry["seconds"] = time.perf_counter() - start
         result.history.append(entry)
         if stop:
@@ -354,7 +354,7 @@ def train(
             _save(snapshot, model, optimizer, result)
             saved = time.perf_counter()
     if evaluate is not None and result.final_eval is None:
-        _evaluate(model, evaluate, config, result, {"step": result.steps})
+        evaluate_into(model, evaluate, config, result, {"step": result.steps})
     result.seconds = time.perf_counter() - start
     if snapshot is not None:
         snapshot.unlink(missing_ok=True)
@@ -368,20 +368,20 @@ def _mean_loss(stepper, count: int) -> dict:
     return {"loss": loss, "grad_norm": float(stepper.grad_norm)}
 
 
-def _check_step(model: nn.Module, evaluate, do_eval: bool, config: TrainConfig, result: TrainResult,
-                entry: dict) -> bool:  # fmt: skip
+def check_step(model: nn.Module, evaluate, do_eval: bool, config: TrainConfig, result: TrainResult,
+               entry: dict) -> bool:  # fmt: skip
     """At a log step (``entry``: its step, loss, ...): note divergence, evaluate when due (or diverged); True when
     training stops (diverged, or the early-stop threshold crossed)."""
     stop = False
     if not math.isfinite(entry["loss"]):
         result.diverged = stop = True
     if evaluate is not None and (do_eval or stop):
-        stop = _evaluate(model, evaluate, config, result, entry) or stop
+        stop = evaluate_into(model, evaluate, config, result, entry) or stop
         result.stopped_early = stop and not result.diverged
     return stop
 
 
-def _evaluate(model: nn.Module, evaluate, config: TrainConfig, result: TrainResult, entry: dict) -> bool:
+def evaluate_into(model: nn.Module, evaluate, config: TrainConfig, result: TrainResult, entry: dict) -> bool:
     """Evaluate at ``entry["step"]``, note it in ``result`` and ``entry``; True when the early-stop threshold is
     crossed."""
     metric, step = config.early_stop_metric, entry["step"]
@@ -395,10 +395,15 @@ def _evaluate(model: nn.Module, evaluate, config: TrainConfig, result: TrainResu
 
 def _save(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, result: TrainResult) -> None:
     """Write the run's state to ``path`` atomically (a kill mid-write leaves the previous snapshot)."""
+    write_snapshot(path, {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "result": asdict(result)})
+
+
+def write_snapshot(path: Path, state: dict) -> None:
+    """``torch.save(state)`` to ``path`` atomically (a kill mid-write leaves the previous snapshot)."""
     # Serialised in memory first (the models that snapshot are small): torch.save into a file turns a full disk
     # into a RuntimeError that names no file, atomic_write_bytes into a UserError naming it.
     buffer = io.BytesIO()
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "result": asdict(result)}, buffer)
+    torch.save(state, buffer)
     atomic_write_bytes(path, buffer.getvalue())
 
 

@@ -99,11 +99,15 @@ class GraphedStep(EagerStep):
         self._set_lr(lr)
         self.graph.replay()
 
-    def _set_lr(self, lr: float) -> None:
+    def _set_lr(self, lr: float | torch.Tensor) -> None:
+        """Fill the graph's learning rates: a float, or a tensor (a stack's ``[C]`` rates, training/stack.py)."""
         for group in self.optimizer.param_groups:
             if not torch.is_tensor(group["lr"]):
                 raise ValueError("GraphedStep needs an optimizer with a tensor learning rate (capturable=True)")
-            group["lr"].fill_(lr)
+            if torch.is_tensor(lr):
+                group["lr"].copy_(lr, non_blocking=True)
+            else:
+                group["lr"].fill_(lr)
 
     def _capture(self, inputs: torch.Tensor, labels: torch.Tensor) -> None:
         with _CAPTURE_LOCK:
@@ -114,7 +118,7 @@ class GraphedStep(EagerStep):
                 for _ in range(2):
                     with autocast(self.amp_dtype, self.device, self.autocast_cache):
                         loss = self.loss_fn(self.model, self.inputs, self.labels)
-                    loss.backward()
+                    loss.sum().backward()  # a stack's loss is one per cell (training/stack.py)
                     self.optimizer.zero_grad(set_to_none=True)
                 self._set_lr(0.0)
                 self.update(self.inputs, self.labels)

@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from evalsuite.kernels import triton_utils
+from evalsuite.kernels.cells import fold_rule
 from evalsuite.kernels.triton_utils import interpreting
 
 BLOCK_T = 2048
@@ -52,18 +53,25 @@ def _scan(x: torch.Tensor, y: torch.Tensor, reverse: bool) -> None:
 
 class _CumsumOverTime(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, log_f):
+    def forward(log_f):
         B, T, H = log_f.shape
         cum = triton_utils.empty((B, H, T), torch.float32, log_f.device).transpose(1, 2)
         _scan(log_f, cum, reverse=False)
-        ctx.dtype = log_f.dtype
         return cum
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.dtype = inputs[0].dtype
 
     @staticmethod
     def backward(ctx, grad_cum):
         grad = triton_utils.empty(grad_cum.shape, torch.float32, grad_cum.device)
         _scan(grad_cum, grad, reverse=True)
         return grad.to(ctx.dtype)
+
+    @staticmethod
+    def vmap(info, in_dims, log_f):  # the cells of a stack as more rows (kernels/cells.py)
+        return fold_rule(_CumsumOverTime.apply, info, in_dims, (log_f,), batched=(0,))
 
 
 def cumsum_over_time_triton(log_f: torch.Tensor) -> torch.Tensor:

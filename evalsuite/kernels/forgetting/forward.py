@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from evalsuite.kernels import triton_utils
+from evalsuite.kernels.cells import fold_rule
 from evalsuite.kernels.forgetting import common
 from evalsuite.kernels.forgetting.backward import _bwd
 from evalsuite.kernels.forgetting.common import (
@@ -287,6 +288,11 @@ def _backward(ctx, do, _dlse):
 
 
 _fwd_op.register_autograd(_backward, setup_context=_save_for_backward)
+
+
+@_fwd_op.register_vmap
+def _(info, in_dims, q, k, v, cum, scale, config):  # the cells of a stack as more rows (kernels/cells.py)
+    return fold_rule(_fwd_op, info, in_dims, (q, k, v, cum, scale, config), batched=(0, 1, 2, 3))
 
 
 def forgetting_attention_triton(q, k, v, cum=None, *, scale=None, config: BlockConfig | None = None):

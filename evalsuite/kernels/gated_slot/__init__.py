@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from evalsuite.kernels.cells import per_cell
 from evalsuite.kernels.gated_slot.reference import gsa_chunked, gsa_parallel, gsa_recurrent
 from evalsuite.kernels.triton_utils import triton_installed
 
@@ -54,9 +55,23 @@ def gated_slot_attention(
     if backend == "recurrent":
         return gsa_recurrent(q, k, v, log_alpha, scale, initial_state, output_final_state)
     if backend == "chunked":
-        return gsa_chunked(q, k, v, log_alpha, scale, initial_state, output_final_state)
+        return _chunked_per_cell(q, k, v, log_alpha, scale, initial_state, output_final_state)
     if q.shape[1] == 1 and initial_state is not None and not torch.is_grad_enabled():
         return gsa_decode_triton(q, k, v, log_alpha, scale, initial_state)
     from evalsuite.kernels.gated_slot.chunk import gsa_chunk_triton
 
     return gsa_chunk_triton(q, k, v, log_alpha, scale, initial_state, output_final_state)
+
+
+def _chunked_per_cell(q, k, v, log_alpha, scale, initial_state, output_final_state):
+    """:func:`gsa_chunked` through :func:`evalsuite.kernels.cells.per_cell`: the reference picks its chunk form from
+    the gates' decay (a branch on a value, which ``torch.vmap`` over a stacked model's cells cannot batch), so under
+    vmap it runs once per cell."""
+
+    def run(q, k, v, g, hk, hv):
+        o, state = gsa_chunked(q, k, v, g, scale, None if hk is None else (hk, hv), output_final_state)
+        return (o, *(state or (None, None)))
+
+    hk, hv = initial_state or (None, None)
+    o, hk, hv = per_cell(run, q, k, v, log_alpha, hk, hv)
+    return o, ((hk, hv) if output_final_state else None)

@@ -45,6 +45,7 @@ import torch
 import triton
 
 from evalsuite.kernels import triton_utils
+from evalsuite.kernels.cells import fold_rule
 from evalsuite.kernels.gated_slot.chunk_kernels import (
     _dgate_kernel,
     _pair_kernel,
@@ -192,8 +193,12 @@ def _slot_major(hk):
 
 
 class _GSAChunk(torch.autograd.Function):
+    """Returns ``(o, final_k, final_v, z, a_p)``: the last two are the forward's intermediates the backward reuses
+    (outputs so that they can be saved; not differentiable). Under ``torch.vmap`` the cells of a stacked model fold
+    into the batch (:mod:`evalsuite.kernels.cells`)."""
+
     @staticmethod
-    def forward(ctx, q, k, v, g, scale, h0k, h0v, output_final_state, override):
+    def forward(q, k, v, g, scale, h0k, h0v, output_final_state, override):
         cfg = config(override)
         B, T, H, DK, DV, M, NT = _dims(k, v, g, cfg)
         hsk, hsv = _states(k, v, g, h0k, h0v, cfg)
@@ -204,13 +209,19 @@ class _GSAChunk(torch.autograd.Function):
         if output_final_state:
             final_k = hsk[:, NT].view(B, H, M, DK).transpose(-1, -2).contiguous()
             final_v = hsv[:, NT].view(B, H, M, DV).clone()
-        ctx.save_for_backward(q, k, v, g, z, a_p, h0k, h0v)
-        ctx.scale, ctx.override = scale, override
-        ctx.set_materialize_grads(False)
-        return o, final_k, final_v
+        return o, final_k, final_v, z, a_p
 
     @staticmethod
-    def backward(ctx, do, d_final_k, d_final_v):
+    def setup_context(ctx, inputs, output):
+        q, k, v, g, scale, h0k, h0v, _, override = inputs
+        z, a_p = output[3:]
+        ctx.save_for_backward(q, k, v, g, z, a_p, h0k, h0v)
+        ctx.mark_non_differentiable(z, a_p)
+        ctx.scale, ctx.override = scale, override
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def backward(ctx, do, d_final_k, d_final_v, _dz, _da_p):
         q, k, v, g, z, a_p, h0k, h0v = ctx.saved_tensors
         scale, cfg = ctx.scale, config(ctx.override)
         B, T, H, DK, DV, M, NT = _dims(k, v, g, cfg)
@@ -234,6 +245,11 @@ class _GSAChunk(torch.autograd.Function):
         dg = _dgate(q, k, v, do, z, dp, g, hsk, hsv, dhsk, dhsv, scale, cfg)
         dh0k, dh0v = dh0 if want_dh0 else (None, None)
         return dq, dk, dv, dg, None, dh0k, dh0v, None, None
+
+    @staticmethod
+    def vmap(info, in_dims, q, k, v, g, scale, h0k, h0v, output_final_state, override):
+        args = (q, k, v, g, scale, h0k, h0v, output_final_state, override)
+        return fold_rule(_GSAChunk.apply, info, in_dims, args, batched=(0, 1, 2, 3, 5, 6))
 
 
 def gsa_chunk_triton(q, k, v, log_alpha, scale: float = 1.0, initial_state=None, output_final_state: bool = False,
@@ -263,5 +279,5 @@ def gsa_chunk_triton(q, k, v, log_alpha, scale: float = 1.0, initial_state=None,
         h0k, h0v = _slot_major(initial_state[0]), initial_state[1].to(F32).contiguous()
     q, k, v = (x.contiguous() for x in (q, k, v))
     g = log_alpha.to(F32).clamp(min=LOG_ALPHA_FLOOR).contiguous()
-    o, hk, hv = _GSAChunk.apply(q, k, v, g, float(scale), h0k, h0v, output_final_state, config)
+    o, hk, hv, _, _ = _GSAChunk.apply(q, k, v, g, float(scale), h0k, h0v, output_final_state, config)
     return o, ((hk, hv) if output_final_state else None)

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from evalsuite.kernels import triton_utils
+from evalsuite.kernels.cells import fold_rule
 from evalsuite.kernels.grouped_cross import common
 from evalsuite.kernels.grouped_cross.common import _load_tile
 from evalsuite.kernels.jit_helpers import in_range, mm
@@ -103,25 +104,39 @@ def gca_fwd(q, k, v, w32, softmax_one: bool, scale: float, config=None):
 
 
 class GCAFunction(torch.autograd.Function):
-    """Autograd wrapper of :func:`gca_fwd` and :func:`.backward.gca_bwd`; saves q, k, v, w (float32) and L."""
+    """Autograd wrapper of :func:`gca_fwd` and :func:`.backward.gca_bwd`; returns ``(o, L)`` (L an output so that it
+    can be saved; not differentiable) and saves q, k, v, w (float32) and L. Under ``torch.vmap`` the cells of a
+    stacked model fold into the batch (:mod:`evalsuite.kernels.cells`)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, w, softmax_one, scale, config):
-        w32 = w.detach().to(torch.float32).contiguous()
+    def forward(q, k, v, w, softmax_one, scale, config):
         launch = common.fwd_config(q.shape[2], q.shape[-1], q.element_size(), config)
-        o, lse = gca_fwd(q, k, v, w32, softmax_one, scale, config=launch)
-        ctx.save_for_backward(q, k, v, w32, lse)
-        ctx.scale, ctx.w_dtype, ctx.config = scale, w.dtype, config
-        return o
+        return gca_fwd(q, k, v, _w32(w), softmax_one, scale, config=launch)
 
     @staticmethod
-    def backward(ctx, do):
+    def setup_context(ctx, inputs, output):
+        q, k, v, w, _, scale, config = inputs
+        ctx.save_for_backward(q, k, v, _w32(w), output[1])
+        ctx.mark_non_differentiable(output[1])
+        ctx.scale, ctx.w_dtype, ctx.config = scale, w.dtype, config
+
+    @staticmethod
+    def backward(ctx, do, _dlse):
         from evalsuite.kernels.grouped_cross.backward import gca_bwd
 
         q, k, v, w32, lse = ctx.saved_tensors
         launch = common.bwd_config(q.shape[2], q.shape[-1], q.element_size(), ctx.config)
         dq, dk, dv, dw = gca_bwd(do.to(q.dtype), q, k, v, w32, lse, ctx.scale, config=launch)
         return dq, dk, dv, dw.to(ctx.w_dtype), None, None, None
+
+    @staticmethod
+    def vmap(info, in_dims, q, k, v, w, softmax_one, scale, config):
+        args = (q, k, v, w, softmax_one, scale, config)
+        return fold_rule(GCAFunction.apply, info, in_dims, args, batched=(0, 1, 2, 3))
+
+
+def _w32(w: torch.Tensor) -> torch.Tensor:
+    return w.detach().to(torch.float32).contiguous()
 
 
 def _needs_grad(*tensors) -> bool:
@@ -152,4 +167,4 @@ def gca_triton(q, k, v, w, *, softmax_one: bool = True, scale: float | None = No
         return gca_reference(q, k, v, w, softmax_one=softmax_one, scale=scale)
     if q.shape[2] > common.MAX_SQ and _needs_grad(q, k, v, w):
         raise ValueError(f"the GCA backward takes query chunks of at most {common.MAX_SQ} rows, got {q.shape[2]}")
-    return GCAFunction.apply(q, k, v, w, bool(softmax_one), scale, config)
+    return GCAFunction.apply(q, k, v, w, bool(softmax_one), scale, config)[0]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from evalsuite.kernels import triton_utils
+from evalsuite.kernels.cells import fold_rule
 from evalsuite.kernels.lightning import common
 from evalsuite.kernels.lightning.scan import segment_scan
 from evalsuite.kernels.lightning.walk import walk
@@ -58,30 +59,47 @@ def chunk_bwd(do, dht, q, k, v, slope, seg, chunks, need_dh0: bool, config):
 
 
 class LightningChunkFunction(torch.autograd.Function):
-    """Autograd wrapper of :func:`chunk_fwd` / :func:`chunk_bwd`.
+    """Autograd wrapper of :func:`chunk_fwd` / :func:`chunk_bwd`; returns ``(o, final state or None, seg)``.
 
-    Saves q, k, v, the slopes, the float32 segment states, the chunking and the launch settings (``override``: a
-    :class:`~common.LaunchConfig`, or None for the shipped one); gradients flow to q, k, v and the initial state (also
-    through the returned final state); the slopes get none.
+    Saves q, k, v, the slopes, the float32 segment states ``seg`` (an output so that it can be saved; not
+    differentiable), the chunking and the launch settings (``override``: a :class:`~common.LaunchConfig`, or None for
+    the shipped one); gradients flow to q, k, v and the initial state (also through the returned final state); the
+    slopes get none. Under ``torch.vmap`` (the cells of a stacked model) the cells fold into the batch
+    (:mod:`evalsuite.kernels.cells`); the chunking then follows the folded batch, so the states' float32 sums may
+    round differently from a cell's own call.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, slope, h0, output_final_state, override):
-        config = override if override is not None else common.launch_config()
-        o, ht, seg, chunks = chunk_fwd(q, k, v, slope, h0, output_final_state, config)
-        ctx.save_for_backward(q, k, v, slope, seg)
-        ctx.chunks, ctx.override = chunks, override
-        ctx.set_materialize_grads(False)
-        return o, ht
+    def forward(q, k, v, slope, h0, output_final_state, override):
+        o, ht, seg, _ = chunk_fwd(q, k, v, slope, h0, output_final_state, _launch(override))
+        return o, ht, seg
 
     @staticmethod
-    def backward(ctx, do, dht):
+    def setup_context(ctx, inputs, output):
+        q, k, v, slope, _, _, override = inputs
+        seg = output[2]
+        ctx.save_for_backward(q, k, v, slope, seg)
+        ctx.mark_non_differentiable(seg)
+        B, T, H, _ = q.shape
+        ctx.chunks, ctx.override = common.chunking(T, B * H, _launch(override)), override  # as chunk_fwd chose
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def backward(ctx, do, dht, _dseg):
         q, k, v, slope, seg = ctx.saved_tensors
         need_dh0 = ctx.needs_input_grad[4]
         do = torch.zeros_like(v) if do is None else do.to(v.dtype)  # the walks' dots take one dtype
-        config = ctx.override if ctx.override is not None else common.launch_config()
-        dq, dk, dv, dh0 = chunk_bwd(do, dht, q, k, v, slope, seg, ctx.chunks, need_dh0, config)
+        dq, dk, dv, dh0 = chunk_bwd(do, dht, q, k, v, slope, seg, ctx.chunks, need_dh0, _launch(ctx.override))
         return dq, dk, dv, None, dh0, None, None
+
+    @staticmethod
+    def vmap(info, in_dims, q, k, v, slope, h0, output_final_state, override):
+        args = (q, k, v, slope, h0, output_final_state, override)
+        return fold_rule(LightningChunkFunction.apply, info, in_dims, args, batched=(0, 1, 2, 4))
+
+
+def _launch(override):
+    return override if override is not None else common.launch_config()
 
 
 def lightning_chunk_triton(q, k, v, slope, initial_state=None, output_final_state: bool = False, config=None):
@@ -104,4 +122,5 @@ def lightning_chunk_triton(q, k, v, slope, initial_state=None, output_final_stat
         if not output_final_state:
             return v.new_zeros(v.shape), None
         return v.new_zeros(v.shape), (h0 if h0 is not None else q.new_zeros(B, H, DK, v.shape[-1], dtype=torch.float32))
-    return LightningChunkFunction.apply(q, k, v, common.slope_f32(slope, q.device), h0, output_final_state, config)
+    o, ht, _ = LightningChunkFunction.apply(q, k, v, common.slope_f32(slope, q.device), h0, output_final_state, config)
+    return o, ht

@@ -5,9 +5,11 @@ Importing this package registers the ``mqar`` task. Its parts, by job:
 * :mod:`evalsuite.data.mqar`: the data (Zoology's ``multiquery_ar`` generator, seeded, machine-independent);
 * :mod:`.sweep`: the sweep's settings (``tasks/mqar.yaml`` presets), its cells and each cell's hashed config;
 * :mod:`.cell`: training one cell and its record;
+* :mod:`.stack`: cells that differ only in learning rate or seed trained as one stacked model, and the pool's units
+  (a cell alone or a stack);
 * :mod:`evalsuite.tasks.mqar_summary` (beside this package, free of torch): best accuracy over learning rates,
   for ``results.json`` and :mod:`evalsuite.report.mqar`, and the accuracy check;
-* :mod:`.task`: :class:`MQARTask` on the runner, cells spread over :func:`evalsuite.training.pool.run_pool` workers.
+* :mod:`.task`: :class:`MQARTask` on the runner, units spread over :func:`evalsuite.training.pool.run_pool` workers.
 
 Each cell trains a fresh model with :func:`evalsuite.training.train.train` and appends one record (query accuracy on the
 test set) to ``records.jsonl``. Cells are keyed by a hash of their config, so a rerun skips finished cells: an

@@ -7,22 +7,24 @@ learning rate, state size) and the training history; ``key`` and ``config_hash``
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from evalsuite.cards import ModelCard
 from evalsuite.data.mqar import mqar_data
 from evalsuite.runs.provenance import device_name, provenance
 from evalsuite.runs.store import config_hash
-from evalsuite.tasks.mqar.sweep import Cell, MQARSweep, cell_config, data_config, resolve_model
+from evalsuite.tasks.mqar.sweep import Cell, MQARSweep, cell_config, resolve_model
 from evalsuite.training.train import (
     IGNORE_INDEX,
+    TrainConfig,
     TrainResult,
     autocast,
     autocast_dtype,
@@ -77,25 +79,26 @@ def decode_state_size(model: torch.nn.Module, length: int, dtype: torch.dtype) -
     return own(length, dtype) if callable(own) else None
 
 
-def run_cell(
-    sweep: MQARSweep,
-    cell: Cell,
-    device: torch.device,
-    data: dict[str, tuple[torch.Tensor, torch.Tensor]],
-    attention: str = "auto",
-    on_step: Callable[[int], None] | None = None,
-    cuda_graph: bool = False,
-    compile: bool = False,
-    snapshot_dir: Path | None = None,
-    snapshot_every_s: float | None = None,
-) -> dict:
-    """Train one fresh model on one cell's data (``{"train"|"test": (inputs, labels)}``, each ``[N, seq_len]``
-    long on ``device``); return its record. ``cuda_graph``: each training step replayed as one CUDA graph
-    (:mod:`evalsuite.training.train_step`; the same updates, without the launch overhead); ``compile``: the forward and
-    loss through ``torch.compile`` (fused elementwise kernels; training/train.py). ``snapshot_dir``: the
-    cell's training snapshots go to ``<snapshot_dir>/<key>.pt``, so a cell cut short (a GPU lease ending) resumes
-    where its last snapshot left it instead of from step 0; ``snapshot_every_s``: seconds between snapshots (None:
-    :func:`~evalsuite.training.train.train`'s default)."""
+@dataclass
+class CellSetup:
+    """A cell ready to train: its fresh model on the device (with the attention backend), training settings, batches,
+    evaluation and loss, and what its record needs (its card and hashed config)."""
+
+    cell: Cell
+    card: ModelCard
+    config: dict
+    model: torch.nn.Module
+    train_config: TrainConfig
+    amp_dtype: torch.dtype | None
+    batches: Iterator[tuple[torch.Tensor, torch.Tensor]]
+    evaluate: Callable[[torch.nn.Module], dict]
+    loss_fn: Callable
+
+
+def setup_cell(sweep: MQARSweep, cell: Cell, device: torch.device, data: dict[str, tuple[torch.Tensor, torch.Tensor]],
+               attention: str = "auto") -> CellSetup:  # fmt: skip
+    """Build ``cell``'s model and its training run on ``data`` (``{"train"|"test": (inputs, labels)}``, each
+    ``[N, seq_len]`` long on ``device``)."""
     card = resolve_model(cell.model)
     config = cell_config(sweep, cell, card)
     sweep, seed = sweep.for_variant(cell.variant), config["init_seed"]
@@ -116,15 +119,42 @@ def run_cell(
 
     # Static shapes for the graph: every MQAR row has its kv pairs' queries labelled, the same count per setting.
     loss_fn = functools.partial(gathered_cross_entropy, labels_per_row=int((train_y != IGNORE_INDEX).sum(1).max()))
-    snapshot = None if snapshot_dir is None else Path(snapshot_dir) / f"{config_hash(config)}.pt"
-    result = train(model, batches, tcfg, evaluate=evaluate, loss_fn=loss_fn, on_step=on_step,
-                   cuda_graph=cuda_graph, compile=compile, snapshot=snapshot,
+    return CellSetup(cell, card, config, model, tcfg, amp_dtype, batches, evaluate, loss_fn)
+
+
+def setup_record(setup: CellSetup, result: TrainResult, device: torch.device, **provenance_fields) -> dict:
+    """The record of a trained :class:`CellSetup` (:func:`cell_record`); ``provenance_fields``: how it trained."""
+    state = decode_state_size(setup.model, setup.cell.seq_len, setup.amp_dtype or torch.float32)
+    dtype = "bfloat16 autocast" if setup.amp_dtype is not None else "float32"
+    prov = provenance(device=device_name(device), dtype=dtype, seed=setup.config["init_seed"], **provenance_fields)
+    return cell_record(setup.cell, setup.config, setup.card.architecture, setup.model, result, state, prov)
+
+
+def run_cell(
+    sweep: MQARSweep,
+    cell: Cell,
+    device: torch.device,
+    data: dict[str, tuple[torch.Tensor, torch.Tensor]],
+    attention: str = "auto",
+    on_step: Callable[[int], None] | None = None,
+    cuda_graph: bool = False,
+    compile: bool = False,
+    snapshot_dir: Path | None = None,
+    snapshot_every_s: float | None = None,
+) -> dict:
+    """Train one fresh model on one cell's data (``{"train"|"test": (inputs, labels)}``, each ``[N, seq_len]``
+    long on ``device``); return its record. ``cuda_graph``: each training step replayed as one CUDA graph
+    (:mod:`evalsuite.training.train_step`; the same updates, without the launch overhead); ``compile``: the forward and
+    loss through ``torch.compile`` (fused elementwise kernels; training/train.py). ``snapshot_dir``: the
+    cell's training snapshots go to ``<snapshot_dir>/<key>.pt``, so a cell cut short (a GPU lease ending) resumes
+    where its last snapshot left it instead of from step 0; ``snapshot_every_s``: seconds between snapshots (None:
+    :func:`~evalsuite.training.train.train`'s default)."""
+    setup = setup_cell(sweep, cell, device, data, attention)
+    snapshot = None if snapshot_dir is None else Path(snapshot_dir) / f"{config_hash(setup.config)}.pt"
+    result = train(setup.model, setup.batches, setup.train_config, evaluate=setup.evaluate, loss_fn=setup.loss_fn,
+                   on_step=on_step, cuda_graph=cuda_graph, compile=compile, snapshot=snapshot,
                    snapshot_every_s=snapshot_every_s)  # fmt: skip
-    state = decode_state_size(model, cell.seq_len, amp_dtype or torch.float32)
-    dtype = "bfloat16 autocast" if amp_dtype is not None else "float32"
-    prov = provenance(device=device_name(device), dtype=dtype, attention=attention, seed=seed, cuda_graph=cuda_graph,
-                      compile=compile)  # fmt: skip
-    return cell_record(cell, config, card.architecture, model, result, state, prov)
+    return setup_record(setup, result, device, attention=attention, cuda_graph=cuda_graph, compile=compile)
 
 
 def cell_record(cell: Cell, config: dict, architecture: str, model: torch.nn.Module, result: TrainResult,
@@ -192,33 +222,3 @@ class DataCache:
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)  # other threads read it on their own streams
             return self._data[key]
-
-
-def cell_handler(
-    sweep_dict: dict,
-    device: str,
-    attention: str,
-    cuda_graph: bool = False,
-    compile: bool = False,
-    snapshot_dir: str | None = None,
-    snapshot_every_s: float | None = None,
-) -> Callable[[Cell, Callable[[int], None]], dict]:
-    """A :func:`evalsuite.training.pool.run_pool` handler (built once per process): ``handler(cell, report) -> record``,
-    reporting progress every ``PROGRESS_EVERY`` steps. Takes plain values so it pickles into a worker. On CUDA each
-    cell runs on a stream of its own, so cells in threads of one process overlap on the GPU."""
-    sweep = MQARSweep.from_dict(sweep_dict)
-    dev = torch.device(device)
-    cache = DataCache(dev)
-
-    def handle(cell: Cell, report: Callable[[int], None]) -> dict:
-        def on_step(step: int) -> None:
-            if step % PROGRESS_EVERY == 0:
-                report(PROGRESS_EVERY)
-
-        data = cache.get(data_config(sweep, cell.seq_len, cell.num_kv_pairs))
-        stream = torch.cuda.stream(torch.cuda.Stream(dev)) if dev.type == "cuda" else contextlib.nullcontext()
-        with stream:
-            return run_cell(sweep, cell, dev, data, attention, on_step=on_step, cuda_graph=cuda_graph, compile=compile,
-                            snapshot_dir=snapshot_dir, snapshot_every_s=snapshot_every_s)  # fmt: skip
-
-    return handle

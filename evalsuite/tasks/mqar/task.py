@@ -29,7 +29,7 @@ from evalsuite.runs.rundir import RunDir, ShardFollower
 from evalsuite.runs.store import config_hash
 from evalsuite.runtime import resolve_device
 from evalsuite.tasks.base import Plan, Task, check_known_options, register_task
-from evalsuite.tasks.mqar.cell import cell_handler
+from evalsuite.tasks.mqar.stack import Unit, plan_units, unit_handler
 from evalsuite.tasks.mqar.sweep import (
     Cell,
     MQARSweep,
@@ -47,17 +47,20 @@ from evalsuite.training.pool import run_pool
 SNAPSHOT_DIR = "partial"  # in the run directory: snapshots of cells in training (training.train.train's snapshot)
 DEFAULT_PRESET = "ci"  # the sweep `evalsuite mqar` and `evalsuite run mqar` start from
 # MQARTask's options besides the sweep (``evalsuite run mqar --set device=cpu``)
-RUN_OPTIONS = ("device", "attention", "workers", "threads", "cuda_graph", "compile", "time_limit")
+RUN_OPTIONS = ("device", "attention", "workers", "threads", "cuda_graph", "compile", "stack", "time_limit")
+DEFAULT_STACK = 8  # cells per stack at most (``stack=True``)
 
 
 @dataclass(frozen=True, kw_only=True)
 class MQARPlan(Plan):
-    """The sweep resolved for this machine: the device, whether steps are CUDA graphs and compiled, every cell in
-    run order and its config hash (a cell's record key)."""
+    """The sweep resolved for this machine: the device, whether steps are CUDA graphs and compiled, how many cells
+    train as one stacked model at most (1: each alone), every cell in run order and its config hash (a cell's
+    record key)."""
 
     device: torch.device
     cuda_graph: bool
     compile: bool
+    stack: int
     cells: list[Cell]
     hashes: list[str]
 
@@ -76,8 +79,11 @@ class MQARTask(Task):
     against each model's family), ``workers`` (subprocesses training cells on the device), ``threads`` (cells trained
     at once in each worker, each on its own CUDA stream), ``cuda_graph`` (each training step replayed as one CUDA
     graph; default: on CUDA devices), ``compile`` (the forward and loss through ``torch.compile``; default: on CUDA
-    devices), ``time_limit`` (seconds, after which no new cell starts), ``preset`` (its name,
-    for the default directory and the summary) and ``on_record(record)`` (called after each finished cell)."""
+    devices), ``stack`` (cells that differ only in learning rate or seed train together as one stacked model,
+    :mod:`evalsuite.tasks.mqar.stack`: True for stacks of up to :data:`DEFAULT_STACK` cells, an int for up to
+    that many, False (the default) or 1 for each cell alone), ``time_limit`` (seconds, after which no new cell
+    starts), ``preset`` (its name, for the default directory and the summary) and ``on_record(record)`` (called
+    after each finished cell)."""
 
     name = "mqar"
     command = "mqar"
@@ -96,13 +102,14 @@ class MQARTask(Task):
         threads: int = 1,
         cuda_graph: bool | None = None,
         compile: bool | None = None,
+        stack: bool | int = False,
         time_limit: float | None = None,
         preset: str | None = None,
         on_record=None,
     ):
         super().__init__(config)
         self.device, self.attention, self.workers, self.threads = device, attention, workers, threads
-        self.cuda_graph, self.compile = cuda_graph, compile
+        self.cuda_graph, self.compile, self.stack = cuda_graph, compile, stack
         self.time_limit, self.preset, self.on_record = time_limit, preset, on_record
 
     @classmethod
@@ -126,6 +133,11 @@ class MQARTask(Task):
         compile = on_cuda if self.compile is None else self.compile
         if cuda_graph and not on_cuda:
             raise UserError(f"CUDA graphs need a CUDA device, not {device}")
+        stack = self.stack
+        if isinstance(stack, bool):
+            stack = DEFAULT_STACK if stack else 1
+        if not isinstance(stack, int) or stack < 1:
+            raise UserError(f"stack must be a positive number of cells (or true/false), got {self.stack}")
         sweep = self.config
         cells = sweep_cells(sweep)
         cards = {name: resolve_model(name) for name in dict.fromkeys(c.model for c in cells)}
@@ -138,7 +150,9 @@ class MQARTask(Task):
                 except UserError as e:
                     raise UserError(f"MQAR model {name}: {e}") from None
         hashes = [config_hash(cell_config(sweep, c, cards[c.model])) for c in cells]
-        return MQARPlan(config={}, device=device, cuda_graph=cuda_graph, compile=compile, cells=cells, hashes=hashes)
+        return MQARPlan(
+            config={}, device=device, cuda_graph=cuda_graph, compile=compile, stack=stack, cells=cells, hashes=hashes
+        )
 
     def default_dir(self, plan: MQARPlan, adapter, chash: str) -> Path:
         return default_run_dir(self.config, self.preset)
@@ -200,16 +214,19 @@ class MQARTask(Task):
 
     def _train(self, plan: MQARPlan, run: RunDir, pending: list[tuple[int, Cell]], deadline: float | None,
                progress: bool) -> list[str]:  # fmt: skip
-        """Run this rank's share of the pending cells through the worker pool; the parent appends every record (no
-        file locking). Returns the error messages of failed cells (in subprocesses; in-process a failure raises).
-        Rank 0's bar counts the steps of its own cells as they go and the cells other ranks finish, from their
-        record files."""
+        """Run this rank's share of the pending cells through the worker pool, alone or in stacks
+        (:func:`~evalsuite.tasks.mqar.stack.plan_units`); the parent appends every record (no file locking).
+        Returns the error messages of failed units (in subprocesses; in-process a failure raises). Rank 0's bar
+        counts the steps of its own cells as they go and the cells other ranks finish, from their record files."""
         world = run.world
         steps, cells = self.config.max_steps, plan.cells
+        snapshots = run.path / SNAPSHOT_DIR
+        units = plan_units(self.config, cells, plan.hashes, {i for i, _ in pending}, plan.stack, snapshots)
+        by_key = dict(zip(plan.hashes, cells, strict=True))
         advanced: dict[int, int] = {}
         finished = (len(cells) - len(pending)) * steps
-        mine = world.shard(pending)
-        others = {plan.hashes[i] for i, _ in pending} - {plan.hashes[i] for i, _ in mine}
+        mine = world.shard([(u, unit) for u, (_, unit) in enumerate(units)])
+        others = {plan.hashes[i] for i, _ in pending} - {plan.hashes[i] for u, _ in mine for i in units[u][0]}
         with progress_bar(len(cells) * steps, "mqar", enabled=progress, completed=finished) as bar:
             heartbeat = {"last": time.time(), "steps": finished}
 
@@ -219,43 +236,47 @@ class MQARTask(Task):
                         others.discard(record["key"])
                         bar.advance(steps)
 
-            def on_start(index: int) -> None:
-                c = cells[index]
-                bar.update(description=f"mqar {cell_label(c)}")
+            def on_start(u: int) -> None:
+                bar.update(description=f"mqar {unit_label(units[u][1])}")
                 if not progress:  # a log instead of a bar: which cells run, and a heartbeat per minute below
-                    print(f"mqar: start {cell_label(c)}", file=sys.stderr, flush=True)
+                    print(f"mqar: start {unit_label(units[u][1])}", file=sys.stderr, flush=True)
 
-            def on_progress(index: int, n: int) -> None:
-                advanced[index] = advanced.get(index, 0) + n
-                bar.advance(n)
-                heartbeat["steps"] += n
+            def on_progress(u: int, payload) -> None:
+                if isinstance(payload, dict):  # a stacked cell's record, as it finishes
+                    return add(u, payload)
+                advanced[u] = advanced.get(u, 0) + payload
+                bar.advance(payload)
+                heartbeat["steps"] += payload
                 if not progress and time.time() - heartbeat["last"] > 60:
                     heartbeat["last"] = time.time()
-                    message = f"mqar: {heartbeat['steps']}/{len(cells) * steps} steps, {len(advanced)} cells running"
+                    message = f"mqar: {heartbeat['steps']}/{len(cells) * steps} steps, {len(advanced)} units running"
                     print(message, file=sys.stderr, flush=True)
 
-            def on_result(index: int, record: dict) -> None:
+            def add(u: int, record: dict) -> None:
                 run.append(record)
                 if self.on_record is not None:
                     self.on_record(record)
-                left = steps - advanced.pop(index, 0)
+                bar.update(description=f"mqar {cell_label(by_key[record['key']])}: {record['value']:.3f}")
+
+            def on_result(u: int, records: list[dict]) -> None:
+                for record in records:
+                    add(u, record)
+                left = steps * sum(units[u][1].emit) - advanced.pop(u, 0)
                 bar.advance(left)
                 heartbeat["steps"] += left
-                c = cells[index]
-                bar.update(description=f"mqar {cell_label(c)}: {record['value']:.3f}")
 
             following = world.size > 1 and world.is_main
             with ShardFollower(run.path, credit) if following else contextlib.nullcontext():
                 errors = run_pool(
                     mine,
                     functools.partial(
-                        cell_handler,
+                        unit_handler,
                         self.config.to_dict(),
                         str(plan.device),
                         self.attention,
                         plan.cuda_graph,
                         plan.compile,
-                        str(run.path / SNAPSHOT_DIR),
+                        str(snapshots),
                     ),
                     workers=self.workers,
                     threads=self.threads,
@@ -264,7 +285,7 @@ class MQARTask(Task):
                     on_start=on_start,
                     on_progress=on_progress,
                     on_result=on_result,
-                    on_error=lambda index, _message: index is not None and advanced.pop(index, None),
+                    on_error=lambda u, _message: u is not None and advanced.pop(u, None),
                 )
                 world.wait()  # for the other ranks' cells, the bar still moving
             return errors
@@ -280,6 +301,12 @@ class MQARTask(Task):
             "errors": outcome.errors,
         }
         return best_records(outcome.rows), summary
+
+
+def unit_label(unit: Unit) -> str:
+    """:func:`cell_label` of a unit's first cell, and how many more train with it."""
+    more = f" (+{len(unit.cells) - 1} stacked)" if len(unit.cells) > 1 else ""
+    return cell_label(unit.cells[0]) + more
 
 
 def cell_label(c: Cell) -> str:
@@ -299,6 +326,7 @@ def run_mqar(
     threads: int = 1,
     cuda_graph: bool | None = None,
     compile: bool | None = None,
+    stack: bool | int = False,
     time_limit: float | None = None,
     progress: bool = True,
     preset: str | None = None,
@@ -316,6 +344,7 @@ def run_mqar(
         threads=threads,
         cuda_graph=cuda_graph,
         compile=compile,
+        stack=stack,
         time_limit=time_limit,
         preset=preset,
         on_record=on_record,
