@@ -143,5 +143,7 @@ def test_paper_render_fills_fox_table6_throughput(run_cli, tmp_path):
             "interleaved rounds") in md  # fmt: skip
     assert "the paper's 27k / 38k = 0.71×" in md and "the paper's 38k / 38k = 1.00×" in md
     assert "Throughput (tokens/sec): needs a GPU run" not in md
+    code, listed, err = run_cli(["paper", "list", "--results", "results", "--papers", tmp_path / "p"], tmp_path)
+    assert code == 0 and "fox-pro 1/1; transformer-llama 1/1; from the cards" in listed, err
     code, md, err = run_cli(["paper", "render", "fox:table6", "--results", "results"], tmp_path)  # measured at 16K
     assert "- Throughput (tokens/sec): needs a GPU run (evalsuite bench train)" in md

@@ -4,7 +4,8 @@
 (measurable with ``evalsuite bench``), ``weights`` (the paper's released weights), ``dataset`` (a dataset the user
 supplies, and the weights), ``training`` (training at the paper's scale), ``none`` (not a measurement). ``produced
 by`` counts the columns per recipe kind; ``ours`` says which models have values for the item under the results
-folder (``k/n``: columns found of the run-based ones), or that its columns come from the cards.
+folder (``k/n``: columns found of those measured by runs or by ``evalsuite bench``), or that its columns come from the
+cards.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from evalsuite.papers.found import Results, find
+from evalsuite.papers.found_bench import BENCH_FINDERS
 from evalsuite.papers.published import Item, Paper
 from evalsuite.papers.recipes import CARD_KINDS, RUN_KINDS, at_each_length
 
@@ -34,11 +36,19 @@ def produced_by(item: Item) -> str:
     return ", ".join(f"{kind} ({n})" for kind, n in kinds.items()) or "-"
 
 
+def measured(recipe: dict | None) -> bool:
+    """Whether a column's value comes from a run or a benchmark file under the results folder (not from the cards)."""
+    return bool(recipe) and (
+        recipe["kind"] in RUN_KINDS or (recipe["kind"] == "bench" and recipe["op"] in BENCH_FINDERS)
+    )
+
+
 def ours(item: Item, results: Results, models: list[str]) -> str:
-    """Which models have values of the item's run-based columns (``model k/n``), and whether cards give the rest."""
-    runs = [c.recipe for c in item.columns if c.recipe and c.recipe["kind"] in RUN_KINDS]
+    """Which models have values of the item's measured columns (``model k/n``), and whether cards give the rest.
+    Benchmark files name no run, so the item's own row models are looked up beside ``models``."""
+    runs = [c.recipe for c in item.columns if measured(c.recipe)]
     have = []
-    for model in models:
+    for model in dict.fromkeys([*models, *(row.model for row in item.rows if row.model)]):
         k = sum(any(find(results, r, model) for r in at_each_length(item, recipe)) for recipe in runs)
         if k:
             have.append(f"{model} {k}/{len(runs)}")
