@@ -25,3 +25,24 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if HERE in Path(item.path).resolve().parents:
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="module")
+def gsa_paper_cell():
+    """The ``gsa-paper`` MQAR preset's first cell on the GPU: (sweep, seq_len, batch, x, y, loss_fn), four batches of
+    training data in x, y ``[4 * batch, seq_len]``."""
+    import functools
+
+    import torch
+
+    from evalsuite.data.mqar import mqar_data
+    from evalsuite.tasks.mqar.sweep import data_config, load_preset
+    from evalsuite.training.train import IGNORE_INDEX, gathered_cross_entropy
+
+    sweep = load_preset("gsa-paper")
+    seq_len, kv = sweep.settings()[0]
+    batch = sweep.batch_for(seq_len)
+    data = mqar_data({**data_config(sweep, seq_len, kv), "num_train": 4 * batch, "num_test": 1})
+    x, y = (torch.from_numpy(a).cuda() for a in data["train"])
+    loss_fn = functools.partial(gathered_cross_entropy, labels_per_row=int((y != IGNORE_INDEX).sum(1).max()))
+    return sweep, seq_len, batch, x, y, loss_fn

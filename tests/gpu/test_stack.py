@@ -6,8 +6,6 @@ replayed as a CUDA graph, and FoX (Pro) also with the forward through torch.comp
 Batched GEMMs sum in another order than one cell's, and AdamW's first steps magnify rounding (a 1e-7 relative change
 of the initial weights moves a cell at lr 3e-3 by 1e-1 after ten steps on a CPU): so few steps at moderate rates."""
 
-import functools
-
 import numpy as np
 import pytest
 import torch
@@ -20,19 +18,9 @@ STEPS = 8
 CELLS = ((1e-3, 0), (3e-4, 0), (1e-3, 1))  # (lr, seed)
 
 
-@pytest.fixture(scope="module")
-def setting():
-    from evalsuite.data.mqar import mqar_data
-    from evalsuite.tasks.mqar.sweep import data_config, load_preset
-    from evalsuite.training.train import IGNORE_INDEX, gathered_cross_entropy
-
-    sweep = load_preset("gsa-paper")
-    seq_len, kv = sweep.settings()[0]
-    batch = sweep.batch_for(seq_len)
-    data = mqar_data({**data_config(sweep, seq_len, kv), "num_train": 4 * batch, "num_test": 1})
-    x, y = (torch.from_numpy(a).cuda() for a in data["train"])
-    loss_fn = functools.partial(gathered_cross_entropy, labels_per_row=int((y != IGNORE_INDEX).sum(1).max()))
-    return sweep, seq_len, batch, x, y, loss_fn
+@pytest.fixture
+def setting(gsa_paper_cell):
+    return gsa_paper_cell
 
 
 def _runs(setting, name, amp):

@@ -5,8 +5,6 @@ graph replays the eager step's kernels (same losses, same weights up to float32 
 fuses kernels (close, not equal). Also the float32 output and gradients with the Triton backend against the PyTorch
 reference backend (GSA's fp32 dots are 3xTF32; FoX's kernel takes bf16/fp16 only and is skipped there)."""
 
-import functools
-
 import numpy as np
 import pytest
 import torch
@@ -18,19 +16,9 @@ MODELS = ("fox-pro", "transformer-llama", "gsa", "tnl")
 STEPS = 20
 
 
-@pytest.fixture(scope="module")
-def cell():
-    from evalsuite.data.mqar import mqar_data
-    from evalsuite.tasks.mqar.sweep import data_config, load_preset
-    from evalsuite.training.train import IGNORE_INDEX, gathered_cross_entropy
-
-    sweep = load_preset("gsa-paper")
-    seq_len, kv = sweep.settings()[0]
-    batch = sweep.batch_for(seq_len)
-    data = mqar_data({**data_config(sweep, seq_len, kv), "num_train": 4 * batch, "num_test": 1})
-    x, y = (torch.from_numpy(a).cuda() for a in data["train"])
-    loss_fn = functools.partial(gathered_cross_entropy, labels_per_row=int((y != IGNORE_INDEX).sum(1).max()))
-    return sweep, seq_len, batch, x, y, loss_fn
+@pytest.fixture
+def cell(gsa_paper_cell):
+    return gsa_paper_cell
 
 
 def _model(cell, name):
