@@ -238,10 +238,15 @@ def test_a_step_batch_ends_each_row_as_generate_does_alone(native):
     jobs = [Job(p, c, lambda kind, payload, out=out: out.append((kind, payload)))
             for p, c, out in zip(prompts, configs, events, strict=True)]  # fmt: skip
     batch = StepBatch(native, jobs, prefill_chunk=3)
-    steps = 0
+    steps, counted = 0, []
+    heard = lambda: sum(map(len, events))  # noqa: E731
     while batch.live:
-        batch.advance()
+        before = heard()
+        batch.advance(lambda generated, prefilled, before=before: counted.append((generated, heard() - before)))
         steps += 1
+    # every step's tokens are counted once, before any job of the step hears of them
+    assert len(counted) == steps and all(early == 0 for _, early in counted)
+    assert sum(generated for generated, _ in counted) == sum(len(g.token_ids) for g in alone)
     for got, want in zip(events, alone, strict=True):
         kinds = [kind for kind, _ in got]
         assert kinds == ["tokens"] * (len(kinds) - 1) + ["done"] and got[-1][1] == want

@@ -83,27 +83,31 @@ class StepBatch:
             self.left[b] = True
         return len(gone)
 
-    def advance(self) -> tuple[int, int]:
-        """One prefill pass or one decode step -> (tokens generated, prompt tokens prefilled)."""
+    def advance(self, record: Callable[[int, int], None]) -> None:
+        """One prefill pass or one decode step. ``record(tokens generated, prompt tokens prefilled)`` is called once
+        the tokens are chosen and the ended rows have left, before any job hears of them: a client that has its
+        answer finds it counted."""
         prefilled = 0
         if not self.run.prefilled:
             if not self.run.prefill(self.prefill_chunk):
-                return 0, 0
+                record(0, 0)
+                return
             prefilled = sum(len(j.prompt) for j in self.jobs)
         tokens = self.run.next_tokens()
         rows = [b for b, left in enumerate(self.left) if not left]
         chosen = tokens.tolist()
         self.finisher.feed([[chosen[b]] if not left else [] for b, left in enumerate(self.left)])
-        for b in rows:
-            result = self.finisher.results[b]
+        results = {b: self.finisher.results[b] for b in rows}
+        for b, result in results.items():
+            self.left[b] = result is not None
+        record(len(rows), prefilled)
+        for b, result in results.items():
             if result is None:
                 self.jobs[b].emit("tokens", [chosen[b]])
             else:
-                self.left[b] = True
                 self.jobs[b].emit("done", result)
         if self.live:
             self.run.step(tokens)
-        return len(rows), prefilled
 
 
 class WholeBatch:
@@ -123,7 +127,8 @@ class WholeBatch:
         self.jobs = [j for j in self.jobs if not j.cancelled]
         return len(gone)
 
-    def advance(self) -> tuple[int, int]:
+    def advance(self, record: Callable[[int, int], None]) -> None:
+        """The whole call; ``record`` as :meth:`StepBatch.advance`'s."""
         jobs = self.jobs
         prompts = [j.prompt for j in jobs]
         config = [j.config for j in jobs] if self.adapter.per_row_configs else jobs[0].config
@@ -132,9 +137,9 @@ class WholeBatch:
         else:
             gens = self.adapter.generate_until(prompts, config)
         self.jobs = []  # after the call: a failing call leaves its jobs to hear the error
+        record(sum(_count(g) for g in gens), 0)
         for job, gen in zip(jobs, gens, strict=True):
             job.emit("done", gen)
-        return sum(_count(g) for g in gens), 0
 
 
 def _count(gen: Generation) -> int:
@@ -239,10 +244,18 @@ class Scheduler:
         if cancelled:
             self.metrics.cancel(cancelled)
         rows, start = len(batch.live), time.perf_counter()
+
+        def record(generated: int, prefilled: int) -> None:
+            nonlocal start
+            now = time.perf_counter()
+            self.metrics.step_done(rows, generated, prefilled, now - start)
+            self.metrics.queue(sum(len(b.live) for b in self.batches), len(self.waiting))
+            start = now
+
         try:
             if rows:
-                generated, prefilled = batch.advance()
-                self.metrics.step_done(rows, generated, prefilled, time.perf_counter() - start)
+                batch.advance(record)
+                self.metrics.busy(time.perf_counter() - start)  # the step after the tokens were counted
         except Exception as e:  # noqa: BLE001 - every request of the batch hears it; the server stays up
             log.debug("batch failed", exc_info=True)
             for job in batch.live:
