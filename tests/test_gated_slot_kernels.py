@@ -6,7 +6,7 @@ Errors are relative, ``|out - ref| / |ref|``. Every kernel output buffer starts 
 kernel never writes fails the check. Interpreter blocks (common.INTERPRET_CONFIG): chunks of 32 rows in sub-chunks
 of 16, head-dim tiles of 16, so T = 40..70 spans two or three chunks with off-diagonal sub-blocks and a ragged tail;
 state scans in segments of 2 chunks, so T <= 64 walks the sequence at once and T > 64 takes the segment scan.
-Interpreted kernels are slow, so shapes stay small (B * H <= 2 programs per chunk).
+Interpreted kernels are slow, so shapes stay small (B * H <= 4 programs per chunk).
 """
 
 import pytest
@@ -116,6 +116,69 @@ def test_chunk_gpu_paths(sub):
     cfg = dict(common.INTERPRET_CONFIG, CHUNK=64, SUB=sub, STATE_BD=32, READ_BD=64, WRITE_BD=64, DGATE_BD=64,
                READ_BM=16, PAIR_BM=16, WRITE_BM=16, DGATE_BM=16)  # fmt: skip
     check(1, 140, 1, 64, 32, 32, torch.float32, "extreme", True, scale=0.125, config=cfg)
+
+
+# gsa-tiny (models/gsa-tiny.yaml): 2 heads of 32 dims and 16 slots, trained at 256x2 and 2048x8 on a GPU.
+GUARD = 256  # NaN elements on each side of every guarded input and kernel output
+
+
+def _guarded(x, bands: list):
+    """x copied into the middle of a NaN buffer with GUARD elements on each side (appended to ``bands``)."""
+    flat = torch.full((x.numel() + 2 * GUARD,), float("nan"), dtype=x.dtype)
+    bands.append(flat)
+    return flat[GUARD : GUARD + x.numel()].view(x.shape).copy_(x)
+
+
+@pytest.mark.parametrize("B,T", [(1, 256), (2, 100)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gsa_tiny_stays_in_its_buffers(monkeypatch, dtype, B, T):
+    """gsa-tiny's heads under the GPU's block settings, forward and backward: every input (the clamped log gates and
+    the output's cotangent too) and every buffer a kernel writes lies between NaN guard bands, so a read past a
+    buffer carries NaN into the results and a write past one overwrites a band. Every lane's address is checked as
+    well; for a ragged T only the active ones (rows past T address past the buffers under their mask)."""
+    bands = []
+
+    def nan_buffer(shape, dt, device):
+        return _guarded(torch.full(shape, float("nan"), dtype=dt), bands)
+
+    monkeypatch.setattr(triton_utils, "empty", nan_buffer)
+    q, k, v, log_alpha, _ = make_inputs(B, T, 2, 32, 32, 16, dtype, "extreme", False)
+    g = log_alpha.clamp(min=reference.LOG_ALPHA_FLOOR)
+    do = torch.randn(B, T, 2, 32, generator=torch.Generator().manual_seed(1)).to(dtype)
+    leaves = [_guarded(x, bands).requires_grad_() for x in (q, k, v, g)]
+    cotangent, n_inputs = _guarded(do, bands), len(bands)
+    cfg = dict(common.GPU_CONFIG)
+    with triton_utils.interpreter_bounds_check(masked_lanes=T % cfg["CHUNK"] == 0):
+        o = chunk._GSAChunk.apply(*leaves, 0.5, None, None, False, cfg)[0]
+        got = [o, *torch.autograd.grad(o, leaves, cotangent)]
+    assert len(bands) > n_inputs and all(b[:GUARD].isnan().all() and b[-GUARD:].isnan().all() for b in bands)
+    ref_leaves = [x.detach().double().requires_grad_() for x in leaves]
+    o_ref = reference.gsa_recurrent(*ref_leaves, 0.5)[0]
+    want = [o_ref, *torch.autograd.grad(o_ref, ref_leaves, do.double())]
+    for name, a, b, tol in zip(("o", "dq", "dk", "dv", "dg"), got, want, (TOL[dtype][0],) + 4 * (TOL[dtype][1],),
+                               strict=True):  # fmt: skip
+        assert rel_err(a, b) < tol, name
+
+
+def test_gsa_tiny_launch_shapes():
+    """The launchers' shape rules at the GPU settings, no kernel run: gsa-tiny's sizes are accepted; the read
+    kernel's d step is no wider than its slot tile at every supported size (common.read_tiles: 16 over gsa-tiny's 16
+    slots, not min(READ_BD, dk) = 32 as when its training step faulted on an H200) while the shipped shapes keep
+    theirs; the state scans walk 256x2 at once and 2048x8 in two segments."""
+    cfg = common.GPU_CONFIG
+    common.check_sizes(32, 32, 16)
+    assert common.read_tiles(cfg, 32, 16) == (16, 16)
+    assert [common.read_tiles(cfg, d, m) for d, m in ((128, 64), (128, 128), (32, 32), (16, 16))] == [
+        (64, 64), (64, 64), (32, 32), (16, 16)
+    ]  # fmt: skip
+    for d in common.HEAD_DIMS:
+        for m in common.SLOTS:
+            bd, bm = common.read_tiles(cfg, d, m)
+            assert bd <= bm and d % bd == 0 and m % bm == 0, (d, m)
+    walks = 2 * 32 // min(cfg["STATE_BD"], 32) * 2  # (dk + dv) / BD d tiles x H, per batch row
+    for (T, B), segments in (((256, 2), 1), ((2048, 8), 2)):
+        n_chunks = -(-T // cfg["CHUNK"])
+        assert -(-n_chunks // common.segment_chunks(n_chunks, walks * B, cfg)) == segments
 
 
 # The state scans in segments (state_kernels; common.segment_chunks), (dtype, B, T, dk, dv, m, gate, init,

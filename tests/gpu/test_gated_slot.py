@@ -1,14 +1,15 @@
 """Gated Slot Attention kernels on a GPU at the MQAR d = 512 cell's head dim (D = 128; B = 2, T = 256, H = 2 keep the
 float64 token loop short), against a float64 recurrence: exact under saturated gates, and at large slot scores exact
 in float32 while bf16 stays at the floor of one bf16 rounding of the scores; the state scans in segments, forced at
-that shape and as shipped at a long sequence over few heads. Committed H100 numbers at B = 4, T = 512, H = 4:
-results/linear-kernels/gsa/ (every error at most 6.4e-3), results/linear-kernels/gsa-score-scale/h100.jsonl."""
+that shape and as shipped at a long sequence over few heads; gsa-tiny's small heads (dk 32 over 16 slots). Committed
+H100 numbers at B = 4, T = 512, H = 4: results/linear-kernels/gsa/ (every error at most 6.4e-3),
+results/linear-kernels/gsa-score-scale/h100.jsonl."""
 
 import pytest
 import torch
 
 from evalsuite.bench.common import rel_error
-from evalsuite.kernels.gated_slot import common
+from evalsuite.kernels.gated_slot import common, reference
 from evalsuite.kernels.gated_slot.chunk import gsa_chunk_triton
 from gpu.gsa_checks import NAMES, gate_rows, score_scale_rows
 
@@ -61,3 +62,24 @@ def test_shipped_segments_match_one_walk():
         results.append([o, *torch.autograd.grad(o, leaves, do)])
     for name, a, b in zip(NAMES, *results, strict=True):
         assert a.isfinite().all() and rel_error(a, b) < 5e-3, name
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("B,T", [(2, 256), (2, 100), (8, 2048)])
+def test_gsa_tiny_heads(dtype, B, T):
+    """gsa-tiny's heads (2 of 32 dims, 16 slots; models/gsa-tiny.yaml) at its training shapes 256x2 and 2048x8 and a
+    ragged T, forward and every gradient against the float64 chunked reference. The read kernel steps d by 16 here
+    (common.read_tiles); with steps of 32, wider than its 16 slots, gsa-tiny's training step stopped with an illegal
+    memory access on an H200."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(B, T, 2, 32, device="cuda", generator=gen) for _ in range(4))
+    g = torch.nn.functional.logsigmoid(torch.randn(B, T, 2, 16, device="cuda", generator=gen)) / 8
+    leaves = [x.to(dtype).requires_grad_() for x in (q, k, v)] + [g.requires_grad_()]
+    o, _ = gsa_chunk_triton(*leaves, scale=1.0)
+    got = [o, *torch.autograd.grad(o, leaves, do.to(dtype))]
+    ref_leaves = [x.detach().double().requires_grad_() for x in leaves]
+    o_ref, _ = reference.gsa_chunked(*ref_leaves, 1.0)
+    want = [o_ref, *torch.autograd.grad(o_ref, ref_leaves, do.double())]
+    tol = 3e-2 if dtype == torch.bfloat16 else 1e-3
+    for name, a, b in zip(NAMES, got, want, strict=True):
+        assert a.isfinite().all() and rel_error(a, b) < tol, name

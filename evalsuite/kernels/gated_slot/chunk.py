@@ -53,7 +53,7 @@ from evalsuite.kernels.gated_slot.chunk_kernels import (
     _write_kernel,
     _write_rev_kernel,
 )
-from evalsuite.kernels.gated_slot.common import check_dtypes, check_sizes, config, dot_flags, segment_chunks
+from evalsuite.kernels.gated_slot.common import check_dtypes, check_sizes, config, dot_flags, read_tiles, segment_chunks
 from evalsuite.kernels.gated_slot.reference import LOG_ALPHA_FLOOR, _check
 from evalsuite.kernels.gated_slot.state_kernels import _segment_scan_kernel, _state_bwd_kernel, _state_fwd_kernel
 
@@ -114,9 +114,9 @@ def _read(x, y, g, hs, scale, cfg):
     """``scale * [exp(b) (H0 x) + intra-chunk]`` over the slots, float32 ``[B, T, H, M]`` (see chunk_kernels)."""
     B, T, H, D, _, M, NT = _dims(x, y, g, cfg)
     out = triton_utils.empty((B, T, H, M), F32, x.device)
-    BM = min(cfg["READ_BM"], M)
+    BD, BM = read_tiles(cfg, D, M)
     _read_kernel[(NT, M // BM, B * H)](
-        x, y, g, hs, out, T, H, NT, scale, M=M, D=D, BD=min(cfg["READ_BD"], D), BM=BM, C=cfg["CHUNK"],
+        x, y, g, hs, out, T, H, NT, scale, M=M, D=D, BD=BD, BM=BM, C=cfg["CHUNK"],
         BC=cfg["SUB"], **dot_flags(x.dtype, gated=True), num_warps=cfg["READ_WARPS"], num_stages=cfg["STAGES"],
     )  # fmt: skip
     return out

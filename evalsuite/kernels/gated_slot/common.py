@@ -50,9 +50,10 @@ MICRO = tl.constexpr(4)
 # products, pairs across the micro-blocks of a sub-chunk SUB/MICRO - 1, pairs in a micro-block one); STATE_BD: d
 # tile per program of the state scans, grid (dk/BD + dv/BD, segments, B*H); SEG_*: when and how the state scans cut
 # the sequence into segments (:func:`segment_chunks`); READ_BD and DGATE_BD: inner d step of the read
-# and dgate kernels (they contract over d); WRITE_BD: d tile per program of the kernels whose output is over d
-# (write, write_rev); *_BM: slots per tile (read, dgate: one program per tile; pair, write: a loop over the tiles);
-# *_WARPS per kernel family. The per-chunk kernels work on ``CHUNK x CHUNK`` and ``CHUNK x BM`` tiles with tl.dot
+# and dgate kernels (they contract over d; read's no wider than its slot tile, :func:`read_tiles`); WRITE_BD: d tile
+# per program of the kernels whose output is over d (write, write_rev); *_BM: slots per tile (read, dgate: one
+# program per tile; pair, write: a loop over the tiles); *_WARPS per kernel family. The per-chunk kernels work on
+# ``CHUNK x CHUNK`` and ``CHUNK x BM`` tiles with tl.dot
 # (wgmma on H100). Chosen so that the sm_90 build spills (almost) nothing at dk = dv = m = 128
 # (an sm_90 build's resource usage: read 328 bytes, pair and write 0, dgate 168; whole-m tiles spill 2-5 KB, and the
 # kernels run 2-6x slower, results/bench/h100/gsa-kernel-fix/ at commit 164742b). ``evalsuite bench tune gsa`` sweeps
@@ -74,7 +75,7 @@ GPU_CONFIG = MappingProxyType(
         "SEG_CHUNKS": 16,
         "SEG_WALKS": 4096,
         "READ_BD": 64,
-        "READ_BM": 64,  # 32 faults (illegal memory access) on the H100 with triton 3.6; 64 and 128 are exact
+        "READ_BM": 64,  # 32 faults (illegal memory access) on the H100 with triton 3.6 at dk = 128: read_tiles
         "READ_WARPS": 4,
         "PAIR_BM": 32,
         "PAIR_WARPS": 8,
@@ -141,6 +142,16 @@ def segment_chunks(n_chunks: int, walks: int, cfg: Mapping) -> int:
     if walks >= cfg["SEG_PROGRAMS"]:
         return n_chunks
     return min(n_chunks, max(cfg["SEG_CHUNKS"], triton.cdiv(n_chunks * walks, cfg["SEG_WALKS"])))
+
+
+def read_tiles(cfg: Mapping, d: int, m: int) -> tuple[int, int]:
+    """``(BD, BM)`` of the read kernel over head dim ``d`` and ``m`` slots: ``BM = min(READ_BM, m)`` slots a program
+    and a d step ``BD = min(READ_BD, d)`` no wider than BM. Its sm_90 build (triton 3.6) with BD > BM faulted with an
+    illegal memory access on an H100 (BM 32, BD 64 at dk = 128; commit 001e2be), and that build differs from the
+    clean ones in its shared-memory swizzles (d tiles swizzled twice as wide as the slot tiles). Shapes with dk <= m,
+    and the shipped dk = 128 over 64 or 128 slots, keep their tiles; gsa-tiny (dk 32, m 16) steps d by 16."""
+    bm = min(cfg["READ_BM"], m)
+    return min(cfg["READ_BD"], d, bm), bm
 
 
 def dot_flags(dtype: torch.dtype, gated: bool = False) -> dict:
