@@ -129,6 +129,14 @@ class TrainResult:
     history: list[dict] = field(default_factory=list)
 
 
+def checkpoint_at(done: int, config: TrainConfig, can_evaluate: bool) -> tuple[bool, bool]:
+    """(log, evaluate) after ``done`` optimizer steps: a log entry every ``log_every`` steps, an evaluation every
+    ``eval_every`` (where there is an evaluator), and both at the last step."""
+    last = done == config.max_steps
+    evaluate = can_evaluate and (done % config.eval_every == 0 or last)
+    return evaluate or last or done % config.log_every == 0, evaluate
+
+
 def lr_at(step: int, config: TrainConfig) -> float:
     """Learning rate for optimizer step ``step`` (0-based): linear warmup, then cosine to the floor (over the run,
     or per epoch, see :class:`TrainConfig`)."""
@@ -338,9 +346,8 @@ def train(
         if on_step is not None:
             on_step(step + 1)
 
-        last = step + 1 == config.max_steps
-        do_eval = evaluate is not None and ((step + 1) % config.eval_every == 0 or last)
-        if not ((step + 1) % config.log_every == 0 or do_eval or last):
+        log_now, do_eval = checkpoint_at(step + 1, config, evaluate is not None)
+        if not log_now:
             continue
         entry = {"step": step + 1, "lr": lr, **_mean_loss(stepper, loss_count)}
         loss_count = 0

@@ -27,6 +27,7 @@ from evalsuite.training.train import (
     TrainResult,
     autocast_dtype,
     check_step,
+    checkpoint_at,
     compiled,
     evaluate_into,
     lr_at,
@@ -103,9 +104,8 @@ def train_stack(
         run.advance(step + 1)
         if on_step is not None:
             on_step(step + 1)
-        last = step + 1 == config.max_steps
-        do_eval = evaluate is not None and ((step + 1) % config.eval_every == 0 or last)
-        if not ((step + 1) % config.log_every == 0 or do_eval or last):
+        log_now, do_eval = checkpoint_at(step + 1, config, evaluate is not None)
+        if not log_now:
             continue
         run.log(stepper, step + 1, lrs, count, do_eval)
         count = 0
