@@ -59,11 +59,11 @@ def test_drt_against_its_base_lm_fills_a_ratio_table(run_cli, tmp_path):
     """`bench drt-memory` with the Base LM in the same run: rows of both models, the ratios DRT / Base LM per length
     and placement of the chunk store, and a table in Table 3's shape rendered from them."""
     args = ["bench", "drt-memory", "--model", "drt-tiny", "--base", "drt-base-lm-tiny", "--device", "cpu",
-            "--lengths", "256,512", "--new-tokens", "4", "--out", "res/bench/drt"]  # fmt: skip
+            "--lengths", "256,512", "--new-tokens", "4", "--rounds", "3", "--out", "res/bench/drt"]  # fmt: skip
     code, out, err = run_cli(args, tmp_path)
     assert code == 0, err
     doc = json.loads((tmp_path / "res" / "bench" / "drt" / "drt_memory.json").read_text())
-    assert (doc["model"], doc["base"], doc["new_tokens"]) == ("drt-tiny", "drt-base-lm-tiny", 4)
+    assert (doc["model"], doc["base"], doc["new_tokens"], doc["rounds"]) == ("drt-tiny", "drt-base-lm-tiny", 4, 3)
     rows = {(r["model"], r["length"], r["offload"]): r for r in doc["rows"]}
     assert len(rows) == 6 and doc["provenance"]["git_commit"]
     for length in (256, 512):
@@ -72,7 +72,10 @@ def test_drt_against_its_base_lm_fills_a_ratio_table(run_cli, tmp_path):
         for offload in (False, True):
             drt = rows[("drt-tiny", length, offload)]
             (ratio,) = [r for r in doc["ratios"] if (r["length"], r["offload"]) == (length, offload)]
-            assert ratio["time_per_token"] == pytest.approx(drt["ms_per_token"] / base["ms_per_token"])
+            per_round = [a / b for a, b in zip(drt["ms_per_token_rounds"], base["ms_per_token_rounds"], strict=True)]
+            assert len(per_round) == 3 and drt["ms_per_token"] == statistics.median(drt["ms_per_token_rounds"])
+            assert ratio["time_per_token"] == pytest.approx(statistics.median(per_round))
+            assert ratio["time_per_token_p20"] <= ratio["time_per_token"] <= ratio["time_per_token_p80"]
             assert ratio["cache_memory"] == pytest.approx(drt["state_device_bytes"] / base["state_device_bytes"])
             assert ratio["peak_memory"] is None  # no device peak on a CPU
         on, off = (rows[("drt-tiny", length, o)] for o in (False, True))

@@ -22,6 +22,7 @@ memory, not process memory. Writes ``OUT/drt_memory.json`` and ``OUT/drt_memory.
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -94,18 +95,29 @@ def measure(model, length: int, offload: bool, new_tokens: int) -> dict:
     }
 
 
-def _rows(name: str, net, lengths: list[int], placements: tuple[bool, ...], new_tokens: int) -> list[dict]:
-    """One model's rows: on CUDA an untimed warm-up per placement, then every (length, placement); out of memory is a
-    row."""
-    for offload in placements if net.embed.weight.is_cuda else ():  # past a chunk boundary: the kernels compiled
-        measure(net, lengths[0], offload, net.cfg.chunk_size + 2)
+def _timed_rows(nets: dict, lengths: list[int], placements: dict, new_tokens: int, rounds: int) -> list[dict]:
+    """Every (model, length, placement) row, ``rounds`` times over in turns (A B C, A B C, ...: each round's ratios
+    compare the same moment of the machine, as the kernel benchmarks do, bench/common.py). A row keeps its first
+    round's memory (the same every round) and the median ms per token with every round's; out of memory is a row."""
+    for name, net in nets.items():  # on CUDA an untimed run past a chunk boundary: the kernels compiled
+        for offload in placements[name] if net.embed.weight.is_cuda else ():
+            measure(net, lengths[0], offload, net.cfg.chunk_size + 2)
     rows = []
     for length in lengths:
-        for offload in placements:
-            try:
-                row = {"model": name, **measure(net, length, offload, new_tokens)}
-            except torch.OutOfMemoryError:  # recorded, and the sweep goes on
-                row = {"model": name, "length": length, "offload": offload, "error": "out of memory"}
+        runs = {(name, offload): [] for name in nets for offload in placements[name]}
+        for _ in range(rounds):
+            for (name, offload), done in runs.items():
+                if done and "error" in done[0]:
+                    continue
+                try:
+                    done.append(measure(nets[name], length, offload, new_tokens))
+                except torch.OutOfMemoryError:  # recorded, and the sweep goes on
+                    done.append({"length": length, "offload": offload, "error": "out of memory"})
+        for (name, _), done in runs.items():
+            row = {"model": name, **done[0]}
+            if "error" not in row:
+                times = [d["ms_per_token"] for d in done]
+                row.update(ms_per_token=statistics.median(times), ms_per_token_rounds=times)
             rows.append(row)
             print(json.dumps(row), flush=True)
     return rows
@@ -113,19 +125,28 @@ def _rows(name: str, net, lengths: list[int], placements: tuple[bool, ...], new_
 
 def table3_ratios(rows: list[dict], model: str, base: str) -> list[dict]:
     """Per length and placement of ``model``'s chunk store, its row over ``base``'s at the same length (see the module
-    docstring): ``time_per_token``, ``cache_memory``, ``peak_memory`` (None without a device peak)."""
+    docstring): ``time_per_token`` (the median of the rounds' ratios where both rows hold rounds, with ``_p20`` /
+    ``_p80``), ``cache_memory``, ``peak_memory`` (None without a device peak)."""
     bases = {r["length"]: r for r in rows if r["model"] == base and "error" not in r}
     out = []
     for r in rows:
         b = bases.get(r["length"])
         if r["model"] != model or "error" in r or b is None:
             continue
+        rounds = [x.get("ms_per_token_rounds", [x["ms_per_token"]]) for x in (r, b)]
+        times = sorted(t / tb for t, tb in zip(*rounds, strict=False))  # a row cut short by OOM has fewer
         peak = r["decode_peak_mib"] / b["decode_peak_mib"] if b["decode_peak_mib"] > 0 else None
         cache = r["state_device_bytes"] / b["state_device_bytes"]
         out.append({**{key: r[key] for key in ("length", "offload", "new_tokens")},
-                    "time_per_token": r["ms_per_token"] / b["ms_per_token"], "cache_memory": cache,
+                    "time_per_token": statistics.median(times), "time_per_token_p20": _quantile(times, 0.2),
+                    "time_per_token_p80": _quantile(times, 0.8), "cache_memory": cache,
                     "peak_memory": peak})  # fmt: skip
     return out
+
+
+def _quantile(values: list[float], q: float) -> float:
+    """The ``q`` quantile of sorted ``values`` (nearest rank)."""
+    return values[min(len(values) - 1, int(q * len(values)))]
 
 
 def _card(name: str, base: bool):
@@ -140,27 +161,23 @@ def _card(name: str, base: bool):
 
 
 def drt_memory(out, lengths=(16384, 65536, 262144), new_tokens: int = 128, model: str = "drt",
-               base: str | None = "drt-base-lm", device: str = "cuda") -> dict:  # fmt: skip
+               base: str | None = "drt-base-lm", device: str = "cuda", rounds: int = 5) -> dict:  # fmt: skip
     """Measure every (model, length, placement) (module doc; ``new_tokens``: 128 in the paper's Table 3; ``model``: a
     DRT card, ``drt-tiny`` for a CPU run; ``base``: its Base LM card, ``drt-base-lm-tiny`` beside ``drt-tiny``, None
-    for DRT alone) and write the JSON and the Markdown table. Returns the JSON's document."""
+    for DRT alone; ``rounds``: timed rounds of every row, in turns) and write the JSON and the Markdown table. Returns
+    the JSON's document."""
     from evalsuite.runs.provenance import device_name, provenance
     from evalsuite.training.train import build_model
 
-    if not lengths or min(lengths) < 1 or new_tokens < 1:
-        raise UserError("give positive --lengths and --new-tokens")
+    if not lengths or min(lengths) < 1 or new_tokens < 1 or rounds < 1:
+        raise UserError("give positive --lengths, --new-tokens and --rounds")
     cards = [(_card(model, base=False), (False, True))] + ([(_card(base, base=True), (False,))] if base else [])
     dev = torch.device(device)
-    rows, weights_mib = [], {}
-    for card, placements in cards:
-        net = build_model(card, seed=0).to(dev).eval()
-        weights_mib[card.name] = sum(p.numel() * p.element_size() for p in net.parameters()) / MIB
-        rows += _rows(card.name, net, sorted(set(lengths)), placements, new_tokens)
-        del net
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
+    nets = {card.name: build_model(card, seed=0).to(dev).eval() for card, _ in cards}  # 0.5 GiB each: all held
+    weights_mib = {n: sum(p.numel() * p.element_size() for p in net.parameters()) / MIB for n, net in nets.items()}
+    rows = _timed_rows(nets, sorted(set(lengths)), {card.name: p for card, p in cards}, new_tokens, rounds)
     names = [card.name for card, _ in cards]
-    result = {"model": names[0], "base": names[1] if base else None, "new_tokens": new_tokens,
+    result = {"model": names[0], "base": names[1] if base else None, "new_tokens": new_tokens, "rounds": rounds,
               "weights_mib": weights_mib, "rows": rows,
               "ratios": table3_ratios(rows, *names) if base else [],
               "provenance": provenance(device=device_name(dev))}  # fmt: skip
@@ -179,7 +196,8 @@ def format_table(result: dict) -> str:
     lines = [
         f"DRT (`{result['model']}` card) and its Base LM (`{result['base']}`), random weights, bf16 autocast, batch 1, "
         f"eager steps, on {result['provenance']['device']} (weights: {weights}, not counted below): peak device memory "
-        f"above the weights, state bytes, decode speed ({result['new_tokens']} tokens).",
+        f"above the weights, state bytes, decode speed ({result['new_tokens']} tokens; median of "
+        f"{result.get('rounds', 1)} rounds taken in turns).",
         "",
         "| model | context | chunk store | prefill s | prefill peak MiB | decode peak MiB | state on device MiB "
         "| state in CPU MiB | ms / token |",
@@ -196,11 +214,15 @@ def format_table(result: dict) -> str:
             f"{r['ms_per_token']:.1f} |"
         )
     if result["ratios"]:
-        head = "| context | chunk store | time / token | mem. cost | peak memory |\n|---:|:---|---:|---:|---:|"
+        head = "| context | chunk store | time / token [p20-p80] | mem. cost | peak memory |"
+        head += "\n|---:|:---|---:|---:|---:|"
         lines += ["", "DRT / Base LM (the GCA paper's Table 3; mem. cost = the decode state on the device):", "", head]
         for r in result["ratios"]:
             peak = "-" if r["peak_memory"] is None else f"{r['peak_memory']:.2f}×"
             place = "CPU memory" if r["offload"] else "device"
-            ratios = f"{r['time_per_token']:.2f}× | {r['cache_memory']:.2f}× | {peak}"
+            spread = ""
+            if "time_per_token_p20" in r:  # (absent from records made before rounds)
+                spread = f" [{r['time_per_token_p20']:.2f}-{r['time_per_token_p80']:.2f}]"
+            ratios = f"{r['time_per_token']:.2f}×{spread} | {r['cache_memory']:.2f}× | {peak}"
             lines.append(f"| {r['length']} | {place} | {ratios} |")
     return "\n".join(lines)

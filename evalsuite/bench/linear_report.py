@@ -23,6 +23,45 @@ def _ours(records, op):
     return names[0] if names else None
 
 
+def _fla_table(records, op_recs, T: int) -> list[str]:
+    """The ratio of ours to the op's fla peer at ``T``, per op and mode."""
+    lines = [f"### Time vs fla at T = {T} (target: ours <= 1.00x; median of interleaved pairs [p20-p80])", "",
+              "| op | mode | ours | ours ms | fla ms | ratio | pairs | target |",
+              "| --- | --- | --- | ---: | ---: | ---: | ---: | --- |"]  # fmt: skip
+    for op in OPS:
+        ours = _ours(records, op)
+        for mode in TIMED:
+            a = _get(op_recs, op=op, provider=ours, mode=mode, T=T)
+            b = _get(op_recs, op=op, provider=PEERS[op], mode=mode, T=T)
+            if not a and not b:
+                continue
+            ratio = a[0].get("ratio_to_fla") if a else None
+            verdict = "n/a" if ratio is None else ("pass" if ratio <= 1.0 else "FAIL")
+            lines.append(f"| {op} | {mode} | {ours} | {_fmt(a, 'ms')} | {_fmt(b, 'ms')} | "
+                         f"{ratio_text(a[0] if a else {}, 'ratio_to_fla')} | "
+                         f"{(a[0] if a else {}).get('ratio_to_fla_pairs', '-')} | {verdict} |")  # fmt: skip
+    return lines
+
+
+def _constant_speed(op_recs, Ts: list[int]) -> list[str]:
+    """Tokens/s at the longest T over the shortest, per provider and mode (at a fixed B·T)."""
+    lines = ["", f"### Constant speed: tokens/s at T = {Ts[-1]} vs T = {Ts[0]} (target: >= 0.85)",
+              "", "| op | provider | mode | tok/s short | tok/s long | long / short | target |",
+              "| --- | --- | --- | ---: | ---: | ---: | --- |"]  # fmt: skip
+    for op in OPS if len(Ts) > 1 else ():
+        for provider in [p for p in OP_PROVIDERS[op] if _get(op_recs, op=op, provider=p)]:
+            for mode in TIMED:
+                lo = _get(op_recs, op=op, provider=provider, mode=mode, T=Ts[0])
+                hi = _get(op_recs, op=op, provider=provider, mode=mode, T=Ts[-1])
+                if not lo or not hi:
+                    continue
+                ratio = hi[0]["tokens_per_s"] / lo[0]["tokens_per_s"]
+                verdict = "pass" if ratio >= 0.85 else "FAIL"
+                lines.append(f"| {op} | {provider} | {mode} | {lo[0]['tokens_per_s']:.3g} | "
+                             f"{hi[0]['tokens_per_s']:.3g} | {ratio:.2f} | {verdict} |")  # fmt: skip
+    return lines
+
+
 def format_summary(records, ref_T: int = 16384) -> str:
     """Markdown: ratios to fla at ``ref_T`` and at every T, speed at the longest vs shortest T, the Lightning paper's
     Figure 4 claims (when Vanilla or the ``bwd`` mode ran), decode latency, decode-state memory vs context (with
@@ -32,36 +71,11 @@ def format_summary(records, ref_T: int = 16384) -> str:
     if op_recs:
         Ts = sorted({r["T"] for r in op_recs})
         T = ref_T if ref_T in Ts else Ts[-1]
-        lines += [f"### Time vs fla at T = {T} (target: ours <= 1.00x; median of interleaved pairs [p20-p80])", "",
-                  "| op | mode | ours | ours ms | fla ms | ratio | pairs | target |",
-                  "| --- | --- | --- | ---: | ---: | ---: | ---: | --- |"]  # fmt: skip
-        for op in OPS:
-            ours = _ours(records, op)
-            for mode in TIMED:
-                a = _get(op_recs, op=op, provider=ours, mode=mode, T=T)
-                b = _get(op_recs, op=op, provider=PEERS[op], mode=mode, T=T)
-                if not a and not b:
-                    continue
-                ratio = a[0].get("ratio_to_fla") if a else None
-                verdict = "n/a" if ratio is None else ("pass" if ratio <= 1.0 else "FAIL")
-                lines.append(f"| {op} | {mode} | {ours} | {_fmt(a, 'ms')} | {_fmt(b, 'ms')} | "
-                             f"{ratio_text(a[0] if a else {}, 'ratio_to_fla')} | "
-                             f"{(a[0] if a else {}).get('ratio_to_fla_pairs', '-')} | {verdict} |")  # fmt: skip
-        lines += _ratio_grid(records, op_recs, Ts)
-        lines += ["", f"### Constant speed: tokens/s at T = {Ts[-1]} vs T = {Ts[0]} (target: >= 0.85)",
-                  "", "| op | provider | mode | tok/s short | tok/s long | long / short | target |",
-                  "| --- | --- | --- | ---: | ---: | ---: | --- |"]  # fmt: skip
-        for op in OPS if len(Ts) > 1 else ():
-            for provider in [p for p in OP_PROVIDERS[op] if _get(op_recs, op=op, provider=p)]:
-                for mode in TIMED:
-                    lo = _get(op_recs, op=op, provider=provider, mode=mode, T=Ts[0])
-                    hi = _get(op_recs, op=op, provider=provider, mode=mode, T=Ts[-1])
-                    if not lo or not hi:
-                        continue
-                    ratio = hi[0]["tokens_per_s"] / lo[0]["tokens_per_s"]
-                    verdict = "pass" if ratio >= 0.85 else "FAIL"
-                    lines.append(f"| {op} | {provider} | {mode} | {lo[0]['tokens_per_s']:.3g} | "
-                                 f"{hi[0]['tokens_per_s']:.3g} | {ratio:.2f} | {verdict} |")  # fmt: skip
+        if any(r["provider"] in PEERS.values() for r in op_recs):
+            lines += _fla_table(records, op_recs, T)
+            lines += _ratio_grid(records, op_recs, Ts)
+        if len({r["B"] * r["T"] for r in op_recs}) == 1:  # B·T fixed: a linear-time op costs the same at every T
+            lines += _constant_speed(op_recs, Ts)
     if any(r.get("provider") == VANILLA or r.get("mode") == "bwd" for r in records if r.get("kind") == "op"):
         lines += ["", lightning_claims.claims_markdown(records)]
     dec = [r for r in records if r.get("kind") == "decode" and "ms" in r]

@@ -257,12 +257,13 @@ def bench_drt_memory_cmd(
         str, typer.Option(help="Its Base LM card (drt-base-lm-tiny beside drt-tiny), or 'none' for DRT alone.")
     ] = "drt-base-lm",
     device: DeviceOpt = "cuda",
+    rounds: Annotated[int, typer.Option(help="Timed rounds of every row, taken in turns (ratios: their median).")] = 5,
 ):
     """DRT's decode speed and memory, chunk store on the device vs in CPU RAM, and their ratios to the Base LM."""
     from evalsuite.bench.drt_memory import JSON_NAME, drt_memory
 
     drt_memory(out, lengths=_csv_list(lengths, int, "--lengths"), new_tokens=new_tokens, model=model,
-               base=None if base == "none" else base, device=device)  # fmt: skip
+               base=None if base == "none" else base, device=device, rounds=rounds)  # fmt: skip
     typer.echo(f"wrote {out}/{JSON_NAME} and .md")
 
 
