@@ -209,6 +209,16 @@ def test_cumsum_triton_matches_torch(T, dtype):
     torch.testing.assert_close(grad.double(), expected, rtol=tol, atol=tol)
 
 
+def test_time_scan_operator_passes_opcheck(monkeypatch):
+    """The scan's operator, both ways: schema, fake outputs (shape, dtype and strides: time-major forward, plain
+    reverse) as the real ones, autograd registration and AOT dispatch (torch.library.opcheck)."""
+    # plain buffers: opcheck would report the poisoned ones' guard band as a storage offset the fake lacks
+    monkeypatch.setattr(triton_utils, "empty", lambda shape, dtype, device: torch.empty(shape, dtype=dtype))
+    x = torch.randn(2, 20, 3, generator=torch.Generator().manual_seed(3)).requires_grad_()
+    for reverse in (False, True):
+        torch.library.opcheck(cumsum._time_scan, (x, reverse))
+
+
 def test_strided_inputs_and_large_cum():
     """q/k/v are views into a packed [B, T, 3, H, D] tensor, cum is a transposed view, and |c| ~ 1e4.
 

@@ -43,6 +43,27 @@ def test_forgetting_attention_and_gate_scan():
     _vmap_matches_each_cell(fox, *_qkv(torch.bfloat16), _log_gates(H))
 
 
+def test_gate_scan_compiles_under_vmap():
+    """The gate scan of stacked cells inside torch.compile (the stacked MQAR step): one graph (``fullgraph``), the
+    operator folded over the cells, with torch.cumsum's values and gradients."""
+    from evalsuite.kernels.forgetting.cumsum import cumsum_over_time_triton
+
+    def loss(log_f):
+        return torch.vmap(lambda x: cumsum_over_time_triton(F.logsigmoid(x)))(log_f).square().sum()
+
+    def reference(log_f):
+        return F.logsigmoid(log_f).cumsum(2).square().sum()
+
+    logits = torch.randn(CELLS, B, T, H, generator=torch.Generator().manual_seed(2))
+    results = []
+    for fn in (reference, torch.compile(loss, fullgraph=True)):
+        x = logits.clone().requires_grad_()
+        value = fn(x)
+        results.append((value, *torch.autograd.grad(value, x)))
+    for expected, compiled in zip(*results, strict=True):
+        torch.testing.assert_close(compiled, expected, rtol=1e-5, atol=1e-5)
+
+
 def test_lightning():
     from evalsuite.kernels.lightning.chunk import lightning_chunk_triton
 

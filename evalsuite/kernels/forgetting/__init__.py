@@ -3,15 +3,15 @@
 ``attention(q, k, v, cum_q, cum_k)``: q ``[B, Tq, H, D]`` are the last Tq positions of k/v ``[B, Tk, H, D]``;
 ``cum_*`` are cumulative log forget gates (float32, ``[B, T, H]``) or None for plain causal attention.
 
-Modules (this package imports ``reference`` and ``triton_utils``, which need no triton, and ``decode`` where triton is
-installed; the rest need it and are imported on first use):
+Modules (this package imports ``reference`` and ``triton_utils``, which need no triton, and ``decode`` and ``cumsum``
+where triton is installed; the rest need it and are imported on first use):
 * ``reference.py`` -- the PyTorch twin (blocked and dense), used on CPU and as the tests' ground truth.
 * ``common.py`` -- block-config tables, shared jit helpers and input checks of the Triton kernels.
 * ``forward.py`` -- full causal forward + autograd: :func:`forgetting_attention_triton`.
 * ``backward.py`` (with ``backward_dkdv.py``, ``backward_dq.py``) -- the backward kernels and their launcher.
 * ``decode.py`` -- split-K decoding over a cache: :func:`forgetting_attention_decode_triton` (imported with the
   package where triton is installed).
-* ``cumsum.py`` -- the time scan of log f on CUDA.
+* ``cumsum.py`` -- the time scan of log f on CUDA, a ``torch.library`` operator.
 """
 
 from __future__ import annotations
@@ -25,23 +25,25 @@ BACKENDS = ("auto", "triton", "reference", "dense")
 
 if triton_installed():
     # Bound once here, not imported in cached_attention: that runs inside torch.compile'd decoding steps, where an
-    # import statement breaks the graph, and the resumed frames recompiled inside the CUDA-graph capture.
+    # import statement breaks the graph, and the resumed frames recompiled inside the CUDA-graph capture. The same
+    # for the gate scan in compiled training steps.
+    from evalsuite.kernels.forgetting.cumsum import cumsum_over_time_triton
     from evalsuite.kernels.forgetting.decode import forgetting_attention_decode_triton
 
 
 def cumsum_over_time(log_f):
     """``cumsum(log_f, dim=1)`` for ``[B, T, H]`` gates; differentiable. Returns float32 ``[B, T, H]``.
 
-    On CUDA (with triton) a Triton scan (:mod:`evalsuite.kernels.forgetting.cumsum`: ``torch.cumsum`` along
-    dim 1 of a ``[B, T, H]`` CUDA tensor is slow: results/bench/h100/README.md at commit 164742b). Elsewhere
-    torch's cumsum of a time-contiguous copy. Either way the result is a ``[B, T, H]`` view of ``[B, H, T]``
-    storage, which the kernels read as efficiently as the plain layout. Inside ``torch.compile`` (the MQAR training
-    step) torch's cumsum too: inductor writes its own scan and fuses it with the gate's log-sigmoid (the one-graph
-    step of results/mqar/step-time/one-graph/ runs this way).
+    On CUDA (with triton) the Triton scan, eagerly and inside ``torch.compile`` alike
+    (:mod:`evalsuite.kernels.forgetting.cumsum`: ``torch.cumsum`` along dim 1 of a ``[B, T, H]`` CUDA tensor is
+    slow: results/bench/h100/README.md at commit 164742b). It is a ``torch.library`` operator, so a compiled MQAR
+    training step keeps one graph with the scan in it, and stacked cells under ``torch.vmap`` fold into its batch
+    (inductor's own lowering of that cumsum fails there; the one-graph step of results/mqar/step-time/one-graph/ was
+    measured before, with torch's cumsum fused into the gate's log-sigmoid). Elsewhere torch's cumsum of a
+    time-contiguous copy. Either way the result is a ``[B, T, H]`` view of ``[B, H, T]`` storage, which the kernels
+    read as efficiently as the plain layout.
     """
-    if log_f.is_cuda and triton_installed() and not torch.compiler.is_compiling():
-        from evalsuite.kernels.forgetting.cumsum import cumsum_over_time_triton
-
+    if log_f.is_cuda and triton_installed():
         return cumsum_over_time_triton(log_f)
     return log_f.float().transpose(1, 2).contiguous().cumsum(-1).transpose(1, 2)
 

@@ -5,7 +5,8 @@ dim 1 of a ``[B, T, H]`` CUDA tensor is slow; along a time-contiguous copy it is
 one program per (batch, head) walks time in blocks of BLOCK_T: an in-register scan per block plus a running carry,
 written straight to time-major storage (``[B, H, T]``, returned as a ``[B, T, H]`` view, which the attention
 kernels read efficiently). Timings: results/bench/h100/README.md at commit 164742b. The backward is the same scan
-run from the end of the sequence (``d log f_t = sum_{s >= t} d c_s``).
+run from the end of the sequence (``d log f_t = sum_{s >= t} d c_s``). Both run as one ``torch.library`` operator,
+``evalsuite::time_scan``, opaque to torch.compile and batched under torch.vmap.
 
 The same source runs under ``TRITON_INTERPRET=1`` on CPU tensors (tests), with small blocks.
 """
@@ -51,27 +52,44 @@ def _scan(x: torch.Tensor, y: torch.Tensor, reverse: bool) -> None:
     )
 
 
-class _CumsumOverTime(torch.autograd.Function):
-    @staticmethod
-    def forward(log_f):
-        B, T, H = log_f.shape
-        cum = triton_utils.empty((B, H, T), torch.float32, log_f.device).transpose(1, 2)
-        _scan(log_f, cum, reverse=False)
-        return cum
+def _output(x: torch.Tensor, reverse: bool, alloc) -> torch.Tensor:
+    """The scan's float32 ``[B, T, H]`` output from ``alloc(shape)``: the forward scan in time-major storage (a view
+    of ``[B, H, T]``: the attention kernels read it, and the kernel's stores run along time); the reverse scan (the
+    backward, feeding the gate's log-sigmoid and projection backward) in plain ``[B, T, H]`` storage."""
+    B, T, H = x.shape
+    return alloc((B, T, H)) if reverse else alloc((B, H, T)).transpose(1, 2)
 
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        ctx.dtype = inputs[0].dtype
 
-    @staticmethod
-    def backward(ctx, grad_cum):
-        grad = triton_utils.empty(grad_cum.shape, torch.float32, grad_cum.device)
-        _scan(grad_cum, grad, reverse=True)
-        return grad.to(ctx.dtype)
+# The scan as an operator (torch.library), so that torch.compile keeps it opaque in its graph: inductor's own
+# lowering of a time cumsum under torch.vmap (a SplitScan over the stacked cells' gates) crashes in its Triton codegen
+# (torch 2.11 / triton 3.6). Its gradient is the same operator scanning the other way; its vmap rule folds the cells
+# into the batch (kernels/cells.py).
+@torch.library.custom_op("evalsuite::time_scan", mutates_args=())
+def _time_scan(x: torch.Tensor, reverse: bool) -> torch.Tensor:
+    y = _output(x, reverse, lambda shape: triton_utils.empty(shape, torch.float32, x.device))
+    _scan(x, y, reverse)
+    return y
 
-    @staticmethod
-    def vmap(info, in_dims, log_f):  # the cells of a stack as more rows (kernels/cells.py)
-        return fold_rule(_CumsumOverTime.apply, info, in_dims, (log_f,), batched=(0,))
+
+@_time_scan.register_fake
+def _(x, reverse):
+    return _output(x, reverse, lambda shape: x.new_empty(shape, dtype=torch.float32))
+
+
+def _save_for_backward(ctx, inputs, output):
+    ctx.dtype, ctx.reverse = inputs[0].dtype, inputs[1]
+
+
+def _backward(ctx, grad):  # d x_t = sum of d y_s over s >= t (reverse: s <= t)
+    return _time_scan(grad, not ctx.reverse).to(ctx.dtype), None
+
+
+_time_scan.register_autograd(_backward, setup_context=_save_for_backward)
+
+
+@_time_scan.register_vmap
+def _(info, in_dims, x, reverse):  # the cells of a stack as more rows (kernels/cells.py)
+    return fold_rule(_time_scan, info, in_dims, (x, reverse), batched=(0,))
 
 
 def cumsum_over_time_triton(log_f: torch.Tensor) -> torch.Tensor:
@@ -81,4 +99,4 @@ def cumsum_over_time_triton(log_f: torch.Tensor) -> torch.Tensor:
     """
     if log_f.dim() != 3:
         raise ValueError(f"expected log forget gates [B, T, H]; got shape {tuple(log_f.shape)}")
-    return _CumsumOverTime.apply(log_f)
+    return _time_scan(log_f, False)
