@@ -1,5 +1,5 @@
 """The benchmark commands, ``evalsuite bench
-attention|linear|gca|generate|tune|profile-decode|drt-memory|step-time|train``: thin layers over
+attention|linear|gca|generate|tune|profile-decode|drt-memory|step-time|train|saved-memory``: thin layers over
 :mod:`evalsuite.bench`. Registered on the ``bench`` group when :mod:`evalsuite.cli.main` imports this module."""
 
 from __future__ import annotations
@@ -329,3 +329,27 @@ def bench_train_cmd(
                             rounds=rounds, device=device, attention=attention, amp=amp,
                             together=False if one_at_a_time else None, repair=repair)  # fmt: skip
     typer.echo(f"wrote {out}/{train_speed.JSON_NAME} and .md")
+
+
+@bench_app.command("saved-memory")
+def bench_saved_memory_cmd(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (JSON, Markdown).")],
+    model: Annotated[list[str], typer.Option("--model", "-m", help="A card; repeatable or comma-separated.")],
+    layers: Annotated[int, typer.Option(help="Layers built (the card's shapes otherwise).", min=1)] = 1,
+    lengths: Annotated[str, typer.Option(help="Two comma-separated lengths; the slope between them is per token.")] = (
+        "1024,2048"
+    ),
+    batch: Annotated[int, typer.Option(help="Rows at each length.", min=1)] = 1,
+    tokens: Annotated[int, typer.Option(help="Tokens a step that the table scales to.", min=1)] = 16384,
+    attention: Annotated[
+        str, typer.Option(help="Attention backend (auto: the model's default; triton under TRITON_INTERPRET=1).")
+    ] = "auto",
+    device: DeviceOpt = "auto",
+):
+    """What a training step keeps for the backward, by module class and dtype, per token and layer."""
+    from evalsuite.bench.saved_memory import saved_memory
+
+    models = [m for spec in model for m in _csv_list(spec, str, "--model")]
+    saved_memory(out, models, layers=layers, lengths=tuple(_csv_list(lengths, int, "--lengths")), batch=batch,
+                 tokens=tokens, device=device, attention=attention)  # fmt: skip
+    typer.echo(f"wrote {out}/saved_memory.json and .md")
