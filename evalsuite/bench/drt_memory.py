@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from evalsuite.bench.common import ratio_fields
 from evalsuite.errors import UserError
 
 MIB = 2**20
@@ -115,8 +116,8 @@ def _timed_rows(nets: dict, lengths: list[int], placements: dict, new_tokens: in
                     done.append({"length": length, "offload": offload, "error": "out of memory"})
         for (name, _), done in runs.items():
             row = {"model": name, **done[0]}
-            if "error" not in row:
-                times = [d["ms_per_token"] for d in done]
+            if "error" not in row:  # (a later round out of memory leaves fewer rounds)
+                times = [d["ms_per_token"] for d in done if "error" not in d]
                 row.update(ms_per_token=statistics.median(times), ms_per_token_rounds=times)
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -125,28 +126,23 @@ def _timed_rows(nets: dict, lengths: list[int], placements: dict, new_tokens: in
 
 def table3_ratios(rows: list[dict], model: str, base: str) -> list[dict]:
     """Per length and placement of ``model``'s chunk store, its row over ``base``'s at the same length (see the module
-    docstring): ``time_per_token`` (the median of the rounds' ratios where both rows hold rounds, with ``_p20`` /
-    ``_p80``), ``cache_memory``, ``peak_memory`` (None without a device peak)."""
+    docstring): ``time_per_token`` (:func:`~evalsuite.bench.common.ratio_fields` of the rounds both rows hold:
+    the median of the per-round ratios, ``_p20``, ``_p80``, ``_pairs``), ``cache_memory``, ``peak_memory`` (None
+    without a device peak)."""
     bases = {r["length"]: r for r in rows if r["model"] == base and "error" not in r}
     out = []
     for r in rows:
         b = bases.get(r["length"])
         if r["model"] != model or "error" in r or b is None:
             continue
-        rounds = [x.get("ms_per_token_rounds", [x["ms_per_token"]]) for x in (r, b)]
-        times = sorted(t / tb for t, tb in zip(*rounds, strict=False))  # a row cut short by OOM has fewer
+        ours, peer = (x.get("ms_per_token_rounds", [x["ms_per_token"]]) for x in (r, b))
+        n = min(len(ours), len(peer))  # the rounds both rows hold
         peak = r["decode_peak_mib"] / b["decode_peak_mib"] if b["decode_peak_mib"] > 0 else None
         cache = r["state_device_bytes"] / b["state_device_bytes"]
         out.append({**{key: r[key] for key in ("length", "offload", "new_tokens")},
-                    "time_per_token": statistics.median(times), "time_per_token_p20": _quantile(times, 0.2),
-                    "time_per_token_p80": _quantile(times, 0.8), "cache_memory": cache,
+                    **ratio_fields("time_per_token", ours[:n], peer[:n]), "cache_memory": cache,
                     "peak_memory": peak})  # fmt: skip
     return out
-
-
-def _quantile(values: list[float], q: float) -> float:
-    """The ``q`` quantile of sorted ``values`` (nearest rank)."""
-    return values[min(len(values) - 1, int(q * len(values)))]
 
 
 def _card(name: str, base: bool):

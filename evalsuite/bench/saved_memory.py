@@ -109,10 +109,14 @@ def measure_card(name: str, layers: int, lengths: tuple[int, int], batch: int, d
             "rows": rows, "top_storages": top, "card_layers": config.num_layers}  # fmt: skip
 
 
+def _row_bytes(row: dict, tokens: int, layers: int) -> float:
+    """One group's bytes at ``tokens`` tokens a step and ``layers`` layers (once if it is outside the layers)."""
+    return row["bytes_per_token"] * tokens * (layers if row["per_layer"] else 1)
+
+
 def full_depth_bytes(result: dict, tokens: int) -> float:
     """Bytes the card's full depth keeps for the backward at ``tokens`` tokens a step (the per-token part)."""
-    full = result["card_layers"]
-    return sum(r["bytes_per_token"] * tokens * (full if r["per_layer"] else 1) for r in result["rows"])
+    return sum(_row_bytes(r, tokens, result["card_layers"]) for r in result["rows"])
 
 
 def format_table(result: dict, tokens: int) -> str:
@@ -125,8 +129,8 @@ def format_table(result: dict, tokens: int) -> str:
              "|---|---|---:|---:|"]  # fmt: skip
     for r in result["rows"]:
         if abs(r["bytes_per_token"]) >= 1:
-            gib = r["bytes_per_token"] * tokens * (full if r["per_layer"] else 1) / 2**30
             where = "each layer" if r["per_layer"] else "once"
+            gib = _row_bytes(r, tokens, full) / 2**30
             lines.append(f"| {r['group']} | {where} | {r['bytes_per_token']:,.0f} | {gib:.2f} |")
     lines.append(f"| **total** | | | **{full_depth_bytes(result, tokens) / 2**30:.2f}** |")
     return "\n".join(lines)
@@ -137,10 +141,11 @@ def saved_memory(out, models: list[str], layers: int = 1, lengths: tuple[int, in
     """Measure every card of ``models`` (:func:`measure_card`) and write ``saved_memory.json`` and ``.md`` under
     ``out``; ``tokens``: the step size the table scales the per-token bytes to (16,384: the papers' steps)."""
     from evalsuite.runs.provenance import device_name, provenance
+    from evalsuite.runtime import resolve_device
 
     if layers < 1 or batch < 1 or len(lengths) != 2 or not 0 < lengths[0] < lengths[1]:
         raise UserError("give --layers >= 1, --batch >= 1 and two --lengths, the first the shorter")
-    dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
+    dev = resolve_device(device)
     results = [measure_card(name, layers, tuple(lengths), batch, dev, attention) for name in models]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
