@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from evalsuite.cards import count_params, load_card
+from evalsuite.errors import UserError
 from evalsuite.kernels import forgetting
 from evalsuite.kernels.forgetting import reference
 from evalsuite.models.fox import ARCHITECTURES, ForgettingTransformer, FoxConfig, decay_time_bias
@@ -67,6 +68,25 @@ def test_memory_efficient_model_matches_dense_softmax(arch, monkeypatch):
     model.set_attention_backend("reference")
     blocked = model.logits(model(ids))
     torch.testing.assert_close(blocked, dense, rtol=1e-5, atol=1e-5)
+
+
+def test_sdpa_backend_is_plain_causal_attention_and_refused_with_a_gate():
+    """``"sdpa"``: ungated full-sequence calls through PyTorch's SDPA equal the dense softmax; calls it has no form
+    for (cached keys, padding) take the auto backend; a gated model refuses it in one line."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 19, 3, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    dense = reference.attention_dense(q, k, v)
+    torch.testing.assert_close(forgetting.attention(q, k, v, backend="sdpa"), dense, rtol=1e-10, atol=1e-10)
+    tail = forgetting.attention(q[:, -5:], k, v, backend="sdpa")  # cached keys: auto (the blocked reference)
+    torch.testing.assert_close(tail, dense[:, -5:], rtol=1e-10, atol=1e-10)
+
+    model = tiny("transformer-llama").double()
+    ids = torch.randint(0, 97, (2, 40), generator=torch.Generator().manual_seed(2))
+    want = model.logits(model(ids))
+    model.set_attention_backend("sdpa")
+    torch.testing.assert_close(model.logits(model(ids)), want, rtol=1e-9, atol=1e-9)
+    with pytest.raises(UserError, match="no forget gate"):
+        tiny("fox-llama").set_attention_backend("sdpa")
 
 
 def test_forget_gate_decays_attention_to_the_past():

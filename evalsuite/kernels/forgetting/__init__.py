@@ -21,7 +21,9 @@ import torch
 from evalsuite.kernels.forgetting.reference import attention_blocked, attention_dense
 from evalsuite.kernels.triton_utils import triton_installed
 
-BACKENDS = ("auto", "triton", "reference", "dense")
+# "sdpa": PyTorch's scaled_dot_product_attention (FlashAttention-2 on CUDA: the papers' "Transformer w/ FA2"
+# baselines, e.g. LLaMA-FA2 in arXiv:2405.17381 Figure 1) for ungated full-sequence calls; see :func:`attention`.
+BACKENDS = ("auto", "triton", "reference", "dense", "sdpa")
 
 if triton_installed():
     # Bound once here, not imported in cached_attention: that runs inside torch.compile'd decoding steps, where an
@@ -66,11 +68,28 @@ def _autocast_inputs(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return tuple(t.to(dtype) if t.is_floating_point() else t for t in tensors)
 
 
+def _sdpa_causal(q, k, v, scale):
+    """Plain causal attention through ``torch.nn.functional.scaled_dot_product_attention``; ``[B, T, H, D]`` in and
+    out (SDPA takes ``[B, H, T, D]``)."""
+    o = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, scale=scale
+    )
+    return o.transpose(1, 2)
+
+
 def attention(q, k, v, cum_q=None, cum_k=None, *, key_start=None, scale=None, backend: str = "auto"):
-    """Causal (Forgetting) attention with the chosen backend; see the module docstring for shapes."""
+    """Causal (Forgetting) attention with the chosen backend; see the module docstring for shapes.
+
+    ``"sdpa"`` runs an ungated (``cum_q`` None), unpadded full-sequence call (Tq = Tk: training, loss windows)
+    through PyTorch's SDPA; any other call (a forget gate, left padding, cached keys) goes to ``"auto"``. Models
+    with a forget gate refuse it (:meth:`ForgettingTransformer.set_attention_backend`)."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown attention backend {backend!r}; choose from {', '.join(BACKENDS)}")
     q, k, v = _autocast_inputs(q, k, v)
+    if backend == "sdpa":
+        if cum_q is None and cum_k is None and key_start is None and q.shape[1] == k.shape[1]:
+            return _sdpa_causal(q, k, v, scale)
+        backend = "auto"  # padded batches (their bias rides on cum) and cached calls: no SDPA form of those
     if backend == "auto":
         backend = "triton" if triton_available(q) else "reference"
     if backend == "dense":
@@ -134,5 +153,6 @@ def append_and_attend(q, k, v, log_f, k_cache, v_cache, cum_cache, length, *, ke
 
 
 def cached_attention_graph_safe(q: torch.Tensor, backend: str) -> bool:
-    """Whether :func:`cached_attention` runs without a host sync for queries like ``q`` (the Triton kernel)."""
-    return backend in ("auto", "triton") and triton_available(q)
+    """Whether :func:`cached_attention` runs without a host sync for queries like ``q`` (the Triton kernel; cached
+    calls of ``"sdpa"`` are ``"auto"``'s)."""
+    return backend in ("auto", "triton", "sdpa") and triton_available(q)

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from evalsuite.errors import UserError
 from evalsuite.kernels.forgetting import BACKENDS, append_and_attend, attention, cumsum_over_time
 from evalsuite.models.base import EmbeddingHeadLM, normal_init_
 from evalsuite.models.fox.cache import KVCache, LayerCache
@@ -324,6 +325,17 @@ class ForgettingTransformer(EmbeddingHeadLM):
         self._init_embedding_and_head(cfg)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
+
+    def set_attention_backend(self, backend: str, device: torch.device | str | None = None) -> None:
+        """As the base class's; ``"sdpa"`` (plain softmax attention) only for a model without a forget gate."""
+        if backend == "sdpa" and self.cfg.fgate_type != "none":
+            raise UserError(f"attention backend 'sdpa' has no forget gate; this model's is {self.cfg.fgate_type!r}")
+        super().set_attention_backend(backend, device)
+
+    def available_backends(self, device: torch.device) -> tuple[str, ...]:
+        """As the base class's, without ``"sdpa"`` for a model with a forget gate."""
+        gated = self.cfg.fgate_type != "none"
+        return tuple(b for b in super().available_backends(device) if not (gated and b == "sdpa"))
 
     @torch.no_grad()
     def init_weights(self, seed: int = 0) -> None:
