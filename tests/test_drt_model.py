@@ -92,11 +92,17 @@ def test_landmark_id_as_input_is_an_ordinary_token(model):
 def test_sliding_window_matches_dense(window, block, past):
     g = torch.Generator().manual_seed(window)
     B, Tq, H, hd = 2, 19, 3, 8
-    q = torch.randn(B, Tq, H, hd, generator=g, dtype=torch.float64)
-    k, v = (torch.randn(B, Tq + past, H, hd, generator=g, dtype=torch.float64) for _ in range(2))
+    q = torch.randn(B, Tq, H, hd, generator=g, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(B, Tq + past, H, hd, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(2))
     slopes = drt_alibi_slopes(H)
     out = sliding_window_attention(q, k, v, slopes, window, block)
-    torch.testing.assert_close(out, sliding_window_attention_dense(q, k, v, slopes, window), rtol=1e-10, atol=1e-10)
+    dense = sliding_window_attention_dense(q, k, v, slopes, window)
+    torch.testing.assert_close(out, dense, rtol=1e-10, atol=1e-10)
+    weights = torch.randn(out.shape, generator=g, dtype=torch.float64)  # the blocks' split pieces get every gradient
+    grads = torch.autograd.grad((out * weights).sum(), (q, k, v))
+    for got, want in zip(grads, torch.autograd.grad((dense * weights).sum(), (q, k, v)), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    out, q, k, v = out.detach(), q.detach(), k.detach(), v.detach()
     # the dense form by hand: query i (position past + i) sees keys i + past - window .. i + past
     i, j = past + 4, torch.arange(Tq + past)
     bias = -slopes[0].double() * (i - j)

@@ -48,6 +48,11 @@ def sliding_window_attention(q, k, v, slopes, window: int, block: int | None = N
     (keys ``[block_start - window, block_end)``), through ``scaled_dot_product_attention`` with an additive mask.
     Scores, bias and softmax run in float32 (float64 for float64 inputs), autocast off: a bf16 bias would round
     ALiBi's distances. Returns ``[B, Tq, H, hd]`` in q's dtype.
+
+    The work and memory per token do not grow with T. Two things keep it so: the blocks' queries, keys and values
+    are pieces of one ``split`` (a slice of the whole ``[B, H, T, hd]`` tensor per block would make its backward
+    build a whole-size gradient per block: O(T^2 / block) memory traffic a layer), and every block away from the
+    sequence's ends shares one mask (saved once for the backward, not once per block).
     """
     B, Tq, H, hd = q.shape
     Tk = k.shape[1]
@@ -58,15 +63,37 @@ def sliding_window_attention(q, k, v, slopes, window: int, block: int | None = N
     with torch.autocast(q.device.type, enabled=False):
         qf, kf, vf = (t.to(compute).transpose(1, 2) for t in (q, k, v))  # [B, H, T, hd]
         m = slopes.to(device=q.device, dtype=compute)
-        for s in range(0, Tq, block):
-            e = min(s + block, Tq)
+        starts = [0, *range(past, Tk, block)] if past else list(range(0, Tk, block))  # key pieces' first rows
+        sizes = [b - a for a, b in zip(starts, [*starts[1:], Tk], strict=True)]
+        k_pieces, v_pieces = kf.split(sizes, 2), vf.split(sizes, 2)
+        shared = None  # the mask of a full block whose keys start `window` rows before its queries
+        for s, q_block in zip(range(0, Tq, block), qf.split(block, 2), strict=True):
+            e = s + q_block.shape[2]
             lo = max(0, past + s - window)
             q_pos = torch.arange(past + s, past + e, device=q.device)
             k_pos = torch.arange(lo, past + e, device=q.device)
-            mask = window_bias(q_pos, k_pos, m, window)
-            outs.append(F.scaled_dot_product_attention(qf[:, :, s:e], kf[:, :, lo : past + e], vf[:, :, lo : past + e],
-                                                       attn_mask=mask))  # fmt: skip
+            if past + s - window >= 0 and e - s == block:
+                shared = window_bias(q_pos, k_pos, m, window) if shared is None else shared
+                mask = shared
+            else:
+                mask = window_bias(q_pos, k_pos, m, window)
+            keys = _rows(k_pieces, starts, lo, past + e)
+            values = _rows(v_pieces, starts, lo, past + e)
+            outs.append(F.scaled_dot_product_attention(q_block, keys, values, attn_mask=mask))
     return torch.cat(outs, 2).transpose(1, 2).to(q.dtype)
+
+
+def _rows(pieces, starts: list[int], lo: int, hi: int) -> torch.Tensor:
+    """Rows ``[lo, hi)`` along dim 2 of the tensor split into ``pieces`` at ``starts``: the overlapping pieces, each
+    sliced only where it is cut (a slice's backward is the size of its piece), concatenated."""
+    parts = []
+    for piece, a in zip(pieces, starts, strict=True):
+        b = a + piece.shape[2]
+        if b <= lo or a >= hi:
+            continue
+        cut = piece if (a >= lo and b <= hi) else piece[:, :, max(lo, a) - a : min(hi, b) - a]
+        parts.append(cut)
+    return parts[0] if len(parts) == 1 else torch.cat(parts, 2)
 
 
 def ring_window_attention(q, k, v, ring: WindowRing, slopes) -> torch.Tensor:
