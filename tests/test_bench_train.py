@@ -8,6 +8,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from conftest import assert_one_line_error
 
@@ -92,6 +93,33 @@ def test_models_built_one_at_a_time_are_timed_in_turn(tmp_path, tiny, capsys):
     assert f"{OTHER} 64x2: first step" in out and f"x {BASE}" in out
 
 
+def test_checkpointed_blocks_give_the_same_gradients():
+    from evalsuite.training.train import build_model
+
+    grads = []
+    for wrap in (False, True):
+        model = build_model(load_card("tnl-tiny"), seed=0).double()
+        if wrap:
+            bench.checkpoint_blocks(model)
+            assert all(isinstance(b, bench._Checkpointed) for b in model.blocks)
+        ids = torch.randint(0, 100, (2, 24), generator=torch.Generator().manual_seed(0))
+        model.logits(model(ids)).square().mean().backward()
+        grads.append([p.grad for p in model.parameters()])
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    with pytest.raises(UserError, match="--checkpoint needs a model with a `blocks` layer stack"):
+        bench.checkpoint_blocks(build_model(load_card("drt-tiny"), seed=0))
+
+
+def test_a_backend_per_model_and_checkpointing(tmp_path, tiny):
+    base = tiny["models"][0]
+    records = bench.bench_train(tmp_path / "out", **{**tiny, "models": [f"{base}@sdpa", base], "checkpoint": True})
+    by = {r["model"]: r for r in records}
+    assert by[f"{BASE}@sdpa"]["attention"] == "sdpa" and by[BASE]["attention"] == "auto"
+    assert all(r["status"] == "ok" and r["checkpoint"] for r in records)
+    assert by[BASE]["baseline"] == f"{BASE}@sdpa" and by[BASE]["ratio_to_baseline_pairs"] == 3
+
+
 def test_bad_input_is_one_line(run_cli, tmp_path):
     train = ["bench", "train", "--out", tmp_path / "out", "--model", "transformer-llama-tiny,fox-pro-tiny"]
     code, _, err = run_cli([*train, "--shape", "64by2"], tmp_path)
@@ -100,6 +128,8 @@ def test_bad_input_is_one_line(run_cli, tmp_path):
     assert_one_line_error(code, err, "--baseline gsa-tiny is not one of the models")
     code, _, err = run_cli([*train, "--model", "fox-pro-tiny", "--shape", "64x2"], tmp_path)
     assert_one_line_error(code, err, "model fox-pro-tiny is named twice")
+    code, _, err = run_cli([*train[:-2], "--model", "fox-pro-tiny@sdpa", "--shape", "64x2"], tmp_path)
+    assert_one_line_error(code, err, "attention backend 'sdpa' has no forget gate")
     assert not (tmp_path / "out").exists()
     assert bench_command({"kind": "bench", "op": "train_step", "metric": "throughput"}) == "evalsuite bench train"
     assert bench_command({"kind": "bench", "op": "train_step", "metric": "time"}).startswith("no `evalsuite bench`")

@@ -80,7 +80,8 @@ class _Settings:
     """How every model is built and timed."""
 
     device: torch.device
-    attention: str
+    attention: dict[str, str]  # model name -> attention backend
+    checkpoint: bool  # recompute every block in the backward (activation checkpointing)
     amp: str
     seed: int
     rounds: int
@@ -105,12 +106,37 @@ def _build(card, s: _Settings) -> _Trainee:
     from evalsuite.training.train import EagerStep, autocast_dtype, build_model, make_optimizer
 
     model = build_model(card, seed=s.seed).to(s.device).train()
-    if s.attention != "auto":
-        model.set_attention_backend(s.attention, s.device)
+    if s.attention[card.name] != "auto":
+        model.set_attention_backend(s.attention[card.name], s.device)
+    if s.checkpoint:
+        checkpoint_blocks(model)
     config = TrainConfig(lr=LR, betas=(0.9, 0.95), weight_decay=0.1, grad_clip=1.0, amp=s.amp)
     stepper = EagerStep(model, make_optimizer(model, config), chunked_cross_entropy, config.grad_clip,
                         autocast_dtype(s.amp, s.device))  # fmt: skip
     return _Trainee(model, stepper)
+
+
+class _Checkpointed(torch.nn.Module):
+    """A block whose activations are recomputed in the backward instead of kept (``torch.utils.checkpoint``)."""
+
+    def __init__(self, block: torch.nn.Module):
+        super().__init__()
+        self.block = block
+
+    def forward(self, *args, **kwargs):
+        return torch.utils.checkpoint.checkpoint(self.block, *args, use_reentrant=False, **kwargs)
+
+
+def checkpoint_blocks(model: torch.nn.Module) -> None:
+    """Wrap each of ``model.blocks`` (the FoX, GSA and TNL families' layer stacks) in :class:`_Checkpointed`: a step
+    then keeps one ``[B, T, D]`` input per layer and one layer's activations at a time, which is how 128K-token steps
+    of these models fit a GPU (the papers' long-sequence speed runs do not say whether theirs recompute)."""
+    blocks = getattr(model, "blocks", None)
+    if not isinstance(blocks, torch.nn.ModuleList):
+        raise UserError(f"--checkpoint needs a model with a `blocks` layer stack (FoX, GSA, TNL); "
+                        f"{type(model).__name__} has none")  # fmt: skip
+    for i, block in enumerate(blocks):
+        blocks[i] = _Checkpointed(block)
 
 
 def _batch(vocab: int, shape: tuple[int, int], seed: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -229,17 +255,33 @@ def _run_alone(plan, cards, s: _Settings, emit) -> None:
         _free(s.device)
 
 
-def _cards(models) -> dict:
-    """Name -> card of each spec (a card's name or YAML path); a model named twice is a UserError."""
+def _cards(models, attention: str) -> tuple[dict, dict[str, str]]:
+    """Name -> card of each spec (a card's name or YAML path, ``@BACKEND`` for an attention backend of its own: the
+    card renamed ``NAME@BACKEND``), and name -> attention backend (``attention`` where the spec names none); a model
+    named twice is a UserError."""
+    from dataclasses import replace
+
     from evalsuite.cards import load_card
 
-    cards = {}
+    cards, backends = {}, {}
     for spec in models:
-        card = load_card(str(spec))
+        path, _, backend = str(spec).partition("@")
+        card = load_card(path)
+        if backend:
+            card = replace(card, name=f"{card.name}@{backend}")
         if card.name in cards:
             raise UserError(f"model {card.name} is named twice")
-        cards[card.name] = card
-    return cards
+        cards[card.name], backends[card.name] = card, backend or attention
+    return cards, backends
+
+
+def _check_backends(cards: dict, backends: dict[str, str], device: torch.device) -> None:
+    """Each model takes its attention backend (checked on a meta-device build, before anything runs)."""
+    for name, card in cards.items():
+        if backends[name] != "auto":
+            with torch.device("meta"):
+                model = card.build_module()
+            model.set_attention_backend(backends[name], device)
 
 
 def _check(names, shapes, baseline, rounds, amp) -> None:
@@ -254,26 +296,32 @@ def _check(names, shapes, baseline, rounds, amp) -> None:
 
 
 def bench_train(out, *, models=DEFAULT_MODELS, shapes=DEFAULT_SHAPES, baseline: str | None = None, rounds: int = 10,
-                device: str = "auto", attention: str = "auto", amp: str = "auto", together: bool | None = None,
-                seed: int = 0, verbose: bool = True, repair: bool = False) -> list[dict]:  # fmt: skip
+                device: str = "auto", attention: str = "auto", checkpoint: bool = False, amp: str = "auto",
+                together: bool | None = None, seed: int = 0, verbose: bool = True,
+                repair: bool = False) -> list[dict]:  # fmt: skip
     """Measure every (model, shape) not yet under ``out`` (module doc); returns all the folder's records.
 
-    ``models``: cards (names or YAML paths; recorded by the card's name). ``shapes``: ``(length, batch)`` pairs.
+    ``models``: cards (names or YAML paths; recorded by the card's name), each with an optional ``@BACKEND``
+    attention backend of its own (recorded as ``NAME@BACKEND``; ``attention`` is the others'). ``checkpoint``:
+    recompute every block in the backward (:func:`checkpoint_blocks`). ``shapes``: ``(length, batch)`` pairs.
     ``baseline``: the model whose tokens/s the ratios divide by (default: the first). ``together``: hold the models
     on the device together and interleave them (None: when they fit, :func:`_fits_together`). ``repair``: set aside
-    corrupt lines of ``records.jsonl`` first. ``out`` is claimed for its device, ``amp``, ``attention`` and ``seed``
-    (another run's there is a UserError) and locked while the run lasts.
+    corrupt lines of ``records.jsonl`` first. ``out`` is claimed for its device, ``amp``, ``attention``,
+    ``checkpoint`` and ``seed`` (another run's there is a UserError) and locked while the run lasts.
     """
     from evalsuite.runtime import resolve_device
 
-    cards = _cards(models)
+    cards, backends = _cards(models, attention)
     shapes = list(dict.fromkeys(tuple(shape) for shape in shapes))
     baseline = baseline or next(iter(cards), None)
     _check(list(cards), shapes, baseline, rounds, amp)
     dev = resolve_device(device)
+    _check_backends(cards, backends, dev)
     env = env_info()
     env["device"] = env["device"] if dev.type == "cuda" else "cpu"
     resume = {"device": env["device"], "amp": amp, "attention": attention, "seed": seed}
+    if checkpoint:  # runs without it keep their earlier folder's key
+        resume["checkpoint"] = True
     say = (lambda text: print(text, flush=True)) if verbose else (lambda text: None)
     out = Path(out)
     with writing(out, "bench-train", config_hash(resume), resume, outputs=(JSON_NAME,), repair=repair) as run:
@@ -284,12 +332,12 @@ def bench_train(out, *, models=DEFAULT_MODELS, shapes=DEFAULT_SHAPES, baseline: 
                 [cards[n] for n in dict.fromkeys(n for todo in plan.values() for n in todo)], dev)  # fmt: skip
             say(f"{len(plan)} shape(s); the models " + ("held together, timed interleaved" if hold else
                 "built one at a time, timed in turn"))  # fmt: skip
-            context = {"baseline": baseline, "interleaved": hold, "amp": amp, "attention": attention, "seed": seed,
+            context = {"baseline": baseline, "interleaved": hold, "amp": amp, "checkpoint": checkpoint, "seed": seed,
                        "weights": f"random (seed {seed})", "env": env}  # fmt: skip
             done = set(records)
 
             def emit(card, shape, fields, samples, base) -> None:
-                rec = _record(card, shape, fields, samples, base, context)
+                rec = _record(card, shape, fields, samples, base, {**context, "attention": backends[card.name]})
                 if rec["key"] in done:  # the baseline timed again beside new pairs keeps its record
                     return
                 records[rec["key"]] = rec
@@ -299,7 +347,7 @@ def bench_train(out, *, models=DEFAULT_MODELS, shapes=DEFAULT_SHAPES, baseline: 
                 what = f"{rec['tokens_per_s']:,.0f} tokens/s{ratio}" if rec["status"] == "ok" else rec["status"]
                 say(f"{card.name} {shape_name(shape)}: {what}")
 
-            settings = _Settings(dev, attention, amp, seed, rounds, say)
+            settings = _Settings(dev, backends, checkpoint, amp, seed, rounds, say)
             (_run_together if hold else _run_alone)(plan, cards, settings, emit)
         _save(out, records, env)
         return list(records.values())

@@ -301,7 +301,12 @@ def bench_train_cmd(
     ),
     model: Annotated[
         list[str] | None,
-        typer.Option("--model", "-m", help="A card (its shapes, random weights); repeatable or comma-separated."),
+        typer.Option(
+            "--model",
+            "-m",
+            help="A card (its shapes, random weights), NAME@BACKEND for an attention "
+            "backend of its own (e.g. transformer-llama@sdpa); repeatable or comma-separated.",
+        ),
     ] = None,
     shape: Annotated[
         list[str] | None,
@@ -312,6 +317,9 @@ def bench_train_cmd(
     ] = None,
     rounds: RoundsOpt = 10,
     attention: Annotated[str, typer.Option(help="Attention backend (auto: the model's default).")] = "auto",
+    checkpoint: Annotated[
+        bool, typer.Option(help="Recompute every block in the backward (activation checkpointing), for long shapes.")
+    ] = False,
     amp: Annotated[str, typer.Option(help="auto (bf16 autocast on CUDA), bf16 or none.")] = "auto",
     one_at_a_time: Annotated[
         bool, typer.Option(help="Build one model at a time (no interleaving), even where they fit together.")
@@ -326,7 +334,7 @@ def bench_train_cmd(
     models = [m for spec in model or [] for m in _csv_list(spec, str, "--model")] or list(train_speed.DEFAULT_MODELS)
     shapes = [train_speed.parse_shape(s) for spec in shape or [] for s in _csv_list(spec, str, "--shape")]
     train_speed.bench_train(out, models=models, shapes=shapes or train_speed.DEFAULT_SHAPES, baseline=baseline,
-                            rounds=rounds, device=device, attention=attention, amp=amp,
+                            rounds=rounds, device=device, attention=attention, checkpoint=checkpoint, amp=amp,
                             together=False if one_at_a_time else None, repair=repair)  # fmt: skip
     typer.echo(f"wrote {out}/{train_speed.JSON_NAME} and .md")
 

@@ -12,7 +12,9 @@
   for Lightning, Vanilla and Flash2): :func:`speed_memory_figure`, from one ``bench linear`` run of
   :data:`~evalsuite.papers.recipes.BENCH_COMMANDS` ``["lightning:figure4"]`` (:func:`figure4_records`), with the
   paper's §5.1 claims checked on it (:func:`figure_notes`,
-  :func:`evalsuite.bench.lightning_claims.check_claims`).
+  :func:`evalsuite.bench.lightning_claims.check_claims`);
+* the speed figures of :data:`evalsuite.papers.speed_figures.SPEED_FIGURES` (Lightning Figure 1(a), GCA Figure 3(a)),
+  each from its bench command's records, with the text's claims about it checked.
 
 A figure's style comes from its columns' recipes, or from :data:`FIGURES` for the figures the papers give no
 numbers for (their items have no columns).
@@ -28,6 +30,7 @@ from pathlib import Path
 from evalsuite.bench import lightning_claims as claims
 from evalsuite.bench.linear_ops import VANILLA
 from evalsuite.errors import UserError
+from evalsuite.papers import speed_figures
 from evalsuite.papers.found import Results, find
 from evalsuite.papers.published import Item
 from evalsuite.papers.recipes import BENCH_COMMANDS
@@ -47,6 +50,8 @@ def style(item: Item) -> tuple[str, dict] | None:
     """(style, filter) of a figure item, or None when it is not one we draw."""
     if item.id in FIGURES:
         return FIGURES[item.id]
+    if item.id in speed_figures.SPEED_FIGURES:
+        return "speed_claims", {}
     kinds = {c.recipe["kind"] for c in item.columns if c.recipe}
     styles = {STYLE_OF_RECIPE[k] for k in kinds if k in STYLE_OF_RECIPE}
     if len(styles) != 1:
@@ -210,7 +215,10 @@ def speed_memory_figure(records: list[dict], out_stem: Path | str) -> list[Path]
 def figure_notes(item: Item, results: Results) -> list[str]:
     """Lines for a rendered figure that is measured by a bench command: the command and, where its records are under
     the results folder, the paper's claims against them (the Lightning paper's Figure 4)."""
-    if (style(item) or ("",))[0] != "speed_memory":
+    kind = (style(item) or ("",))[0]
+    if kind == "speed_claims":
+        return speed_figures.notes(item.id, results.root)
+    if kind != "speed_memory":
         return []
     notes = [f"measured by: {BENCH_COMMANDS[item.id]} (Flash2: PyTorch SDPA causal on its FlashAttention-2 backend, "
              "a stand-in; memory beyond the inputs)"]  # fmt: skip
@@ -238,6 +246,8 @@ def draw(item: Item, models: list[str], results: Results, out_dir: Path | str) -
         return speed_figure(bench_records(results.root, filters.get("ops")), stem)
     if kind == "speed_memory":
         return speed_memory_figure(figure4_records(results.root), stem)
+    if kind == "speed_claims":
+        return speed_figures.draw(item.id, results.root, stem)
     if kind == "loss":
         runs = _runs_of(results, "loss", models)
         if runs:

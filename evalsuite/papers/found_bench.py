@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
-def _documents(root: Path, name: str) -> Iterator[tuple[dict, Path]]:
+def documents(root: Path, name: str) -> Iterator[tuple[dict, Path]]:
     """Every readable JSON object in a file called ``name`` under ``root``, with its path."""
     for folder, dirs, files in os.walk(root):
         dirs.sort()
@@ -45,7 +45,7 @@ def _documents(root: Path, name: str) -> Iterator[tuple[dict, Path]]:
 
 def _drt_ratio(root: Path, recipe: dict, model: str):
     key = {"time": "time_per_token", "memory": "cache_memory"}.get(recipe["metric"])
-    for doc, path in _documents(root, "drt_memory.json"):
+    for doc, path in documents(root, "drt_memory.json"):
         if doc.get("model") != model or key is None:
             continue
         for r in doc.get("ratios", []):
@@ -56,7 +56,7 @@ def _drt_ratio(root: Path, recipe: dict, model: str):
 
 def _call_seconds(root: Path, recipe: dict, model: str):
     found = []
-    for doc, path in _documents(root, "generate_bench.json"):
+    for doc, path in documents(root, "generate_bench.json"):
         for r in doc.get("records", []):
             times = (r.get("call_times_s") or {}).get(str(recipe["new_tokens"]))
             cell = (r.get("length"), r.get("batch"), r.get("status")) == (recipe["length"], 1, "ok")
@@ -80,7 +80,7 @@ def train_step_record(root: Path, recipe: dict, model: str) -> dict | None:
     recipe's length (any length where the paper states none), the most tokens a step, then the longest length, then
     the most rounds, then the newest file's."""
     found = []
-    for doc, path in _documents(Path(root), "train_bench.json"):
+    for doc, path in documents(Path(root), "train_bench.json"):
         for r in doc.get("records", []):
             if r.get("model") == model and r.get("status") == "ok" and recipe.get("length") in (None, r.get("length")):
                 found.append({**r, "file": str(path), "mtime": path.stat().st_mtime})

@@ -1,0 +1,114 @@
+"""The claims of the papers' speed figures that print no numbers, checked on ``evalsuite bench`` records.
+
+Each figure's item has no columns (the text gives no values), so ``paper render`` checks what the text says about
+its curves on our records (:func:`check`) and draws them (:mod:`evalsuite.papers.speed_figures`):
+
+* Lightning Attention paper, Figure 1(a) (arXiv:2405.17381 §5.2): training tokens per GPU per second (TGS) against
+  the sequence length, 1K to 128K: TNL's "remains consistently high, while the other three models exhibit a rapid
+  decline". Read from ``evalsuite bench train`` records at a fixed number of tokens a step (the b × n = const regime
+  of the title's "constant speed": a model whose work per token does not grow with n keeps its tokens/s). A series is
+  constant where its lowest tokens/s is at least :data:`FLAT` of its highest; declining where its longest length's
+  falls below :data:`FLAT` of its shortest's.
+* GCA paper, Figure 3(a) (arXiv:2410.01651 §4.3): "the total training time increases linearly with the increment of
+  the sequence length": the seconds per sequence (a step's time over its batch) of DRT-architecture models against
+  the length, from ``bench train`` records at a fixed number of tokens a step. The log-log slope over all lengths
+  reads as linear within :data:`LINEAR_BAND` of 1.
+
+A check's result per claim: ``claim`` (the paper's words), ``ours`` (what the records show) and ``agrees`` (True,
+False, or None where the records cannot say).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+FLAT = 0.85  # a series whose lowest tokens/s is at least this much of its highest reads as constant (within 15%)
+LINEAR_BAND = 0.2  # a log-log slope within this of 1 reads as linear growth
+
+
+def train_series(records, keep: Callable[[dict], bool]) -> dict[str, list[dict]]:
+    """``{model: [ok train_step records by length]}`` of the records ``keep`` accepts."""
+    series: dict[str, list[dict]] = {}
+    for r in records:
+        if r.get("op") == "train_step" and r.get("status") == "ok" and keep(r):
+            series.setdefault(r["model"], []).append(r)
+    return {m: sorted(rs, key=lambda r: r["length"]) for m, rs in series.items()}
+
+
+def _k(n: float) -> str:
+    return f"{n / 1e3:.1f}k"
+
+
+def length_label(n: int) -> str:
+    return f"{n // 1024}K" if n % 1024 == 0 else str(n)
+
+
+def _fixed_tokens(rs: list[dict]) -> bool:
+    return len({r["tokens_per_step"] for r in rs}) == 1
+
+
+def _tgs_shape(rs: list[dict], want_flat: bool) -> tuple[str, bool | None]:
+    """What one model's tokens/s against the length shows, and whether it is constant (``want_flat``) or declining."""
+    if len(rs) < 2:
+        return "fewer than two lengths measured", None
+    if not _fixed_tokens(rs):
+        return "tokens per step differ between lengths: rerun at LENGTHxBATCH shapes of one token count", None
+    first, last = rs[0], rs[-1]
+    lowest = min(r["tokens_per_s"] for r in rs) / max(r["tokens_per_s"] for r in rs)
+    text = (f"{_k(first['tokens_per_s'])} tokens/s at {length_label(first['length'])}, {_k(last['tokens_per_s'])} at "
+            f"{length_label(last['length'])} ({last['tokens_per_s'] / first['tokens_per_s']:.2f}×; lowest "
+            f"{lowest:.2f}× its highest)")  # fmt: skip
+    flat = lowest >= FLAT
+    return text, flat if want_flat else last["tokens_per_s"] < FLAT * first["tokens_per_s"]
+
+
+def lightning_figure1(records) -> list[dict]:
+    """§5.2's two claims about Figure 1(a) on ``bench train`` records: TNL-architecture models constant, the others
+    declining (one line per model)."""
+    series = train_series(records, lambda r: True)
+    tnl = {m: rs for m, rs in series.items() if rs[0].get("architecture") == "tnl"}
+    others = {m: rs for m, rs in series.items() if m not in tnl}
+    out = []
+    claim = "the TGS (tokens per GPU per second) for TNL remains consistently high"
+    for model, rs in tnl.items() or {"tnl": []}.items():
+        ours, agrees = _tgs_shape(rs, want_flat=True) if rs else ("not measured", None)
+        out.append({"claim": f"{claim} ({model})", "ours": ours, "agrees": agrees})
+    claim = "the other three models exhibit a rapid decline when sequence length is scaled from 1K to 128K"
+    for model, rs in others.items() or {"LLaMA-FA2": []}.items():
+        ours, agrees = _tgs_shape(rs, want_flat=False) if rs else ("not measured", None)
+        out.append({"claim": f"{claim} ({model})", "ours": ours, "agrees": agrees})
+    return out
+
+
+def seconds_per_sequence(r: dict) -> float:
+    return r["ms_per_step"] / 1e3 / r["batch"]
+
+
+def gca_figure3a(records) -> list[dict]:
+    """§4.3's claim about Figure 3(a) on ``bench train`` records of DRT-architecture models (DRT and its Base LM)."""
+    series = train_series(records, lambda r: r.get("architecture") == "drt")
+    claim = "the total training time increases linearly with the increment of the sequence length"
+    out = []
+    for model, rs in series.items() or {"drt": []}.items():
+        if len(rs) < 2:
+            ours, agrees = "fewer than two lengths measured", None
+        elif not _fixed_tokens(rs):
+            ours, agrees = "tokens per step differ between lengths: rerun at shapes of one token count", None
+        else:
+            # every length counts (not only the longer half, as for kernels: a step is never launch-bound)
+            xs = [math.log(r["length"]) for r in rs]
+            ys = [math.log(seconds_per_sequence(r)) for r in rs]
+            slope = _fit(xs, ys)
+            ours = (f"{seconds_per_sequence(rs[0]):.3f} s per sequence at {length_label(rs[0]['length'])} to "
+                    f"{seconds_per_sequence(rs[-1]):.3f} s at {length_label(rs[-1]['length'])}: log-log slope "
+                    f"{slope:.2f}")  # fmt: skip
+            agrees = abs(slope - 1.0) <= LINEAR_BAND
+        out.append({"claim": f"{claim} ({model})", "ours": ours, "agrees": agrees})
+    return out
+
+
+def _fit(xs: list[float], ys: list[float]) -> float:
+    """Least-squares slope of ys against xs."""
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)

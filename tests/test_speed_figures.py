@@ -1,0 +1,80 @@
+"""The speed figures that print no numbers (Lightning Figure 1(a), GCA Figure 3(a)): their claims read off `bench
+train` records, and `paper render` drawing them from a real `bench train` run on the CPU at tiny shapes."""
+
+import json
+
+import pytest
+
+from evalsuite.bench import train_speed
+from evalsuite.papers import speed_claims, speed_figures
+
+TOKENS = 131072
+
+
+def _train(model, arch, tokens_per_s, lengths=(1024, 8192, 131072), tokens=TOKENS):
+    """ok ``train_step`` records of one model: tokens/s ``tokens_per_s(length)`` at ``tokens`` tokens a step."""
+    out = []
+    for n in lengths:
+        tps = tokens_per_s(n)
+        out.append({"op": "train_step", "status": "ok", "model": model, "architecture": arch, "length": n,
+                    "batch": max(1, tokens // n), "tokens_per_step": tokens, "tokens_per_s": tps,
+                    "ms_per_step": tokens / tps * 1e3})  # fmt: skip
+    return out
+
+
+def test_figure1_claims_read_tnl_flat_and_llama_declining():
+    records = _train("tnl", "tnl", lambda n: 30e3 - n / 1e3) + _train("llama", "transformer-llama", lambda n: 4e7 / n)
+    checks = speed_claims.lightning_figure1(records)
+    assert [c["agrees"] for c in checks] == [True, True]
+    assert "(tnl)" in checks[0]["claim"] and "(llama)" in checks[1]["claim"]
+    assert checks[0]["ours"].startswith("30.0k tokens/s at 1K, 29.9k at 128K (1.00×")
+    slow = _train("tnl", "tnl", lambda n: 4e7 / n) + _train("llama", "transformer-llama", lambda n: 30e3)
+    assert [c["agrees"] for c in speed_claims.lightning_figure1(slow)] == [False, False]
+    mixed = _train("tnl", "tnl", lambda n: 3e4, lengths=(1024,)) + _train("tnl", "tnl", lambda n: 3e4, (2048,), 4096)
+    assert "tokens per step differ" in speed_claims.lightning_figure1(mixed)[0]["ours"]
+    assert speed_claims.lightning_figure1([])[0]["agrees"] is None
+
+
+def test_figure3a_claim_reads_the_growth_of_time_per_sequence():
+    linear = _train("drt", "drt", lambda n: 5e4)  # constant tokens/s: time per sequence grows as the length
+    (check,) = speed_claims.gca_figure3a(linear)
+    assert check["agrees"] is True and check["ours"].endswith("log-log slope 1.00")
+    (check,) = speed_claims.gca_figure3a(_train("drt", "drt", lambda n: 1e9 / n))  # quadratic
+    assert check["agrees"] is False and check["ours"].endswith("log-log slope 2.00")
+    assert speed_claims.gca_figure3a(_train("x", "tnl", lambda n: 1.0))[0]["agrees"] is None
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A real `bench train` of tnl-tiny against transformer-llama-tiny on SDPA at two lengths of 128 tokens a step,
+    under a results folder."""
+    root = tmp_path_factory.mktemp("results")
+    train_speed.bench_train(root / "bench" / "fig1", models=["transformer-llama-tiny@sdpa", "tnl-tiny"],
+                            shapes=[(32, 4), (128, 1)], rounds=2, checkpoint=True, verbose=False)  # fmt: skip
+    return root
+
+
+def test_render_checks_and_draws_figure1_from_a_real_run(run_cli, tiny_run, tmp_path):
+    code, md, err = run_cli(["paper", "render", "lightning:figure1", "--results", tiny_run, "--out", tmp_path / "o"],
+                            tmp_path)  # fmt: skip
+    assert code == 0, err
+    assert "measured by: evalsuite bench train --model transformer-llama-385m@sdpa,tnl" in md
+    assert f"our records: {tiny_run / 'bench' / 'fig1' / 'train_bench.json'}" in md
+    assert 'claim "the TGS (tokens per GPU per second) for TNL remains consistently high (tnl-tiny)": ours ' in md
+    assert "(transformer-llama-tiny@sdpa)" in md
+    assert (tmp_path / "o" / "lightning-figure1.png").stat().st_size > 10_000
+    records, _ = speed_figures.figure_records("lightning:figure1", tiny_run)
+    assert {r["attention"] for r in records} == {"sdpa", "auto"} and all(r["checkpoint"] for r in records)
+
+
+def test_render_without_records_names_the_command(run_cli, tmp_path):
+    (tmp_path / "results").mkdir()
+    code, md, err = run_cli(["paper", "render", "gca:figure3a", "--results", "results"], tmp_path)
+    assert code == 0, err
+    assert "measured by: evalsuite bench train --model drt-base-lm,drt" in md
+    assert "no records of that command under results yet" in md
+    bad = tmp_path / "results" / "x" / "train_bench.json"
+    bad.parent.mkdir()
+    bad.write_text(json.dumps({"records": _train("drt", "drt", lambda n: 5e4)}))
+    code, md, err = run_cli(["paper", "render", "gca:figure3a", "--results", "results"], tmp_path)
+    assert "log-log slope 1.00: agrees" in md, err
