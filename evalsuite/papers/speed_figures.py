@@ -76,7 +76,7 @@ def plot_tgs(records: list[dict], stem: Path) -> list[Path]:
         if mem:
             memory.plot(*zip(*mem, strict=True), marker="o", color=f"C{k}", label=model)
     speed.set(ylabel="TGS (tokens / GPU / s)", ylim=(0, None), title="Training speed")
-    memory.set(ylabel="Peak memory (GiB)", title="Memory of a step")
+    memory.set(ylabel="Peak memory (GiB)", ylim=(0, None), title="Memory of a step")
     for ax in (speed, memory):
         _length_axis(ax)
     fig.suptitle(_env_title(records, "Lightning Attention, Figure 1(a)"))
