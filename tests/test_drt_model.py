@@ -88,7 +88,9 @@ def test_landmark_id_as_input_is_an_ordinary_token(model):
 # -- sliding-window attention ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("window,block,past", [(3, 4, 0), (5, 2, 7), (12, 16, 3), (40, None, 0), (1, 1, 2)])
+# (blocks at once: no past, window <= block < T; (8, 8, 0) with a partial last block) and (blocks in turn)
+@pytest.mark.parametrize("window,block,past", [(3, 4, 0), (8, 8, 0), (5, 2, 7), (12, 16, 3), (40, None, 0), (1, 1, 2),
+                                               (6, 4, 0)])  # fmt: skip
 def test_sliding_window_matches_dense(window, block, past):
     g = torch.Generator().manual_seed(window)
     B, Tq, H, hd = 2, 19, 3, 8

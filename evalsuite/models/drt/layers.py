@@ -49,38 +49,71 @@ def sliding_window_attention(q, k, v, slopes, window: int, block: int | None = N
     Scores, bias and softmax run in float32 (float64 for float64 inputs), autocast off: a bf16 bias would round
     ALiBi's distances. Returns ``[B, Tq, H, hd]`` in q's dtype.
 
-    The work and memory per token do not grow with T. Two things keep it so: the blocks' queries, keys and values
-    are pieces of one ``split`` (a slice of the whole ``[B, H, T, hd]`` tensor per block would make its backward
-    build a whole-size gradient per block: O(T^2 / block) memory traffic a layer), and every block away from the
-    sequence's ends shares one mask (saved once for the backward, not once per block).
+    The work and memory per token do not grow with T: a whole sequence (no past, ``window <= block``) goes through
+    :func:`_blocks_at_once`; otherwise :func:`_blocks_in_turn`.
     """
-    B, Tq, H, hd = q.shape
-    Tk = k.shape[1]
-    past = Tk - Tq
+    Tq, Tk = q.shape[1], k.shape[1]
     block = block or max(window, 128)
     compute = _compute_dtype(q)
-    outs = []
     with torch.autocast(q.device.type, enabled=False):
-        qf, kf, vf = (t.to(compute).transpose(1, 2) for t in (q, k, v))  # [B, H, T, hd]
+        qf, kf, vf = (t.to(compute) for t in (q, k, v))
         m = slopes.to(device=q.device, dtype=compute)
-        starts = [0, *range(past, Tk, block)] if past else list(range(0, Tk, block))  # key pieces' first rows
-        sizes = [b - a for a, b in zip(starts, [*starts[1:], Tk], strict=True)]
-        k_pieces, v_pieces = kf.split(sizes, 2), vf.split(sizes, 2)
-        shared = None  # the mask of a full block whose keys start `window` rows before its queries
-        for s, q_block in zip(range(0, Tq, block), qf.split(block, 2), strict=True):
-            e = s + q_block.shape[2]
-            lo = max(0, past + s - window)
-            q_pos = torch.arange(past + s, past + e, device=q.device)
-            k_pos = torch.arange(lo, past + e, device=q.device)
-            if past + s - window >= 0 and e - s == block:
-                shared = window_bias(q_pos, k_pos, m, window) if shared is None else shared
-                mask = shared
-            else:
-                mask = window_bias(q_pos, k_pos, m, window)
-            keys = _rows(k_pieces, starts, lo, past + e)
-            values = _rows(v_pieces, starts, lo, past + e)
-            outs.append(F.scaled_dot_product_attention(q_block, keys, values, attn_mask=mask))
-    return torch.cat(outs, 2).transpose(1, 2).to(q.dtype)
+        if Tk == Tq and window <= block < Tq:
+            out = _blocks_at_once(qf, kf, vf, m, window, block)
+        else:
+            out = _blocks_in_turn(qf, kf, vf, m, window, block)
+    return out.to(q.dtype)
+
+
+def _blocks_at_once(q, k, v, m, window: int, block: int) -> torch.Tensor:
+    """:func:`sliding_window_attention` of a whole sequence (no past keys, ``window <= block < T``) in two SDPA
+    calls: the first query block against its own keys, then every later block, folded into the batch, against the
+    block before it and its own (``2 block`` keys, one ``[H, block, 2 block]`` mask for all). One call per layer
+    whatever T, where a call per block would shrink the work of each as T grows at a fixed number of tokens.
+    ``[B, T, H, hd]`` in the compute dtype, in and out. The sequence is padded to whole blocks: a padded key lies
+    after every real query (masked as the future), a padded query's row is dropped."""
+    B, T, H, hd = q.shape
+    n = -(-T // block)
+    q, k, v = (F.pad(t, (0, 0, 0, 0, 0, n * block - T)).view(B, n, block, H, hd) for t in (q, k, v))
+    q_first, q_rest = q.split([1, n - 1], 1)
+    pos = torch.arange(2 * block, device=q.device)
+    first_mask = window_bias(pos[:block], pos[:block], m, window)
+    first = F.scaled_dot_product_attention(*(t[:, 0].transpose(1, 2) for t in (q_first, k[:, :1], v[:, :1])),
+                                           attn_mask=first_mask)  # fmt: skip
+    keys, values = (torch.cat([t[:, :-1], t[:, 1:]], 2).transpose(2, 3).flatten(0, 1) for t in (k, v))
+    rest = F.scaled_dot_product_attention(q_rest.transpose(2, 3).flatten(0, 1), keys, values,
+                                          attn_mask=window_bias(pos[block:], pos, m, window))  # fmt: skip
+    out = torch.cat([first.transpose(1, 2), rest.view(B, n - 1, H, block, hd).transpose(2, 3).flatten(1, 2)], 1)
+    return out[:, :T]
+
+
+def _blocks_in_turn(q, k, v, m, window: int, block: int) -> torch.Tensor:
+    """:func:`sliding_window_attention` one query block at a time (past keys, or blocks shorter than the window).
+    ``[B, Tq, H, hd]`` / ``[B, Tk, H, hd]`` in the compute dtype, in and out. A block's queries, keys and values are
+    pieces of one ``split`` (a slice of the whole tensor per block would make the backward build a whole-size
+    gradient per block), and the blocks away from the sequence's ends share one mask (saved once for the
+    backward)."""
+    Tq, Tk = q.shape[1], k.shape[1]
+    past = Tk - Tq
+    qf, kf, vf = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, hd]
+    starts = [0, *range(past, Tk, block)] if past else list(range(0, Tk, block))  # key pieces' first rows
+    sizes = [b - a for a, b in zip(starts, [*starts[1:], Tk], strict=True)]
+    k_pieces, v_pieces = kf.split(sizes, 2), vf.split(sizes, 2)
+    shared, outs = None, []  # shared: the mask of a full block whose keys start `window` rows before its queries
+    for s, q_block in zip(range(0, Tq, block), qf.split(block, 2), strict=True):
+        e = s + q_block.shape[2]
+        lo = max(0, past + s - window)
+        q_pos = torch.arange(past + s, past + e, device=q.device)
+        k_pos = torch.arange(lo, past + e, device=q.device)
+        if past + s - window >= 0 and e - s == block:
+            shared = window_bias(q_pos, k_pos, m, window) if shared is None else shared
+            mask = shared
+        else:
+            mask = window_bias(q_pos, k_pos, m, window)
+        keys = _rows(k_pieces, starts, lo, past + e)
+        values = _rows(v_pieces, starts, lo, past + e)
+        outs.append(F.scaled_dot_product_attention(q_block, keys, values, attn_mask=mask))
+    return torch.cat(outs, 2).transpose(1, 2)
 
 
 def _rows(pieces, starts: list[int], lo: int, hi: int) -> torch.Tensor:
