@@ -1,5 +1,5 @@
 """The benchmark commands, ``evalsuite bench
-attention|linear|gca|generate|tune|profile-decode|drt-memory|step-time|train|saved-memory``: thin layers over
+attention|linear|gca|generate|throughput|tune|profile-decode|drt-memory|step-time|train|saved-memory``: thin layers over
 :mod:`evalsuite.bench`. Registered on the ``bench`` group when :mod:`evalsuite.cli.main` imports this module."""
 
 from __future__ import annotations
@@ -191,6 +191,47 @@ def bench_generate_cmd(
                        repeats=repeats, repair=repair,
                        call_tokens=_csv_list(call_tokens, int, "--call-tokens", allow_empty=True))  # fmt: skip
     typer.echo(f"wrote {out}/{gen.JSON_NAME}, .md and .png")
+
+
+@bench_app.command("throughput")
+def bench_throughput_cmd(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (JSON, Markdown); a rerun resumes.")] = (
+        Path("results/runs/bench/throughput")
+    ),
+    model: Annotated[
+        list[str] | None,
+        typer.Option("--model", "-m", help="A card; repeatable or comma-separated (default: the two 7B cards)."),
+    ] = None,
+    baseline: Annotated[
+        str | None, typer.Option(help="The model the tokens/s ratios divide by (default: the first).")
+    ] = None,
+    length: Annotated[int, typer.Option(help="Prompt tokens of every call.", min=1)] = 512,
+    new_tokens: Annotated[int, typer.Option(help="New tokens of every call (EOS off).", min=1)] = 1024,
+    attempts: Annotated[int, typer.Option(help="Timed calls at the batch found.", min=1)] = 20,
+    batch_limit: Annotated[int, typer.Option(help="The largest batch the search tries.", min=1)] = 4096,
+    batch_tolerance: Annotated[
+        int, typer.Option(help="Bisect until the last fit and the first failure are this close (1: exact).", min=1)
+    ] = 1,
+    path: Annotated[
+        str, typer.Option(help="Decode path: auto (graph on CUDA, eager on CPU), eager, static, graph, compiled.")
+    ] = "auto",
+    device: DeviceOpt = "auto",
+    dtype: Annotated[
+        str | None, typer.Option(help="float32, bfloat16 or float16 (default: bfloat16 on CUDA, float32 on CPU).")
+    ] = None,
+    repair: RepairOpt = False,
+):
+    """Generated tokens/s at the largest batch that fits, per model, against a baseline (Lightning paper Fig. 5)."""
+    from evalsuite.bench import throughput
+    from evalsuite.runtime import DTYPES
+
+    if dtype is not None and dtype not in DTYPES:
+        raise UserError(f"unknown --dtype {dtype!r}; use {', '.join(DTYPES)}")
+    models = [m for spec in model or [] for m in _csv_list(spec, str, "--model")] or list(throughput.DEFAULT_MODELS)
+    throughput.bench_throughput(out, models=models, baseline=baseline, length=length, new_tokens=new_tokens,
+                                attempts=attempts, batch_limit=batch_limit, batch_tolerance=batch_tolerance,
+                                path=path, device=device, dtype=dtype, repair=repair)  # fmt: skip
+    typer.echo(f"wrote {out}/{throughput.JSON_NAME} and .md")
 
 
 @bench_app.command("tune")
