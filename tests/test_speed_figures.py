@@ -44,6 +44,22 @@ def test_figure3a_claim_reads_the_growth_of_time_per_sequence():
     assert speed_claims.gca_figure3a(_train("x", "tnl", lambda n: 1.0))[0]["agrees"] is None
 
 
+def _throughput(model, arch, tps, batch):
+    return {"status": "ok", "model": model, "architecture": arch, "generated_tokens_per_s": tps, "batch": batch,
+            "at_limit": batch == 4096}  # fmt: skip
+
+
+def test_figure5_claim_reads_tnl_over_each_transformer():
+    records = [_throughput("llama", "transformer-llama", 900.0, 150), _throughput("tnl", "tnl", 8100.0, 4096)]
+    (check,) = speed_claims.lightning_figure5(records)
+    assert check["agrees"] is True and "(tnl / llama)" in check["claim"]
+    assert check["ours"] == ("tnl 8,100 generated tokens/s at batch ≥4096, llama 900 at batch 150: 9.00× (the "
+                             "paper's largest ratio: 11×)")  # fmt: skip
+    records[1]["generated_tokens_per_s"] = 450.0
+    assert speed_claims.lightning_figure5(records)[0]["agrees"] is False
+    assert speed_claims.lightning_figure5(records[:1])[0]["agrees"] is None
+
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """A real `bench train` of tnl-tiny against transformer-llama-tiny on SDPA at two lengths of 128 tokens a step,
@@ -65,6 +81,19 @@ def test_render_checks_and_draws_figure1_from_a_real_run(run_cli, tiny_run, tmp_
     assert (tmp_path / "o" / "lightning-figure1.png").stat().st_size > 10_000
     records, _ = speed_figures.figure_records("lightning:figure1", tiny_run)
     assert {r["attention"] for r in records} == {"sdpa", "auto"} and all(r["checkpoint"] for r in records)
+
+
+def test_render_draws_figure5_from_a_real_throughput_run(run_cli, tmp_path):
+    from evalsuite.bench import throughput
+
+    models = ["transformer-llama-tiny", "tnl-tiny"]
+    throughput.bench_throughput(tmp_path / "results" / "fig5", models=models, device="cpu", length=16, new_tokens=4,
+                                batch_limit=2, attempts=1, verbose=False)  # fmt: skip
+    code, md, err = run_cli(["paper", "render", "lightning:figure5", "--results", "results", "--out", "o"], tmp_path)
+    assert code == 0, err
+    assert "measured by: evalsuite bench throughput --model transformer-llama-7b,tnl-7b" in md
+    assert '(tnl-tiny / transformer-llama-tiny)": ours tnl-tiny ' in md and "at batch ≥2" in md
+    assert (tmp_path / "o" / "lightning-figure5.png").stat().st_size > 10_000
 
 
 def test_render_without_records_names_the_command(run_cli, tmp_path):

@@ -264,7 +264,7 @@ def _measure_model(adapter, s: _Settings, say=print) -> dict:
     batch = largest_batch(fits, s.batch_limit, s.batch_tolerance)
     rec = {"path": path, "probe": f"first {PROBE_TOKENS} tokens" if short else "whole call", "batch": batch,
            "at_limit": batch == s.batch_limit, "search_s": time.perf_counter() - t0, "probes": log,
-           "params": sum(p.numel() for p in adapter.model.parameters()),
+           "params": sum(p.numel() for p in adapter.model.parameters()), "architecture": adapter.card.architecture,
            "state_bytes": state_bytes(adapter, s.length + s.new_tokens)}  # fmt: skip
     if batch == 0:
         return {**rec, "status": "oom: batch 1 does not fit"}

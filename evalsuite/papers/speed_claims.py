@@ -14,6 +14,11 @@ its curves on our records (:func:`check`) and draws them (:mod:`evalsuite.papers
   the length, from ``bench train`` records at a fixed number of tokens a step. The log-log slope over all lengths
   reads as linear within :data:`LINEAR_BAND` of 1.
 
+* Lightning Attention paper, Figure 5 (§5.2): inference throughput of 7B models at the largest batch that fits, a
+  512-token prompt and 1024 new tokens: TNL's is "up to 11× higher than transformer structure models". Read from
+  ``evalsuite bench throughput`` records (generated tokens/s): TNL-architecture models over each other model; the
+  claim's direction (higher) is what is checked, the paper's factor is printed beside ours.
+
 A check's result per claim: ``claim`` (the paper's words), ``ours`` (what the records show) and ``agrees`` (True,
 False, or None where the records cannot say).
 """
@@ -112,3 +117,29 @@ def _fit(xs: list[float], ys: list[float]) -> float:
     """Least-squares slope of ys against xs."""
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+
+
+def _batch(r: dict) -> str:
+    """The batch of a throughput record, ``≥`` where the search stopped at its limit."""
+    return f"{'≥' if r.get('at_limit') else ''}{r['batch']}"
+
+
+def lightning_figure5(records) -> list[dict]:
+    """§5.2's claim about Figure 5 on ``bench throughput`` records: each TNL model's generated tokens/s over each
+    other model's, at each one's largest batch."""
+    ok = [r for r in records if r.get("status") == "ok" and "generated_tokens_per_s" in r]
+    tnl = [r for r in ok if r.get("architecture") == "tnl"]
+    others = [r for r in ok if r.get("architecture") != "tnl"]
+    claim = "TNL achieves a throughput rate that up to 11× higher than transformer structure models"
+    if not tnl or not others:
+        return [{"claim": claim, "ours": "not measured (a TNL model and another, one bench throughput run)",
+                 "agrees": None}]  # fmt: skip
+    out = []
+    for t in tnl:
+        for o in others:
+            ratio = t["generated_tokens_per_s"] / o["generated_tokens_per_s"]
+            ours = (f"{t['model']} {t['generated_tokens_per_s']:,.0f} generated tokens/s at batch {_batch(t)}, "
+                    f"{o['model']} {o['generated_tokens_per_s']:,.0f} at batch {_batch(o)}: {ratio:.2f}× "
+                    "(the paper's largest ratio: 11×)")  # fmt: skip
+            out.append({"claim": f"{claim} ({t['model']} / {o['model']})", "ours": ours, "agrees": ratio > 1})
+    return out

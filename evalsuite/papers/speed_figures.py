@@ -1,5 +1,5 @@
 """The papers' speed figures that print no numbers, drawn from ``evalsuite bench`` records with their claims checked
-(:mod:`evalsuite.papers.speed_claims`).
+(:mod:`evalsuite.papers.speed_claims`): Lightning Figures 1(a) and 5, GCA Figure 3(a).
 
 :data:`SPEED_FIGURES` maps a figure's id to a :class:`SpeedFigure`: the bench command that measures it, the file that
 command writes, which of that file's records the figure reads, its claims and its drawing. :func:`figure_records`
@@ -103,6 +103,39 @@ def plot_training_time(records: list[dict], stem: Path) -> list[Path]:
     return save_figure(fig, stem)
 
 
+def _throughput(records: list[dict]) -> list[dict]:
+    ok = [r for r in records if r.get("status") == "ok" and "generated_tokens_per_s" in r]
+    tnl = any(r.get("architecture") == "tnl" for r in ok)
+    return ok if tnl and len(ok) > 1 else []
+
+
+def plot_throughput(records: list[dict], stem: Path) -> list[Path]:
+    """Lightning Figure 5's layout: a bar of generated tokens/s per model (mean over the attempts, the standard
+    deviation as its error bar), the batch that fit written on it."""
+    from matplotlib.figure import Figure
+
+    from evalsuite.report.plots import save_figure
+
+    fig = Figure(figsize=(1.6 * len(records) + 2.5, 3.8), layout="constrained")
+    ax = fig.subplots()
+    names = [r["model"] for r in records]
+    values = [r["generated_tokens_per_s"] for r in records]
+    bars = ax.bar(names, values, yerr=[r.get("generated_tokens_per_s_std", 0.0) for r in records],
+                  color=[f"C{k}" for k in range(len(records))])  # fmt: skip
+    ax.bar_label(
+        bars,
+        [f"batch {'≥' if r.get('at_limit') else ''}{r['batch']}" for r in records],
+        label_type="center",
+        color="white",
+    )
+    first = records[0]
+    ax.set(ylabel="Generated tokens / s", title=f"{first['length']}-token prompts, {first['new_tokens']} new tokens, "
+           "the largest batch that fits")  # fmt: skip
+    ax.grid(alpha=0.3, axis="y")
+    fig.suptitle(_env_title(records, "Lightning Attention, Figure 5"))
+    return save_figure(fig, stem)
+
+
 TRAIN_SHAPES_128K = "1024x128,2048x64,4096x32,8192x16,16384x8,32768x4,65536x2,131072x1"
 SPEED_FIGURES = {
     "lightning:figure1": SpeedFigure(
@@ -117,6 +150,16 @@ SPEED_FIGURES = {
         plot=plot_tgs,
         about="training tokens/s of TNL against a same-size LLaMA on SDPA (FlashAttention-2), 128K tokens a step, "
         "blocks recomputed in the backward (panel (b), training loss at 1B and 3B, needs training at that scale)",
+    ),
+    "lightning:figure5": SpeedFigure(
+        command="evalsuite bench throughput --model transformer-llama-7b,tnl-7b --out results/runs/bench/"
+        "lightning-figure5",
+        file="throughput_bench.json",
+        select=_throughput,
+        check=claims.lightning_figure5,
+        plot=plot_throughput,
+        about="generated tokens/s of 7B shapes at the largest batch that fits, a 512-token prompt and 1024 new "
+        "tokens (the paper's model list is in its image only: LLaMA-7B's shape stands for the transformers)",
     ),
     "gca:figure3a": SpeedFigure(
         command=(
