@@ -92,6 +92,20 @@ class RecurrentState(DecodeState):
         # ``length`` itself, outside what torch.compile traces (a Python int changing inside the forward would
         # recompile the step at every position).
         self.position: torch.Tensor | None = None
+        # True once a static decoder owns the tensors (a captured graph reads them at fixed addresses): set_layer
+        # then copies into them.
+        self.in_place = False
+
+    def set_layer(self, i: int, new) -> None:
+        """Layer ``i``'s new state (a tensor or a tuple, as :attr:`layers` holds): copied into the layer's tensors
+        where :attr:`in_place`, else put in their place. Copied layer by layer, a step holds one layer's new state
+        beside the whole state, not a second whole state (TNL-7B: 62 MiB a sequence)."""
+        if not self.in_place:
+            self.layers[i] = new
+            return
+        for buffer, value in zip(_tensors([self.layers[i]]), _tensors([new]), strict=True):
+            if value is not buffer:
+                buffer.copy_(value)
 
     def absolute_positions(self, T: int, device) -> torch.Tensor:
         """Absolute positions ``[T]`` (padding included) of the next ``T`` tokens."""
@@ -190,8 +204,9 @@ def _compiled_step(cls: type) -> Callable:
 
 class RecurrentStaticDecoder(DeviceStepDecoder):
     """The static decoder of a family with a :class:`RecurrentState` (GSA, TNL): the state is fixed-size already;
-    the step copies each layer's new state into buffers allocated once (the layers return new tensors), and the
-    family's ``forward`` takes positions from the state's device counter (:meth:`RecurrentState.absolute_positions`).
+    the step copies each layer's new state into buffers allocated once, as the layer returns it
+    (:meth:`RecurrentState.set_layer`), and the family's ``forward`` takes positions from the state's device counter
+    (:meth:`RecurrentState.absolute_positions`).
     ``graph_safe``: the family's one-token kernel runs without a host sync (its Triton step on CUDA)."""
 
     def __init__(self, model: CausalLM, batch: int, start: torch.Tensor | None, graph_safe: bool):
@@ -204,17 +219,12 @@ class RecurrentStaticDecoder(DeviceStepDecoder):
         self.state.length += input_ids.shape[1]  # the host-side count (the forward advanced the device one)
         own = [tuple(t.clone() for t in x) if isinstance(x, tuple) else x.clone() for x in self.state.layers]
         self.state.layers = own
-        self._buffers = list(self.state.layers)
+        self.state.in_place = True
         return hidden
 
     def _step_on_device(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """The forward with the state, its new layer states copied into the buffers allocated at prefill."""
-        hidden = self.model(input_ids, state=self.state)[:, -1]
-        for buffer, new in zip(_tensors(self._buffers), _tensors(self.state.layers), strict=True):
-            if new is not buffer:
-                buffer.copy_(new)
-        self.state.layers = list(self._buffers)
-        return hidden
+        """The forward with the state, which copies each layer's new state into the buffers cloned at prefill."""
+        return self.model(input_ids, state=self.state)[:, -1]
 
 
 class CausalLM(nn.Module, ABC):

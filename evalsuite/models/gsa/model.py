@@ -230,7 +230,7 @@ class GSAForCausalLM(EmbeddingHeadLM):
         for i, block in enumerate(self.blocks):
             h, new = block(h, pad, None if state is None else state.layers[i], self.attention_backend)
             if state is not None:
-                state.layers[i] = new
+                state.set_layer(i, new)
         if state is not None:
             state.advance(T)
         return self.norm(h)

@@ -239,7 +239,7 @@ class TransNormerLLM(EmbeddingHeadLM):
         for i, block in enumerate(self.blocks):
             h, new = block(h, positions, pad, None if state is None else state.layers[i], self.attention_backend)
             if state is not None:
-                state.layers[i] = new
+                state.set_layer(i, new)
         if state is not None:
             state.advance(T)
         return rms_norm(h, None, self.cfg.norm_eps)
