@@ -60,6 +60,52 @@ def test_figure5_claim_reads_tnl_over_each_transformer():
     assert speed_claims.lightning_figure5(records[:1])[0]["agrees"] is None
 
 
+def _norm(sweep, n, d, mode, ratio):
+    return {
+        "op": "srmsnorm",
+        "provider": "torch",
+        "sweep": sweep,
+        "T": n,
+        "D": d,
+        "mode": mode,
+        "ratio_to_triton": ratio,
+    }
+
+
+def test_figure7_claims_read_pytorch_over_ours():
+    records = [_norm("seq", n, 3072, m, 2.0) for n in (1024, 4096) for m in ("fwd", "bwd")]
+    records += [_norm("dim", 4096, d, m, d / 1024) for d in (2048, 8192) for m in ("fwd", "bwd")]
+    checks = speed_claims.lightning_figure7(records)
+    assert [c["agrees"] for c in checks] == [True, True, True, True]
+    assert checks[1]["ours"] == "fwd: PyTorch / Triton 2.00-8.00× over 4 points; faster at 4 of them"
+    assert checks[3]["ours"] == "fwd: PyTorch / Triton 2.00× at d = 2048, 8.00× at d = 8192"
+    records[0]["ratio_to_triton"] = 0.9  # slower at one point; and no gain with the dim
+    records[-1]["ratio_to_triton"] = records[-2]["ratio_to_triton"] = 1.5  # d = 8192 below d = 2048's 2.0
+    assert [c["agrees"] for c in speed_claims.lightning_figure7(records)] == [True, False, False, False]
+    assert speed_claims.lightning_figure7([])[0]["agrees"] is None
+
+
+def test_bench_srmsnorm_and_figure7_render_on_the_interpreter(run_cli, tmp_path):
+    """A real run at tiny widths on a CPU (the Triton kernels interpreted), rendered; its numbers are the
+    interpreter's, so only the records' shape and the render's lines are checked."""
+    bench = ["bench", "srmsnorm", "--seq-lens", "8", "--dims", "16,40", "--rounds", "2", "--providers",
+             "triton,torch", "--device", "cpu", "--out", tmp_path / "results" / "s"]  # fmt: skip
+    code, out, err = run_cli(bench, tmp_path)
+    assert code == 0 and "wrote" in out, err
+    doc = json.loads((tmp_path / "results" / "s" / "srmsnorm_bench.json").read_text())
+    points = {(r["sweep"], r["T"], r["D"], r["mode"]) for r in doc["records"]}
+    assert points == {(s, n, d, m) for s, n, d in [("seq", 8, 3072), ("dim", 4096, 16), ("dim", 4096, 40)]
+                      for m in ("fwd", "bwd")}  # fmt: skip
+    torch_rows = [r for r in doc["records"] if r["provider"] == "torch"]
+    assert all(r["status"] == "ok" and r["ratio_to_triton_pairs"] == 2 and r["env"]["git_commit"] for r in torch_rows)
+    code, md, err = run_cli(["paper", "render", "lightning:figure7", "--results", "results", "--out", "o"], tmp_path)
+    assert code == 0, err
+    assert 'claim "notable improvements in processing speed for larger dimensions (fwd)": ours fwd: PyTorch' in md
+    assert (tmp_path / "o" / "lightning-figure7.png").stat().st_size > 10_000
+    code, _, err = run_cli([*bench[:-2], "--providers", "cuda", "--out", "x"], tmp_path)
+    assert code == 2 and "unknown provider or mode cuda" in err
+
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """A real `bench train` of tnl-tiny against transformer-llama-tiny on SDPA at two lengths of 128 tokens a step,

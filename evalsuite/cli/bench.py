@@ -402,3 +402,34 @@ def bench_saved_memory_cmd(
     saved_memory(out, models, layers=layers, lengths=tuple(_csv_list(lengths, int, "--lengths")), batch=batch,
                  tokens=tokens, device=device, attention=attention)  # fmt: skip
     typer.echo(f"wrote {out}/saved_memory.json and .md")
+
+
+@bench_app.command("srmsnorm")
+def bench_srmsnorm_cmd(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (JSON, Markdown).")] = Path(
+        "results/runs/bench/srmsnorm"
+    ),
+    seq_lens: Annotated[str, typer.Option(help="Sequence lengths at feature dim 3072.")] = "1024,2048,4096,8192,16384,"
+    "32768",
+    dims: Annotated[str, typer.Option(help="Feature dims at sequence length 4096.")] = "1024,2048,3072,4096,6144,8192,"
+    "12288,16384",
+    batch: Annotated[int, typer.Option(help="Sequences a call (the paper does not give it).", min=1)] = 1,
+    providers: Annotated[str, typer.Option(help="triton, torch, torch_compile; comma-separated.")] = (
+        "triton,torch,torch_compile"
+    ),
+    modes: Annotated[str, typer.Option(help="fwd, bwd; comma-separated.")] = "fwd,bwd",
+    dtype: Annotated[str, typer.Option(help="bfloat16, float16 or float32.")] = "bfloat16",
+    rounds: RoundsOpt = 10,
+    device: DeviceOpt = "auto",
+):
+    """SRMSNorm's Triton kernels against PyTorch, forward and backward (the Lightning paper's Figure 7)."""
+    from evalsuite.bench import srmsnorm
+
+    lists = {
+        "seq_lens": _csv_list(seq_lens, int, "--seq-lens"),
+        "dims": _csv_list(dims, int, "--dims"),
+        "providers": _csv_list(providers, str, "--providers"),
+        "modes": _csv_list(modes, str, "--modes"),
+    }
+    srmsnorm.bench_srmsnorm(out, **lists, batch=batch, rounds=rounds, dtype=dtype, device=device)
+    typer.echo(f"wrote {out}/{srmsnorm.JSON_NAME} and .md")

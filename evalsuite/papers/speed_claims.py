@@ -19,6 +19,12 @@ its curves on our records (:func:`check`) and draws them (:mod:`evalsuite.papers
   ``evalsuite bench throughput`` records (generated tokens/s): TNL-architecture models over each other model; the
   claim's direction (higher) is what is checked, the paper's factor is printed beside ours.
 
+* Lightning Attention paper, Figure 7 (App. F): the Triton SRMSNorm against PyTorch's, forward and backward, against
+  the sequence length at d = 3072 and the feature dim at n = 4096: Triton "outperforming conventional PyTorch
+  implementations", with "notable improvements in processing speed for larger dimensions". Read from ``evalsuite
+  bench srmsnorm`` records (``torch`` is PyTorch): faster at every point, and PyTorch's time over ours larger at the
+  largest dim than at the smallest, per mode.
+
 A check's result per claim: ``claim`` (the paper's words), ``ours`` (what the records show) and ``agrees`` (True,
 False, or None where the records cannot say).
 """
@@ -142,4 +148,31 @@ def lightning_figure5(records) -> list[dict]:
                     f"{o['model']} {o['generated_tokens_per_s']:,.0f} at batch {_batch(o)}: {ratio:.2f}× "
                     "(the paper's largest ratio: 11×)")  # fmt: skip
             out.append({"claim": f"{claim} ({t['model']} / {o['model']})", "ours": ours, "agrees": ratio > 1})
+    return out
+
+
+def lightning_figure7(records) -> list[dict]:
+    """App. F's two claims about Figure 7 on ``bench srmsnorm`` records (the ``torch`` provider against ours)."""
+    peer = [r for r in records if r.get("op") == "srmsnorm" and r.get("provider") == "torch" and "ratio_to_triton" in r]
+    claim = "the Triton SRMSNorm outperforms conventional PyTorch implementations"
+    if not peer:
+        return [{"claim": claim, "ours": "not measured (bench srmsnorm with triton and torch)", "agrees": None}]
+    out = []
+    for mode in sorted({r["mode"] for r in peer}):
+        rs = [r for r in peer if r["mode"] == mode]
+        ratios = [r["ratio_to_triton"] for r in rs]
+        ours = (f"{mode}: PyTorch / Triton {min(ratios):.2f}-{max(ratios):.2f}× over {len(rs)} points; "
+                f"faster at {sum(x > 1 for x in ratios)} of them")  # fmt: skip
+        out.append({"claim": f"{claim} ({mode})", "ours": ours, "agrees": all(x > 1 for x in ratios)})
+    claim = "notable improvements in processing speed for larger dimensions"
+    for mode in sorted({r["mode"] for r in peer}):
+        dims = sorted((r for r in peer if r["mode"] == mode and r.get("sweep") == "dim"), key=lambda r: r["D"])
+        if len(dims) < 2:
+            out.append({"claim": f"{claim} ({mode})", "ours": "fewer than two dims measured", "agrees": None})
+            continue
+        lo, hi = dims[0], dims[-1]
+        ours = (f"{mode}: PyTorch / Triton {lo['ratio_to_triton']:.2f}× at d = {lo['D']}, "
+                f"{hi['ratio_to_triton']:.2f}× at d = {hi['D']}")  # fmt: skip
+        grows = hi["ratio_to_triton"] > lo["ratio_to_triton"]
+        out.append({"claim": f"{claim} ({mode})", "ours": ours, "agrees": grows})
     return out

@@ -1,5 +1,5 @@
 """The papers' speed figures that print no numbers, drawn from ``evalsuite bench`` records with their claims checked
-(:mod:`evalsuite.papers.speed_claims`): Lightning Figures 1(a) and 5, GCA Figure 3(a).
+(:mod:`evalsuite.papers.speed_claims`): Lightning Figures 1(a), 5 and 7, GCA Figure 3(a).
 
 :data:`SPEED_FIGURES` maps a figure's id to a :class:`SpeedFigure`: the bench command that measures it, the file that
 command writes, which of that file's records the figure reads, its claims and its drawing. :func:`figure_records`
@@ -136,6 +136,37 @@ def plot_throughput(records: list[dict], stem: Path) -> list[Path]:
     return save_figure(fig, stem)
 
 
+def _srmsnorm(records: list[dict]) -> list[dict]:
+    return [r for r in records if r.get("op") == "srmsnorm"]
+
+
+def plot_srmsnorm(records: list[dict], stem: Path) -> list[Path]:
+    """Lightning Figure 7's layout: forward and backward ms against the sequence length (d = 3072, top) and the
+    feature dim (n = 4096, bottom), a line per implementation."""
+    from matplotlib.figure import Figure
+
+    from evalsuite.report.plots import save_figure
+
+    fig = Figure(figsize=(10, 7), layout="constrained")
+    axes = fig.subplots(2, 2)
+    for row, (sweep, axis, label) in enumerate((("seq", "T", "Sequence length"), ("dim", "D", "Feature dim"))):
+        for ax, mode in zip(axes[row], ("fwd", "bwd"), strict=True):
+            for k, provider in enumerate(dict.fromkeys(r["provider"] for r in records)):
+                key = (sweep, mode, provider)
+                pts = sorted((r[axis], r["ms"]) for r in records if (r["sweep"], r["mode"], r["provider"]) == key
+                             and "ms" in r)  # fmt: skip
+                if pts:
+                    ax.plot(*zip(*pts, strict=True), marker="o", color=f"C{k}", label=provider)
+            fixed = "d = 3072" if sweep == "seq" else "n = 4096"
+            ax.set(xscale="log", yscale="log", xlabel=label, ylabel="ms",
+                   title=f"{'Forward' if mode == 'fwd' else 'Backward'}, {fixed}")  # fmt: skip
+            ax.grid(alpha=0.3, which="both")
+            if ax.lines:
+                ax.legend(fontsize=8)
+    fig.suptitle(_env_title(records, "Lightning Attention, Figure 7 (SRMSNorm)"))
+    return save_figure(fig, stem)
+
+
 TRAIN_SHAPES_128K = "1024x128,2048x64,4096x32,8192x16,16384x8,32768x4,65536x2,131072x1"
 SPEED_FIGURES = {
     "lightning:figure1": SpeedFigure(
@@ -160,6 +191,15 @@ SPEED_FIGURES = {
         plot=plot_throughput,
         about="generated tokens/s of 7B shapes at the largest batch that fits, a 512-token prompt and 1024 new "
         "tokens (the paper's model list is in its image only: LLaMA-7B's shape stands for the transformers)",
+    ),
+    "lightning:figure7": SpeedFigure(
+        command="evalsuite bench srmsnorm --out results/runs/bench/lightning-figure7",
+        file="srmsnorm_bench.json",
+        select=_srmsnorm,
+        check=claims.lightning_figure7,
+        plot=plot_srmsnorm,
+        about="our Triton SRMSNorm against PyTorch eager (and torch.compile) at batch 1, bf16, forward and backward "
+        "alone; the paper gives no batch",
     ),
     "gca:figure3a": SpeedFigure(
         command=(

@@ -1,0 +1,97 @@
+"""SRMSNorm as two Triton kernels (the Lightning Attention paper's App. F: a Triton SRMSNorm, Figure 7) and their
+autograd function; the math is :func:`.reference.srmsnorm_reference`'s.
+
+Forward, one program per :data:`ROWS`-row tile of ``x [N, d]`` (the leading dims flattened), the whole row in
+registers (``BLOCK_D`` = the next power of two of d): ``r = rsqrt(sum(x^2) / d + eps)`` in float32, ``y = x r`` in
+x's dtype; ``r [N]`` (4 bytes a row) is kept for the backward, which then reads x and dy once and writes dx once:
+
+    dx = r dy - x r^3 (sum(dy x) / d)
+
+(from ``dr/dx_j = -r^3 x_j / d``). PyTorch's eager norm runs the square, mean, rsqrt, product and cast as separate
+kernels, each a pass over the tensor, and its backward more: the fused kernels do one read and one write each way,
+which is what makes the difference at large d (the paper's "notable improvements in processing speed for larger
+dimensions").
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from evalsuite.kernels import triton_utils
+
+
+def _tile(d: int) -> tuple[int, int, int]:
+    """(BLOCK_D, ROWS, num_warps) for rows of d: about 4096 elements a program, more warps for wider rows."""
+    block_d = triton.next_power_of_2(d)
+    rows = max(1, 4096 // block_d)
+    warps = 1 if triton_utils.interpreting() else min(16, max(4, block_d // 1024))
+    return block_d, rows, warps
+
+
+@triton.jit
+def _forward(X, Y, R, n_rows, d, eps, BLOCK_D: tl.constexpr, ROWS: tl.constexpr):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_D)
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < d)
+    offsets = tl.where(mask, rows[:, None].to(tl.int64) * d + cols[None, :], 0)  # masked lanes: in bounds too
+    x = tl.load(X + offsets, mask=mask, other=0.0).to(tl.float32)
+    r = tl.rsqrt(tl.sum(x * x, axis=1) / d + eps)
+    tl.store(Y + offsets, (x * r[:, None]).to(Y.dtype.element_ty), mask=mask)
+    tl.store(R + tl.where(rows < n_rows, rows, 0), r, mask=rows < n_rows)
+
+
+@triton.jit
+def _backward(X, DY, R, DX, n_rows, d, BLOCK_D: tl.constexpr, ROWS: tl.constexpr):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_D)
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < d)
+    offsets = tl.where(mask, rows[:, None].to(tl.int64) * d + cols[None, :], 0)  # masked lanes: in bounds too
+    x = tl.load(X + offsets, mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(DY + offsets, mask=mask, other=0.0).to(tl.float32)
+    r = tl.load(R + tl.where(rows < n_rows, rows, 0), mask=rows < n_rows, other=0.0)
+    dot = tl.sum(dy * x, axis=1) / d
+    dx = r[:, None] * dy - x * (r * r * r * dot)[:, None]
+    tl.store(DX + offsets, dx.to(DX.dtype.element_ty), mask=mask)
+
+
+def srmsnorm_forward(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [N, d]`` contiguous -> ``(y [N, d]`` in x's dtype, ``r [N]`` float32)."""
+    n, d = x.shape
+    block_d, rows, warps = _tile(d)
+    y = triton_utils.empty(x.shape, dtype=x.dtype, device=x.device)
+    r = triton_utils.empty((n,), dtype=torch.float32, device=x.device)
+    _forward[(triton.cdiv(n, rows),)](x, y, r, n, d, eps, BLOCK_D=block_d, ROWS=rows, num_warps=warps)
+    return y, r
+
+
+def srmsnorm_backward(x: torch.Tensor, dy: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """``dx [N, d]`` (x's dtype) from ``x``, ``dy [N, d]`` (contiguous) and the forward's ``r [N]``."""
+    n, d = x.shape
+    block_d, rows, warps = _tile(d)
+    dx = triton_utils.empty(x.shape, dtype=x.dtype, device=x.device)
+    _backward[(triton.cdiv(n, rows),)](x, dy, r, dx, n, d, BLOCK_D=block_d, ROWS=rows, num_warps=warps)
+    return dx
+
+
+class SRMSNormTriton(torch.autograd.Function):
+    """``y = SRMSNorm(x)`` over the last dim of ``x [..., d]``; saves x and ``r`` (4 bytes a row)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, eps: float) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1]).contiguous()
+        y, r = srmsnorm_forward(flat, eps)
+        ctx.save_for_backward(flat, r)
+        return y.view(x.shape)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        flat, r = ctx.saved_tensors
+        dx = srmsnorm_backward(flat, dy.reshape(flat.shape).contiguous(), r)
+        return dx.view(dy.shape), None
+
+
+def srmsnorm_triton(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """SRMSNorm of ``x [..., d]`` through the Triton kernels (differentiable)."""
+    return SRMSNormTriton.apply(x, eps)
