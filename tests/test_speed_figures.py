@@ -78,7 +78,7 @@ def test_figure7_claims_read_pytorch_over_ours():
     checks = speed_claims.lightning_figure7(records)
     assert [c["agrees"] for c in checks] == [True, True, True, True]
     assert checks[1]["ours"] == "fwd: PyTorch / Triton 2.00-8.00× over 4 points; faster at 4 of them"
-    assert checks[3]["ours"] == "fwd: PyTorch / Triton 2.00× at d = 2048, 8.00× at d = 8192"
+    assert checks[3]["ours"] == "fwd: PyTorch / Triton median 2.00× over d = 2048-2048, 8.00× over d = 8192-8192"
     records[0]["ratio_to_triton"] = 0.9  # slower at one point; and no gain with the dim
     records[-1]["ratio_to_triton"] = records[-2]["ratio_to_triton"] = 1.5  # d = 8192 below d = 2048's 2.0
     assert [c["agrees"] for c in speed_claims.lightning_figure7(records)] == [True, False, False, False]

@@ -18,6 +18,7 @@ provenance) and ``.md`` under ``--out``.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import torch
@@ -56,8 +57,17 @@ def _builder(provider, mode, x, dy, device, compiled):
         norm = _norm(provider, device, compiled)
         if mode == "fwd":
             return Call(lambda: norm(x), (), {})
+        from torch._functorch import config as functorch_config
+
         leaf = x.detach().requires_grad_()
-        return backward_call(lambda: norm(leaf), (leaf,), dy, device)
+
+        def forward():
+            # The timed backward re-runs on one retained graph; a compiled graph donates its buffers to a backward
+            # unless told not to, and then refuses a second one.
+            with functorch_config.patch(donated_buffer=False):
+                return norm(leaf)
+
+        return backward_call(forward, (leaf,), dy, device)
 
     return build
 
@@ -81,6 +91,18 @@ def _point(sweep, n, d, mode, s) -> list[dict]:
     return records
 
 
+def _warm_up(device: torch.device, seconds: float = 1.0) -> None:
+    """Keep the GPU busy for ``seconds`` before the first point: from idle its clocks take a while to rise, which
+    would slow whichever point runs first (a memory-bound op of microseconds)."""
+    if device.type != "cuda":
+        return
+    x = torch.randn(64, 2**20, device=device)
+    stop = time.perf_counter() + seconds
+    while time.perf_counter() < stop:
+        x.mul_(1.0)
+        torch.cuda.synchronize(device)
+
+
 def bench_srmsnorm(out, *, seq_lens=SEQ_LENS, dims=DIMS, batch: int = 1, providers=PROVIDERS, modes=MODES,
                    rounds: int = 10, dtype: str = "bfloat16", device: str = "auto",
                    verbose: bool = True) -> list[dict]:  # fmt: skip
@@ -101,6 +123,7 @@ def bench_srmsnorm(out, *, seq_lens=SEQ_LENS, dims=DIMS, batch: int = 1, provide
     s = {"device": dev, "batch": batch, "providers": list(providers), "rounds": rounds,
          "dtype": getattr(torch, dtype), "compiled": {}, "env": env}  # fmt: skip
     points = [("seq", n, SEQ_SWEEP_DIM) for n in seq_lens] + [("dim", DIM_SWEEP_SEQ, d) for d in dims]
+    _warm_up(dev)
     records = []
     for sweep, n, d in points:
         for mode in modes:
