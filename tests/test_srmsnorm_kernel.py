@@ -60,3 +60,7 @@ def test_backends_and_dispatch():
     with pytest.raises(ValueError, match="unknown SRMSNorm backend 'cuda'"):
         srmsnorm(x, backend="cuda")
     assert fused._tile(3072)[:2] == (4096, 1) and fused._tile(48)[:2] == (64, 64)
+    for block_d in (64, 1024, 4096, 32768, 65536):  # the GPU's candidates: 1-16 rows, at most 32K elements a program
+        rows = {c.kwargs["ROWS"] for c in fused._gpu_configs(block_d)}
+        assert rows and all(r * block_d <= max(32768, block_d) for r in rows)
+    assert {c.kwargs["ROWS"] for c in fused._gpu_configs(4096)} == {1, 2, 4, 8}

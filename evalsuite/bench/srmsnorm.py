@@ -57,17 +57,8 @@ def _builder(provider, mode, x, dy, device, compiled):
         norm = _norm(provider, device, compiled)
         if mode == "fwd":
             return Call(lambda: norm(x), (), {})
-        from torch._functorch import config as functorch_config
-
         leaf = x.detach().requires_grad_()
-
-        def forward():
-            # The timed backward re-runs on one retained graph; a compiled graph donates its buffers to a backward
-            # unless told not to, and then refuses a second one.
-            with functorch_config.patch(donated_buffer=False):
-                return norm(leaf)
-
-        return backward_call(forward, (leaf,), dy, device)
+        return backward_call(lambda: norm(leaf), (leaf,), dy, device)
 
     return build
 
@@ -78,7 +69,12 @@ def _point(sweep, n, d, mode, s) -> list[dict]:
     x = torch.randn(s["batch"], n, d, device=s["device"], generator=g).to(s["dtype"])
     dy = torch.randn(x.shape, device=s["device"], generator=g).to(s["dtype"])
     builders = {p: _builder(p, mode, x, dy, s["device"], s["compiled"]) for p in s["providers"]}
-    fields, samples = time_providers(builders, device=s["device"], rounds=s["rounds"])
+    from torch._functorch import config as functorch_config
+
+    # The timed backward re-runs on one retained graph; a compiled graph's backward (compiled lazily, at its first
+    # call) donates its buffers unless told not to, and then refuses a second run.
+    with functorch_config.patch(donated_buffer=False):
+        fields, samples = time_providers(builders, device=s["device"], rounds=s["rounds"])
     records = []
     for provider in s["providers"]:
         rec = {"kind": "op", "op": "srmsnorm", "sweep": sweep, "provider": provider, "mode": mode, "B": s["batch"],

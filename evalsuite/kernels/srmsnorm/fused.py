@@ -1,19 +1,20 @@
 """SRMSNorm as two Triton kernels (the Lightning Attention paper's App. F: a Triton SRMSNorm, Figure 7) and their
 autograd function; the math is :func:`.reference.srmsnorm_reference`'s.
 
-Forward, one program per :data:`ROWS`-row tile of ``x [N, d]`` (the leading dims flattened), the whole row in
-registers (``BLOCK_D`` = the next power of two of d): ``r = rsqrt(sum(x^2) / d + eps)`` in float32, ``y = x r`` in
+Forward, one program per tile of ``ROWS`` rows of ``x [N, d]`` (the leading dims flattened; ``ROWS`` and the warps
+autotuned per row width on a GPU, fixed under the interpreter), the whole row in registers (``BLOCK_D`` = the next
+power of two of d): ``r = rsqrt(sum(x^2) / d + eps)`` in float32, ``y = x r`` in
 x's dtype; ``r [N]`` (4 bytes a row) is kept for the backward, which then reads x and dy once and writes dx once:
 
     dx = r dy - x r^3 (sum(dy x) / d)
 
 (from ``dr/dx_j = -r^3 x_j / d``). PyTorch's eager norm runs the square, mean, rsqrt, product and cast as separate
-kernels, each a pass over the tensor, and its backward more: the fused kernels do one read and one write each way,
-which is what makes the difference at large d (the paper's "notable improvements in processing speed for larger
-dimensions").
+kernels, each a pass over the tensor, and its backward more; the fused kernels make one read and one write each way.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -23,11 +24,31 @@ from evalsuite.kernels import triton_utils
 
 
 def _tile(d: int) -> tuple[int, int, int]:
-    """(BLOCK_D, ROWS, num_warps) for rows of d: about 4096 elements a program, more warps for wider rows."""
+    """(BLOCK_D, ROWS, num_warps) for rows of d under the interpreter: about 4096 elements a program, one warp."""
     block_d = triton.next_power_of_2(d)
-    rows = max(1, 4096 // block_d)
-    warps = 1 if triton_utils.interpreting() else min(16, max(4, block_d // 1024))
-    return block_d, rows, warps
+    return block_d, max(1, 4096 // block_d), 1
+
+
+def _gpu_configs(block_d: int) -> list:
+    """The launch settings tried on a GPU for rows of ``block_d`` columns: 1-16 rows a program (1,024-32,768
+    elements) at 4, 8 or 16 warps."""
+    rows = [r for r in (1, 2, 4, 8, 16) if 1024 <= r * block_d <= 32768] or [1]
+    return [triton.Config({"ROWS": r}, num_warps=w) for r in rows for w in (4, 8, 16)]
+
+
+@functools.cache
+def _tuned(kernel, block_d: int):
+    """``kernel`` autotuned over :func:`_gpu_configs` (per row width ``d``, on its first launch at that width)."""
+    return triton.autotune(_gpu_configs(block_d), key=["d"])(kernel)
+
+
+def _launch(kernel, n: int, d: int, *args) -> None:
+    """``kernel(*args, n, d, ...)`` over ``n`` rows of ``d``: the interpreter's fixed tile, or autotuned on a GPU."""
+    block_d, rows, warps = _tile(d)
+    if triton_utils.interpreting():
+        kernel[(triton.cdiv(n, rows),)](*args, BLOCK_D=block_d, ROWS=rows, num_warps=warps)
+    else:
+        _tuned(kernel, block_d)[lambda meta: (triton.cdiv(n, meta["ROWS"]),)](*args, BLOCK_D=block_d)
 
 
 @triton.jit
@@ -59,19 +80,17 @@ def _backward(X, DY, R, DX, n_rows, d, BLOCK_D: tl.constexpr, ROWS: tl.constexpr
 def srmsnorm_forward(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [N, d]`` contiguous -> ``(y [N, d]`` in x's dtype, ``r [N]`` float32)."""
     n, d = x.shape
-    block_d, rows, warps = _tile(d)
     y = triton_utils.empty(x.shape, dtype=x.dtype, device=x.device)
     r = triton_utils.empty((n,), dtype=torch.float32, device=x.device)
-    _forward[(triton.cdiv(n, rows),)](x, y, r, n, d, eps, BLOCK_D=block_d, ROWS=rows, num_warps=warps)
+    _launch(_forward, n, d, x, y, r, n, d, eps)
     return y, r
 
 
 def srmsnorm_backward(x: torch.Tensor, dy: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
     """``dx [N, d]`` (x's dtype) from ``x``, ``dy [N, d]`` (contiguous) and the forward's ``r [N]``."""
     n, d = x.shape
-    block_d, rows, warps = _tile(d)
     dx = triton_utils.empty(x.shape, dtype=x.dtype, device=x.device)
-    _backward[(triton.cdiv(n, rows),)](x, dy, r, dx, n, d, BLOCK_D=block_d, ROWS=rows, num_warps=warps)
+    _launch(_backward, n, d, x, dy, r, dx, n, d)
     return dx
 
 
