@@ -125,6 +125,9 @@ def test_render_checks_and_draws_figure1_from_a_real_run(run_cli, tiny_run, tmp_
     assert 'claim "the TGS (tokens per GPU per second) for TNL remains consistently high (tnl-tiny)": ours ' in md
     assert "(transformer-llama-tiny@sdpa)" in md
     assert (tmp_path / "o" / "lightning-figure1.png").stat().st_size > 10_000
+    code, listed, err = run_cli(["paper", "list", "--results", tiny_run], tmp_path)
+    assert f"| bench records: {tiny_run / 'bench' / 'fig1' / 'train_bench.json'} |" in listed, err
+    assert "| lightning:figure5 |" in listed and "| gpu | 0×0 | - | none |" in listed
     records, _ = speed_figures.figure_records("lightning:figure1", tiny_run)
     assert {r["attention"] for r in records} == {"sdpa", "auto"} and all(r["checkpoint"] for r in records)
 
