@@ -1,7 +1,7 @@
 """The claims of the papers' speed figures that print no numbers, checked on ``evalsuite bench`` records.
 
 Each figure's item has no columns (the text gives no values), so ``paper render`` checks what the text says about
-its curves on our records (:func:`check`) and draws them (:mod:`evalsuite.papers.speed_figures`):
+its curves on our records (one function per figure below) and draws them (:mod:`evalsuite.papers.speed_figures`):
 
 * Lightning Attention paper, Figure 1(a) (arXiv:2405.17381 §5.2): training tokens per GPU per second (TGS) against
   the sequence length, 1K to 128K: TNL's "remains consistently high, while the other three models exhibit a rapid
@@ -13,12 +13,10 @@ its curves on our records (:func:`check`) and draws them (:mod:`evalsuite.papers
   the sequence length": the seconds per sequence (a step's time over its batch) of DRT-architecture models against
   the length, from ``bench train`` records at a fixed number of tokens a step. The log-log slope over all lengths
   reads as linear within :data:`LINEAR_BAND` of 1.
-
 * Lightning Attention paper, Figure 5 (§5.2): inference throughput of 7B models at the largest batch that fits, a
   512-token prompt and 1024 new tokens: TNL's is "up to 11× higher than transformer structure models". Read from
   ``evalsuite bench throughput`` records (generated tokens/s): TNL-architecture models over each other model; the
   claim's direction (higher) is what is checked, the paper's factor is printed beside ours.
-
 * Lightning Attention paper, Figure 7 (App. F): the Triton SRMSNorm against PyTorch's, forward and backward, against
   the sequence length at d = 3072 and the feature dim at n = 4096: Triton "outperforming conventional PyTorch
   implementations", with "notable improvements in processing speed for larger dimensions". Read from ``evalsuite
