@@ -115,7 +115,8 @@ def bench_srmsnorm(out, *, seq_lens=SEQ_LENS, dims=DIMS, batch: int = 1, provide
     if dtype not in ("bfloat16", "float16", "float32"):
         raise UserError(f"--dtype must be bfloat16, float16 or float32, got {dtype!r}")
     dev = resolve_device(device)
-    env = {**env_info(), "device": env_info()["device"] if dev.type == "cuda" else "cpu"}
+    env = env_info()
+    env["device"] = env["device"] if dev.type == "cuda" else "cpu"
     s = {"device": dev, "batch": batch, "providers": list(providers), "rounds": rounds,
          "dtype": getattr(torch, dtype), "compiled": {}, "env": env}  # fmt: skip
     points = [("seq", n, SEQ_SWEEP_DIM) for n in seq_lens] + [("dim", DIM_SWEEP_SEQ, d) for d in dims]

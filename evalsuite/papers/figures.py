@@ -13,8 +13,9 @@
   :data:`~evalsuite.papers.recipes.BENCH_COMMANDS` ``["lightning:figure4"]`` (:func:`figure4_records`), with the
   paper's §5.1 claims checked on it (:func:`figure_notes`,
   :func:`evalsuite.bench.lightning_claims.check_claims`);
-* the speed figures of :data:`evalsuite.papers.speed_figures.SPEED_FIGURES` (Lightning Figure 1(a), GCA Figure 3(a)),
-  each from its bench command's records, with the text's claims about it checked.
+* the speed figures of :data:`evalsuite.papers.speed_figures.SPEED_FIGURES` (Lightning Figures 1(a), 5 and 7, GCA
+  Figure 3(a)), each from its bench command's records, with the text's claims about it checked;
+  :func:`bench_source` names the file a figure drawn from bench records is read from.
 
 A figure's style comes from its columns' recipes, or from :data:`FIGURES` for the figures the papers give no
 numbers for (their items have no columns).
@@ -210,6 +211,19 @@ def speed_memory_figure(records: list[dict], out_stem: Path | str) -> list[Path]
     fig.suptitle(f"Lightning Attention, Figure 4: B = {first['B']}, H = {first['H']}, D = {first['D']}, "
                  f"{first['dtype']}, {first.get('device', first.get('device_type', ''))}")  # fmt: skip
     return save_figure(fig, out_stem)
+
+
+BENCH_STYLES = ("speed_memory", "speed_claims")  # the figures drawn from one bench command's records
+
+
+def bench_source(item: Item, root: Path) -> str | None:
+    """The bench file under ``root`` that a figure of :data:`BENCH_STYLES` is drawn from, None while there is none."""
+    try:
+        if item.id in speed_figures.SPEED_FIGURES:
+            return str(speed_figures.figure_records(item.id, root)[1])
+        return figure4_records(root)[0]["file"]
+    except UserError:
+        return None
 
 
 def figure_notes(item: Item, results: Results) -> list[str]:

@@ -13,13 +13,11 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from evalsuite.errors import UserError
-from evalsuite.papers.figures import figure4_records
+from evalsuite.papers.figures import BENCH_STYLES, bench_source, style
 from evalsuite.papers.found import Results, find
 from evalsuite.papers.found_bench import BENCH_FINDERS
 from evalsuite.papers.published import Item, Paper
 from evalsuite.papers.recipes import CARD_KINDS, RUN_KINDS, at_each_length
-from evalsuite.papers.speed_figures import SPEED_FIGURES, figure_records
 
 
 @dataclass(frozen=True)
@@ -49,13 +47,9 @@ def measured(recipe: dict | None) -> bool:
 def ours(item: Item, results: Results, models: list[str]) -> str:
     """Which models have values of the item's measured columns (``model k/n``), and whether cards give the rest.
     Benchmark files name no run, so the item's own row models are looked up beside ``models``."""
-    if item.id in SPEED_FIGURES or item.id == "lightning:figure4":  # no columns: drawn from bench records
-        try:
-            if item.id in SPEED_FIGURES:
-                return f"bench records: {figure_records(item.id, results.root)[1]}"
-            return f"bench records: {figure4_records(results.root)[0]['file']}"
-        except UserError:
-            return "none"
+    if (style(item) or ("",))[0] in BENCH_STYLES:  # no columns: drawn from one bench command's records
+        source = bench_source(item, results.root)
+        return f"bench records: {source}" if source else "none"
     runs = [c.recipe for c in item.columns if measured(c.recipe)]
     have = []
     for model in dict.fromkeys([*models, *(row.model for row in item.rows if row.model)]):

@@ -29,9 +29,10 @@ False, or None where the records cannot say).
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Callable
+
+import numpy as np
 
 FLAT = 0.85  # a series whose lowest tokens/s is at least this much of its highest reads as constant (within 15%)
 LINEAR_BAND = 0.2  # a log-log slope within this of 1 reads as linear growth
@@ -107,21 +108,14 @@ def gca_figure3a(records) -> list[dict]:
             ours, agrees = "tokens per step differ between lengths: rerun at shapes of one token count", None
         else:
             # every length counts (not only the longer half, as for kernels: a step is never launch-bound)
-            xs = [math.log(r["length"]) for r in rs]
-            ys = [math.log(seconds_per_sequence(r)) for r in rs]
-            slope = _fit(xs, ys)
+            xs = np.log([r["length"] for r in rs])
+            slope = float(np.polyfit(xs, np.log([seconds_per_sequence(r) for r in rs]), 1)[0])
             ours = (f"{seconds_per_sequence(rs[0]):.3f} s per sequence at {length_label(rs[0]['length'])} to "
                     f"{seconds_per_sequence(rs[-1]):.3f} s at {length_label(rs[-1]['length'])}: log-log slope "
                     f"{slope:.2f}")  # fmt: skip
             agrees = abs(slope - 1.0) <= LINEAR_BAND
         out.append({"claim": f"{claim} ({model})", "ours": ours, "agrees": agrees})
     return out
-
-
-def _fit(xs: list[float], ys: list[float]) -> float:
-    """Least-squares slope of ys against xs."""
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
 
 
 def _batch(r: dict) -> str:

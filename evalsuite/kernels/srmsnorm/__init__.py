@@ -2,7 +2,7 @@
 twin.
 
 ``srmsnorm(x, eps)`` with ``x [..., d]`` returns ``x * rsqrt(mean(x^2) + eps)`` over the last dim in x's dtype.
-Backends: ``"auto"`` (Triton on a CUDA tensor with d up to :data:`~.fused.MAX_D`, the twin elsewhere), ``"triton"``,
+Backends: ``"auto"`` (Triton on a CUDA tensor with d up to :data:`MAX_D`, the twin elsewhere), ``"triton"``,
 ``"reference"``. Modules: ``reference.py`` (no triton needed), ``fused.py`` (the forward and backward kernels and the
 autograd function; imported on first use). ``evalsuite bench srmsnorm`` times them (the paper's Figure 7).
 """
@@ -15,7 +15,7 @@ from evalsuite.kernels.srmsnorm.reference import srmsnorm_reference
 from evalsuite.kernels.triton_utils import interpreting, triton_installed
 
 BACKENDS = ("auto", "triton", "reference")
-MAX_D = 65536  # fused.MAX_D, without importing triton
+MAX_D = 65536  # the widest row the kernels hold in one program's registers; wider rows take the twin
 
 
 def triton_available(x: torch.Tensor) -> bool:

@@ -52,26 +52,32 @@ def _launch(kernel, n: int, d: int, *args) -> None:
 
 
 @triton.jit
-def _forward(X, Y, R, n_rows, d, eps, BLOCK_D: tl.constexpr, ROWS: tl.constexpr):
+def _lanes(n_rows, d, BLOCK_D: tl.constexpr, ROWS: tl.constexpr):
+    """This program's ``[ROWS, BLOCK_D]`` tile: element offsets and mask, and its row offsets and mask ``[ROWS]``.
+    Masked lanes get offset 0, so every lane stays inside the tensor (the interpreter's bounds checks)."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_D)
     mask = (rows[:, None] < n_rows) & (cols[None, :] < d)
-    offsets = tl.where(mask, rows[:, None].to(tl.int64) * d + cols[None, :], 0)  # masked lanes: in bounds too
+    offsets = tl.where(mask, rows[:, None].to(tl.int64) * d + cols[None, :], 0)
+    row_mask = rows < n_rows
+    return offsets, mask, tl.where(row_mask, rows, 0), row_mask
+
+
+@triton.jit
+def _forward(X, Y, R, n_rows, d, eps, BLOCK_D: tl.constexpr, ROWS: tl.constexpr):
+    offsets, mask, rows, row_mask = _lanes(n_rows, d, BLOCK_D, ROWS)
     x = tl.load(X + offsets, mask=mask, other=0.0).to(tl.float32)
     r = tl.rsqrt(tl.sum(x * x, axis=1) / d + eps)
     tl.store(Y + offsets, (x * r[:, None]).to(Y.dtype.element_ty), mask=mask)
-    tl.store(R + tl.where(rows < n_rows, rows, 0), r, mask=rows < n_rows)
+    tl.store(R + rows, r, mask=row_mask)
 
 
 @triton.jit
 def _backward(X, DY, R, DX, n_rows, d, BLOCK_D: tl.constexpr, ROWS: tl.constexpr):
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    cols = tl.arange(0, BLOCK_D)
-    mask = (rows[:, None] < n_rows) & (cols[None, :] < d)
-    offsets = tl.where(mask, rows[:, None].to(tl.int64) * d + cols[None, :], 0)  # masked lanes: in bounds too
+    offsets, mask, rows, row_mask = _lanes(n_rows, d, BLOCK_D, ROWS)
     x = tl.load(X + offsets, mask=mask, other=0.0).to(tl.float32)
     dy = tl.load(DY + offsets, mask=mask, other=0.0).to(tl.float32)
-    r = tl.load(R + tl.where(rows < n_rows, rows, 0), mask=rows < n_rows, other=0.0)
+    r = tl.load(R + rows, mask=row_mask, other=0.0)
     dot = tl.sum(dy * x, axis=1) / d
     dx = r[:, None] * dy - x * (r * r * r * dot)[:, None]
     tl.store(DX + offsets, dx.to(DX.dtype.element_ty), mask=mask)
