@@ -219,6 +219,47 @@ def test_time_scan_operator_passes_opcheck(monkeypatch):
         torch.library.opcheck(cumsum._time_scan, (x, reverse))
 
 
+def test_key_cumsums_through_tma_and_pointers():
+    """Time-major cumsums (``cumsum_over_time``'s storage, T a multiple of 4) go through 1-D TMA descriptors, others
+    through pointers, in the forward and both backward kernels: the same arithmetic, so the same bits, outputs and
+    gradients; T = 52 leaves a ragged last block."""
+    tma = dataclasses.replace(common.block_config(32), tma=True)
+    B, T, H, D = 2, 52, 2, 32
+    g = torch.Generator().manual_seed(9)
+    q, k, v, do = (torch.randn(B, T, H, D, generator=g).to(torch.bfloat16) for _ in range(4))
+    logf = torch.nn.functional.logsigmoid(torch.randn(B, T, H, generator=g) + 2.0)
+    time_major = cumsum_over_time(logf)
+    plain = time_major.contiguous()
+    assert common._time_contiguous(time_major) and not common._time_contiguous(plain)
+    runs = []
+    for cum in (time_major, plain):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v, cum)]
+        out = forward.forgetting_attention_triton(*leaves, config=tma)
+        runs.append((out, *torch.autograd.grad(out, leaves, do)))
+    for a, b in zip(*runs, strict=True):
+        assert torch.equal(a, b)
+    ref = reference.attention_dense(q.double(), k.double(), v.double(), plain.double(), plain.double())
+    assert rel_err(runs[0][0], ref) < TOL[torch.bfloat16][0]
+
+
+@pytest.mark.parametrize("gate", [None, "strong"])
+def test_backward_tiles_through_tma_and_pointers(gate):
+    """The backward reads q, dO, LSE, Delta (dK/dV kernel) and K, V (dQ kernel) through TMA descriptors where T is a
+    multiple of 4, through pointers otherwise; with the same inputs both give the same bits."""
+    B, T, H, D = 1, 44, 2, 32
+    g = torch.Generator().manual_seed(4)
+    q, k, v, do = (torch.randn(B, T, H, D, generator=g).to(torch.float16) for _ in range(4))
+    cum = None if gate is None else torch.nn.functional.logsigmoid(torch.randn(B, T, H, generator=g)).cumsum(1)
+    grads = []
+    for tma in (True, False):
+        config = dataclasses.replace(common.block_config(32), tma=tma)
+        leaves = [x.clone().requires_grad_() for x in (q, k, v) + (() if cum is None else (cum,))]
+        out = forward.forgetting_attention_triton(*leaves[:3], None if cum is None else leaves[3], config=config)
+        grads.append(torch.autograd.grad(out, leaves, do))
+    for a, b in zip(*grads, strict=True):
+        assert torch.equal(a, b)
+
+
 def test_strided_inputs_and_large_cum():
     """q/k/v are views into a packed [B, T, 3, H, D] tensor, cum is a transposed view, and |c| ~ 1e4.
 

@@ -202,12 +202,16 @@ def run_attention_bench(
 
 
 def _kernel_configs(configs) -> dict:
-    """The block configurations the kernels launch with, per head dim (``{D: BlockConfig}``)."""
+    """The block configurations the kernels launch with, per head dim (``{D: BlockConfig}``), and from which T the
+    forward reads the key cumsums through TMA."""
+    from evalsuite.kernels.forgetting.common import C_TMA_MIN_T
+
     return {
         "fwd_configs": {str(d): list(c.fwd) for d, c in configs.items()},
         "bwd_dkdv_configs": {str(d): list(c.dkdv) for d, c in configs.items()},
         "bwd_dq_configs": {str(d): list(c.dq) for d, c in configs.items()},
         "fwd_tma": {str(d): c.tma for d, c in configs.items()},
+        "fwd_key_cumsums_tma_from_t": C_TMA_MIN_T,
     }
 
 

@@ -1,6 +1,6 @@
-"""The benchmark commands, ``evalsuite bench
-attention|linear|gca|generate|throughput|tune|profile-decode|drt-memory|step-time|train|saved-memory``: thin layers over
-:mod:`evalsuite.bench`. Registered on the ``bench`` group when :mod:`evalsuite.cli.main` imports this module."""
+"""The benchmark commands, ``evalsuite bench attention|linear|gca|generate|throughput|tune|profile-decode|drt-memory|
+step-time|train|saved-memory|srmsnorm|sass``: thin layers over :mod:`evalsuite.bench`. Registered on the ``bench``
+group when :mod:`evalsuite.cli.main` imports this module."""
 
 from __future__ import annotations
 
@@ -433,3 +433,24 @@ def bench_srmsnorm_cmd(
     }
     srmsnorm.bench_srmsnorm(out, **lists, batch=batch, rounds=rounds, dtype=dtype, device=device)
     typer.echo(f"wrote {out}/{srmsnorm.JSON_NAME} and .md")
+
+
+@bench_app.command("sass")
+def bench_sass_cmd(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (JSON).")] = Path("results/runs/bench/sass"),
+    kernels: Annotated[str, typer.Option(help="forgetting-fwd, forgetting-dq, forgetting-dkdv; comma-separated.")] = (
+        "forgetting-fwd,forgetting-dq,forgetting-dkdv"
+    ),
+    head_dims: Annotated[str, typer.Option(help="Comma-separated head dims (64, 128).")] = "64,128",
+    arch: Annotated[int, typer.Option(help="Compute capability to compile for, as 90 for sm_90a (H100/H200).")] = 90,
+):
+    """Instruction mix per loop iteration of our attention kernels compiled for a GPU, without one (sm_90a SASS)."""
+    from evalsuite.bench import sass
+
+    names = _csv_list(kernels, str, "--kernels")
+    _check_choices({"--kernels": names}, {"--kernels": sass.KERNELS})
+    dims = _csv_list(head_dims, int, "--head-dims")
+    _check_choices({"--head-dims": [str(d) for d in dims]}, {"--head-dims": ("64", "128")})
+    records = sass.sass_loops(out, kernels=names, head_dims=dims, arch=arch)
+    typer.echo(sass.format_loops(records))
+    typer.echo(f"wrote {out}/{sass.JSON_NAME}")

@@ -21,8 +21,8 @@ from evalsuite.kernels import triton_utils
 from evalsuite.kernels.forgetting import common
 from evalsuite.kernels.forgetting.backward_dkdv import _bwd_dkdv_kernel
 from evalsuite.kernels.forgetting.backward_dq import _bwd_dq_kernel
-from evalsuite.kernels.forgetting.common import _scales, _strides4, _upcast
-from evalsuite.kernels.triton_utils import interpreting
+from evalsuite.kernels.forgetting.common import _scales, _strides4, _tma_usable, _upcast
+from evalsuite.kernels.triton_utils import install_tma_allocator, interpreting
 
 
 @triton.jit
@@ -61,12 +61,14 @@ def _bwd_preprocess_kernel(
     tl.store(DELTA + pid_bh.to(tl.int64) * T + offs_m, delta, mask=offs_m < T)
 
 
-def _bwd(do, q, k, v, cum, o, lse, scale, dkdv_config=None, dq_config=None):
+def _bwd(do, q, k, v, cum, o, lse, scale, dkdv_config=None, dq_config=None, tma=None):
     """Launch the backward. Returns dq, dk, dv (q dtype, [B, T, H, D]) and dcum ([B, T, H] fp32, or None).
 
     do: ``[B, T, H, D]`` output gradient (any strides; made unit-stride on D); q, k, v, cum, o, lse, scale as
     saved by the forward (lse ``[B, H, T]`` fp32, log2 units). ``dkdv_config`` / ``dq_config``: the block configs
-    ``(BLOCK_M, BLOCK_N, num_warps, num_stages)``, default :func:`common.block_config`'s (tuning, tests).
+    ``(BLOCK_M, BLOCK_N, num_warps, num_stages)``, default :func:`common.block_config`'s (tuning, tests); ``tma``
+    whether the loops read their tiles through TMA descriptors (default: the config's), used only where
+    :func:`_tma_usable` allows it and T is a multiple of 4 (16-byte aligned LSE and Delta rows).
     """
     B, T, H, D = q.shape
     has_c = cum is not None
@@ -90,6 +92,10 @@ def _bwd(do, q, k, v, cum, o, lse, scale, dkdv_config=None, dq_config=None):
     dc_strides = dcum.stride() if has_c else (0, 0, 0)
     upcast = _upcast(q.dtype)
     shipped = common.block_config(D)
+    use_tma = (shipped.tma if tma is None else tma) and T % 4 == 0 and _tma_usable(q, k, v, do)
+    c_tma = use_tma and has_c and common.key_cumsums_through_tma(cum, T)
+    if use_tma and not interpreting():
+        install_tma_allocator()
 
     BM, BN, nw, ns = dkdv_config or shipped.dkdv
     assert BN % BM == 0, "dK/dV kernel needs BLOCK_N % BLOCK_M == 0"
@@ -97,7 +103,8 @@ def _bwd(do, q, k, v, cum, o, lse, scale, dkdv_config=None, dq_config=None):
         q, k, v, c, do, lse, delta, dk, dv, dc,
         *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(do), *_strides4(dk), *_strides4(dv), *c_strides,
         *dc_strides, 1, T, H, sm_scale, mult,
-        HAS_C=has_c, HEAD_DIM=D, BLOCK_M=BM, BLOCK_N=BN, UPCAST=upcast, num_warps=nw, num_stages=ns,
+        HAS_C=has_c, HEAD_DIM=D, BLOCK_M=BM, BLOCK_N=BN, UPCAST=upcast, USE_TMA=use_tma, C_TMA=c_tma,
+        num_warps=nw, num_stages=ns,
     )  # fmt: skip
 
     BM, BN, nw, ns = dq_config or shipped.dq
@@ -106,6 +113,7 @@ def _bwd(do, q, k, v, cum, o, lse, scale, dkdv_config=None, dq_config=None):
         q, k, v, c, do, lse, delta, dq, dc,
         *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(do), *_strides4(dq), *c_strides, *dc_strides,
         T, H, sm_scale, mult,
-        HAS_C=has_c, HEAD_DIM=D, BLOCK_M=BM, BLOCK_N=BN, UPCAST=upcast, num_warps=nw, num_stages=ns,
+        HAS_C=has_c, HEAD_DIM=D, BLOCK_M=BM, BLOCK_N=BN, UPCAST=upcast, USE_TMA=use_tma, C_TMA=c_tma,
+        num_warps=nw, num_stages=ns,
     )  # fmt: skip
     return dq, dk, dv, dcum

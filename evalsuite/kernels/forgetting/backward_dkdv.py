@@ -26,6 +26,7 @@ def _bwd_dkdv_inner(
     cq_ptrs,
     lse_ptrs,
     delta_ptrs,
+    descs,
     offs_n,
     lo,
     hi,
@@ -40,17 +41,26 @@ def _bwd_dkdv_inner(
     HAS_C: tl.constexpr,
     BLOCK_M: tl.constexpr,
     UPCAST: tl.constexpr,
+    USE_TMA: tl.constexpr,
+    C_TMA: tl.constexpr,
 ):
     """Accumulate dK, dV, dc_k of one key block over queries [lo, hi). Pointers start at query ``lo``.
 
     Works on transposed tiles ([BLOCK_N keys, BLOCK_M queries]) so dK/dV accumulate without transposes.
     MASK: causal mask and queries past T (diagonal block and ragged tail).
+    USE_TMA: q, dO, LSE and Delta tiles come from the descriptors ``descs`` (q, dO, LSE, Delta, C; rows past T read
+    as zeros, which the mask then drops); C_TMA: the query cumsums too.
     """
     offs_m0 = tl.arange(0, BLOCK_M)
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + offs_m0
-        if MASK:
-            row_ok = offs_m < T
+        row_ok = offs_m < T
+        if USE_TMA:
+            q = descs[0].load([start_m, 0])
+            do = descs[1].load([start_m, 0])
+            lse = descs[2].load([start_m])
+            delta = descs[3].load([start_m])
+        elif MASK:
             q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
             do = tl.load(do_ptrs, mask=row_ok[:, None], other=0.0)
             lse = tl.load(lse_ptrs, mask=row_ok, other=float("inf"))  # p = 0 on rows past T
@@ -62,7 +72,9 @@ def _bwd_dkdv_inner(
             delta = tl.load(delta_ptrs)
         s_t = _mm(k, tl.trans(q), tl.zeros([k.shape[0], BLOCK_M], dtype=tl.float32), UPCAST)
         if HAS_C:
-            if MASK:
+            if C_TMA:
+                cq = descs[4].load([start_m])
+            elif MASK:
                 cq = tl.load(cq_ptrs, mask=row_ok, other=0.0)
             else:
                 cq = tl.load(cq_ptrs)
@@ -136,6 +148,8 @@ def _bwd_dkdv_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr,
+    USE_TMA: tl.constexpr,
+    C_TMA: tl.constexpr,
 ):
     """dK, dV [B, T, H, D] and dc_k = -colsum(dS) into DC [B, T, H] (fp32). Grid: (B*H, cdiv(T, BLOCK_N)).
 
@@ -173,6 +187,20 @@ def _bwd_dkdv_kernel(
     lse_ptrs = LSE + (pid_bh.to(tl.int64) * T + start64 + offs_m) * stride_lt
     delta_ptrs = DELTA + (pid_bh.to(tl.int64) * T + start64 + offs_m) * stride_lt
 
+    if USE_TMA:
+        rows = pid_bh.to(tl.int64) * T
+        descs = (
+            tl.make_tensor_descriptor(Q + b * stride_qb + h * stride_qh, [T, HEAD_DIM], strides=[stride_qt, 1],
+                                      block_shape=[BLOCK_M, HEAD_DIM]),
+            tl.make_tensor_descriptor(DO + b * stride_dob + h * stride_doh, [T, HEAD_DIM], strides=[stride_dot, 1],
+                                      block_shape=[BLOCK_M, HEAD_DIM]),
+            tl.make_tensor_descriptor(LSE + rows, [T], strides=[1], block_shape=[BLOCK_M]),
+            tl.make_tensor_descriptor(DELTA + rows, [T], strides=[1], block_shape=[BLOCK_M]),
+            tl.make_tensor_descriptor(c_base, [T], strides=[1], block_shape=[BLOCK_M]) if C_TMA else None,
+        )  # fmt: skip
+    else:
+        descs = (None, None, None, None, None)
+
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dck = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -180,8 +208,8 @@ def _bwd_dkdv_kernel(
     # 1) diagonal: queries [start_n, start_n + BLOCK_N) (BLOCK_N % BLOCK_M == 0), masked
     hi = tl.minimum(start_n + BLOCK_N, T)
     dk, dv, dck = _bwd_dkdv_inner(
-        dk, dv, dck, k, v, ck, q_ptrs, do_ptrs, cq_ptrs, lse_ptrs, delta_ptrs, offs_n, start_n, hi, T, sm_scale,
-        mult, stride_qt, stride_dot, stride_ct, stride_lt, True, HAS_C, BLOCK_M, UPCAST,
+        dk, dv, dck, k, v, ck, q_ptrs, do_ptrs, cq_ptrs, lse_ptrs, delta_ptrs, descs, offs_n, start_n, hi, T, sm_scale,
+        mult, stride_qt, stride_dot, stride_ct, stride_lt, True, HAS_C, BLOCK_M, UPCAST, USE_TMA, C_TMA,
     )  # fmt: skip
     # 2) full query blocks below the diagonal: no mask
     lo = start_n + BLOCK_N
@@ -194,8 +222,8 @@ def _bwd_dkdv_kernel(
     lse_ptrs += shift * stride_lt
     delta_ptrs += shift * stride_lt
     dk, dv, dck = _bwd_dkdv_inner(
-        dk, dv, dck, k, v, ck, q_ptrs, do_ptrs, cq_ptrs, lse_ptrs, delta_ptrs, offs_n, lo, hi, T, sm_scale,
-        mult, stride_qt, stride_dot, stride_ct, stride_lt, False, HAS_C, BLOCK_M, UPCAST,
+        dk, dv, dck, k, v, ck, q_ptrs, do_ptrs, cq_ptrs, lse_ptrs, delta_ptrs, descs, offs_n, lo, hi, T, sm_scale,
+        mult, stride_qt, stride_dot, stride_ct, stride_lt, False, HAS_C, BLOCK_M, UPCAST, USE_TMA, C_TMA,
     )  # fmt: skip
     # 3) ragged tail [hi, T): masked (at most one step)
     shift64 = (n_full * BLOCK_M).to(tl.int64)
@@ -205,8 +233,8 @@ def _bwd_dkdv_kernel(
     lse_ptrs += shift64 * stride_lt
     delta_ptrs += shift64 * stride_lt
     dk, dv, dck = _bwd_dkdv_inner(
-        dk, dv, dck, k, v, ck, q_ptrs, do_ptrs, cq_ptrs, lse_ptrs, delta_ptrs, offs_n, tl.maximum(hi, lo), T, T,
-        sm_scale, mult, stride_qt, stride_dot, stride_ct, stride_lt, True, HAS_C, BLOCK_M, UPCAST,
+        dk, dv, dck, k, v, ck, q_ptrs, do_ptrs, cq_ptrs, lse_ptrs, delta_ptrs, descs, offs_n, tl.maximum(hi, lo), T, T,
+        sm_scale, mult, stride_qt, stride_dot, stride_ct, stride_lt, True, HAS_C, BLOCK_M, UPCAST, USE_TMA, C_TMA,
     )  # fmt: skip
 
     dk = dk * sm_scale

@@ -25,6 +25,7 @@ def _bwd_dq_inner(
     k_ptrs,
     v_ptrs,
     ck_ptrs,
+    descs,
     offs_m,
     lo,
     hi,
@@ -38,12 +39,21 @@ def _bwd_dq_inner(
     HAS_C: tl.constexpr,
     BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr,
+    USE_TMA: tl.constexpr,
+    C_TMA: tl.constexpr,
 ):
-    """Accumulate dQ and dc_q of one query block over keys [lo, hi). Pointers start at key ``lo``."""
+    """Accumulate dQ and dc_q of one query block over keys [lo, hi). Pointers start at key ``lo``.
+
+    USE_TMA: K and V tiles come from the descriptors ``descs`` (K, V, C; rows past T read as zeros, which the causal
+    mask drops); C_TMA: the key cumsums too.
+    """
     offs_n0 = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n0
-        if MASK:
+        if USE_TMA:
+            k = descs[0].load([start_n, 0])
+            v = descs[1].load([start_n, 0])
+        elif MASK:
             k = tl.load(k_ptrs, mask=cols[:, None] < T, other=0.0)
             v = tl.load(v_ptrs, mask=cols[:, None] < T, other=0.0)
         else:
@@ -51,7 +61,9 @@ def _bwd_dq_inner(
             v = tl.load(v_ptrs)
         s = _mm(q, tl.trans(k), tl.zeros([q.shape[0], BLOCK_N], dtype=tl.float32), UPCAST)
         if HAS_C:
-            if MASK:
+            if C_TMA:
+                ck = descs[2].load([start_n])
+            elif MASK:
                 ck = tl.load(ck_ptrs, mask=cols < T, other=0.0)
             else:
                 ck = tl.load(ck_ptrs)
@@ -116,6 +128,8 @@ def _bwd_dq_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr,
+    USE_TMA: tl.constexpr,
+    C_TMA: tl.constexpr,
 ):
     """dQ [B, T, H, D] and DC += dc_q (DC holds dc_k from the dK/dV kernel). Grid: (B*H, cdiv(T, BLOCK_M))."""
     pid_bh = tl.program_id(0)
@@ -145,19 +159,31 @@ def _bwd_dq_kernel(
     v_ptrs = V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vt + offs_d[None, :] * stride_vd
     ck_ptrs = c_base + offs_n * stride_ct
 
+    if USE_TMA:
+        descs = (
+            tl.make_tensor_descriptor(K + b * stride_kb + h * stride_kh, [T, HEAD_DIM], strides=[stride_kt, 1],
+                                      block_shape=[BLOCK_N, HEAD_DIM]),
+            tl.make_tensor_descriptor(V + b * stride_vb + h * stride_vh, [T, HEAD_DIM], strides=[stride_vt, 1],
+                                      block_shape=[BLOCK_N, HEAD_DIM]),
+            tl.make_tensor_descriptor(c_base, [T], strides=[1], block_shape=[BLOCK_N]) if C_TMA else None,
+        )  # fmt: skip
+    else:
+        descs = (None, None, None)
+
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     dcq = tl.zeros([BLOCK_M], dtype=tl.float32)
     dq, dcq = _bwd_dq_inner(
-        dq, dcq, q, do, cq, lse, delta, k_ptrs, v_ptrs, ck_ptrs, offs_m, 0, start_m, T, sm_scale, mult,
-        stride_kt, stride_vt, stride_ct, False, HAS_C, BLOCK_N, UPCAST,
+        dq, dcq, q, do, cq, lse, delta, k_ptrs, v_ptrs, ck_ptrs, descs, offs_m, 0, start_m, T, sm_scale, mult,
+        stride_kt, stride_vt, stride_ct, False, HAS_C, BLOCK_N, UPCAST, USE_TMA, C_TMA,
     )  # fmt: skip
     start64 = start_m.to(tl.int64)
     k_ptrs += start64 * stride_kt
     v_ptrs += start64 * stride_vt
     ck_ptrs += start64 * stride_ct
     dq, dcq = _bwd_dq_inner(
-        dq, dcq, q, do, cq, lse, delta, k_ptrs, v_ptrs, ck_ptrs, offs_m, start_m, tl.minimum(start_m + BLOCK_M, T),
-        T, sm_scale, mult, stride_kt, stride_vt, stride_ct, True, HAS_C, BLOCK_N, UPCAST,
+        dq, dcq, q, do, cq, lse, delta, k_ptrs, v_ptrs, ck_ptrs, descs, offs_m, start_m,
+        tl.minimum(start_m + BLOCK_M, T), T, sm_scale, mult, stride_kt, stride_vt, stride_ct, True, HAS_C, BLOCK_N,
+        UPCAST, USE_TMA, C_TMA,
     )  # fmt: skip
 
     dq = dq * sm_scale

@@ -51,10 +51,13 @@ BWD_DKDV_CONFIGS = {16: (32, 64, 4, 4), 32: (32, 64, 4, 4), 64: (32, 64, 4, 3), 
 BWD_DQ_CONFIGS = {16: (128, 32, 4, 4), 32: (128, 32, 4, 4), 64: (128, 32, 4, 4), 128: (128, 64, 8, 4)}
 # Forward: fetch K/V tiles through TMA tensor descriptors (compute capability >= 9 and aligned strides; pointer loads
 # otherwise), per head dim; D=16/32 not measured, so off. The variants measured against it and not kept (the query's
-# cumsum folded into the LSE, key cumsums through a 1-D descriptor, q.k issued a block early, lazy rescaling) are in
-# results/bench/h100/fwd-variants/README.md and fwd-sweep/ at commit 164742b; results/kernels/fox-tuning/ keeps the
-# variant sweeps' records.
+# cumsum folded into the LSE, q.k issued a block early, lazy rescaling) are in results/bench/h100/fwd-variants/README.md
+# and fwd-sweep/ at commit 164742b; results/kernels/fox-tuning/ keeps the variant sweeps' records.
+# Where K/V go through TMA, the key cumsums do too (1-D descriptor, time-contiguous storage: :func:`_time_contiguous`)
+# from T = C_TMA_MIN_T: 3.6-6.0% off the forward at 16K-64K, D = 64 and 128, on an H200, but 5.6% slower at T = 1K,
+# D = 64 (results/kernels/fox-tuning/c_tma_h200.json).
 FWD_TMA = {16: False, 32: False, 64: True, 128: True}
+C_TMA_MIN_T = 4096
 # Decode: (BLOCK_N, num_warps, num_stages); BLOCK_M follows Tq. From the decode sweep (``evalsuite bench tune
 # forgetting-decode``) on one H100 (24 heads of 64, bf16; results/kernels/fox-tuning/tune_decode.json): (64, 2, 3) was
 # fastest or within 2% at batch 1 and 8 after 4K and 16K keys (32.0 us at batch 1 after 4K; (64, 4, 2): 34.5 us).
@@ -178,3 +181,23 @@ def _tma_usable(*tensors) -> bool:
         if t.stride(3) != 1 or t.data_ptr() % 16 or any(t.stride(i) * size % 16 for i in range(3)):
             return False
     return True
+
+
+def key_cumsums_through_tma(cum, T: int) -> bool:
+    """Whether the forward reads the key cumsums ``cum`` through a 1-D descriptor (where K/V go through TMA): from
+    :data:`C_TMA_MIN_T` keys on a GPU (any T under the interpreter, so small tests cover it) and where the storage
+    allows it (:func:`_time_contiguous`)."""
+    return (interpreting() or T >= C_TMA_MIN_T) and _time_contiguous(cum)
+
+
+def _time_contiguous(cum) -> bool:
+    """Whether a 1-D TMA descriptor can read ``cum`` ``[B, T, H]`` float32 per (batch, head): unit time stride and
+    16-byte aligned (batch, head) starts (time-major storage, :func:`cumsum_over_time`'s, with T a multiple of 4).
+    Called where :func:`_tma_usable` already holds for K and V (the device side)."""
+    size = cum.element_size()
+    return (
+        cum.stride(1) == 1
+        and cum.data_ptr() % 16 == 0
+        and cum.stride(0) * size % 16 == 0
+        and (cum.stride(2) * size % 16 == 0)
+    )

@@ -49,6 +49,7 @@ def _fwd_inner(
     k_desc,
     v_desc,
     c_ptrs,
+    c_desc,
     offs_m,
     lo,
     hi,
@@ -63,13 +64,14 @@ def _fwd_inner(
     BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr,
     USE_TMA: tl.constexpr,
+    C_TMA: tl.constexpr,
 ):
     """Online-softmax sweep over keys [lo, hi) for one query block. Pointers start at key ``lo``.
 
     acc: [BLOCK_M, D] f32 unnormalised output; l_i, m_i: [BLOCK_M] row sums / reference maxima of s (natural units,
     softmax taken as exp2(s * mult)). MASK: diagonal block (causal mask, keys may run past T).
     USE_TMA: K/V tiles come from the tensor descriptors ``k_desc``/``v_desc`` (rows past T read as zeros),
-    else from the pointers.
+    else from the pointers; C_TMA: the key cumsums from ``c_desc`` (zeros past T), else from ``c_ptrs``.
     """
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
@@ -84,7 +86,9 @@ def _fwd_inner(
             k = tl.load(k_ptrs)
             v = tl.load(v_ptrs)
         if HAS_C:
-            if MASK:
+            if C_TMA:
+                ck = c_desc.load([start_n])
+            elif MASK:
                 ck = tl.load(c_ptrs, mask=cols < T, other=0.0)
             else:
                 ck = tl.load(c_ptrs)
@@ -138,11 +142,15 @@ def _fwd_kernel(
     BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr,
     USE_TMA: tl.constexpr,
+    C_TMA: tl.constexpr,
 ):
     """Forward. Grid: (B*H, cdiv(T, BLOCK_M)). Writes O [B, T, H, D] and LSE [B, H, T] (log2 units).
 
     USE_TMA: read K/V through per-(batch, head) tensor descriptors ([T, HEAD_DIM], unit stride on the head dim,
-    16-byte aligned rows: checked by the launcher), so Hopper's TMA unit fetches the tiles.
+    16-byte aligned rows: checked by the launcher), so Hopper's TMA unit fetches the tiles. C_TMA: read the key
+    cumsums through a 1-D descriptor per (batch, head) (time-contiguous C, as :func:`cumsum_over_time` returns it;
+    checked by the launcher): as pointer loads they can take one asynchronous copy per element and thread, in the
+    score layout's columns (seen at D = 128).
     """
     pid_bh = tl.program_id(0)
     # the last query blocks see the most keys: launch them first so the tail of the grid is short work
@@ -170,6 +178,10 @@ def _fwd_kernel(
         k_desc = None
         v_desc = None
     c_base = C + b * stride_cb + h * stride_ch
+    if C_TMA:
+        c_desc = tl.make_tensor_descriptor(c_base, [T], strides=[1], block_shape=[BLOCK_N])
+    else:
+        c_desc = None
     c_ptrs = c_base + offs_n * stride_ct
     if HAS_C:
         cq = tl.load(c_base + offs_m.to(tl.int64) * stride_ct, mask=row_ok, other=0.0)
@@ -181,17 +193,17 @@ def _fwd_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     # keys strictly left of the block: no mask (BLOCK_M % BLOCK_N == 0, so blocks never straddle start_m)
     acc, l_i, m_i = _fwd_inner(
-        acc, l_i, m_i, q, cq, k_ptrs, v_ptrs, k_desc, v_desc, c_ptrs, offs_m, 0, start_m, T, sm_scale, mult,
-        stride_kt, stride_vt, stride_ct, False, HAS_C, BLOCK_N, UPCAST, USE_TMA,
+        acc, l_i, m_i, q, cq, k_ptrs, v_ptrs, k_desc, v_desc, c_ptrs, c_desc, offs_m, 0, start_m, T, sm_scale,
+        mult, stride_kt, stride_vt, stride_ct, False, HAS_C, BLOCK_N, UPCAST, USE_TMA, C_TMA,
     )  # fmt: skip
     # diagonal blocks: causal mask
     k_ptrs += start_m.to(tl.int64) * stride_kt
     v_ptrs += start_m.to(tl.int64) * stride_vt
     c_ptrs += start_m.to(tl.int64) * stride_ct
     acc, l_i, m_i = _fwd_inner(
-        acc, l_i, m_i, q, cq, k_ptrs, v_ptrs, k_desc, v_desc, c_ptrs, offs_m, start_m,
+        acc, l_i, m_i, q, cq, k_ptrs, v_ptrs, k_desc, v_desc, c_ptrs, c_desc, offs_m, start_m,
         tl.minimum(start_m + BLOCK_M, T), T, sm_scale, mult, stride_kt, stride_vt, stride_ct, True, HAS_C, BLOCK_N,
-        UPCAST, USE_TMA,
+        UPCAST, USE_TMA, C_TMA,
     )  # fmt: skip
 
     # every valid row sees at least its own key, so l_i > 0 and m_i is finite there
@@ -221,6 +233,7 @@ def _fwd(q, k, v, cum, scale, config=None, tma=None):
     lse = triton_utils.empty((B, H, T), torch.float32, q.device)
     use_tma = shipped.tma if tma is None else tma
     use_tma = use_tma and _tma_usable(k, v)
+    c_tma = use_tma and has_c and common.key_cumsums_through_tma(cum, T)
     if use_tma and not interpreting():
         install_tma_allocator()
     c = cum if has_c else lse  # dummy pointer, never read
@@ -230,7 +243,7 @@ def _fwd(q, k, v, cum, scale, config=None, tma=None):
         q, k, v, c, o, lse, *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(o), *c_strides,
         T, H, sm_scale, mult,
         HAS_C=has_c, HEAD_DIM=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, UPCAST=_upcast(q.dtype),
-        USE_TMA=use_tma,
+        USE_TMA=use_tma, C_TMA=c_tma,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return o, lse
@@ -264,7 +277,9 @@ def _bwd_op(
     lse: torch.Tensor, scale: float | None, config: list[int] | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     cfg = None if config is None else BlockConfig.unflat(config)
-    dq, dk, dv, dcum = _bwd(do, q, k, v, cum, o, lse, scale, dkdv_config=cfg and cfg.dkdv, dq_config=cfg and cfg.dq)
+    dq, dk, dv, dcum = _bwd(
+        do, q, k, v, cum, o, lse, scale, dkdv_config=cfg and cfg.dkdv, dq_config=cfg and cfg.dq, tma=cfg and cfg.tma
+    )
     return dq, dk, dv, lse.new_empty(0) if dcum is None else dcum
 
 

@@ -1,0 +1,145 @@
+"""The instruction mix of a kernel's loops as a Hopper GPU would run them, compiled here without a GPU.
+
+Triton compiles for any target without a driver (its wheel carries ``ptxas`` and ``cuobjdump``), so the machine code
+of a kernel for sm_90a can be read on a CPU-only machine: per key-loop iteration, how many tensor-core (HGMMA),
+float (FFMA, FADD, FMUL, FMNMX), special-function (MUFU: the exp2) and bookkeeping instructions each thread issues,
+and the registers and spill stack of the launch. For a kernel whose time goes to issuing the softmax's float work
+between the matrix multiplies (results/kernels/README.md), the count per iteration is the cost the kernel's source
+controls: the forward with and without the gate differ by exactly its per-score float operations.
+
+Kernels: the Forgetting Attention forward (``forgetting-fwd``) and its two backward kernels (``forgetting-dq``,
+``forgetting-dkdv``) at their shipped GPU block configs (:func:`evalsuite.kernels.forgetting.common.block_config` as
+on a GPU), bf16, K/V (and from :data:`~evalsuite.kernels.forgetting.common.C_TMA_MIN_T` the key cumsums) through
+TMA where the forward uses it. Not under ``TRITON_INTERPRET=1``: the interpreter replaces the kernels with Python.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+KERNELS = ("forgetting-fwd", "forgetting-dq", "forgetting-dkdv")
+JSON_NAME = "sass_loops.json"
+_BF16_ARGS = {"Q", "K", "V", "Out", "DO", "DQ", "DK", "DV"}
+_F32_ARGS = {"C", "LSE", "DELTA", "DC"}
+_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?);")
+_BRANCH = re.compile(r"\bBRA\s+(0x[0-9a-f]+)")
+
+
+def _kernel_and_config(kernel: str, head_dim: int):
+    """(jit function, constexpr values, (num_warps, num_stages)) of a kernel at its shipped GPU config."""
+    from evalsuite.kernels.forgetting import backward_dkdv, backward_dq, common, forward
+
+    fn = {"forgetting-fwd": forward._fwd_kernel, "forgetting-dq": backward_dq._bwd_dq_kernel,
+          "forgetting-dkdv": backward_dkdv._bwd_dkdv_kernel}[kernel]  # fmt: skip
+    table = {"forgetting-fwd": common.FWD_CONFIGS, "forgetting-dq": common.BWD_DQ_CONFIGS,
+             "forgetting-dkdv": common.BWD_DKDV_CONFIGS}[kernel]  # fmt: skip
+    block_m, block_n, warps, stages = table[head_dim]
+    tma = common.FWD_TMA[head_dim]
+    values = {"HEAD_DIM": head_dim, "BLOCK_M": block_m, "BLOCK_N": block_n, "UPCAST": False, "USE_TMA": tma,
+              "C_TMA": tma}  # fmt: skip
+    return fn, values, (warps, stages)
+
+
+def compile_kernel(kernel: str, head_dim: int, gate: bool, arch: int = 90) -> dict:
+    """Compile ``kernel`` for compute capability ``arch`` -> ``{"sass": text, "registers": int, "stack": int}``.
+
+    Pointers are bf16 (tensors) or float32 (cumsums, LSE); scalars 32-bit; head-dim strides fixed to 1 as the
+    launchers see them, the other integers multiples of 16 (as at T = 16K, H = 16); ``gate`` sets ``HAS_C``.
+    """
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise RuntimeError("unset TRITON_INTERPRET: the interpreter runs kernels as Python and compiles nothing")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn, values, (warps, stages) = _kernel_and_config(kernel, head_dim)
+    values["HAS_C"] = gate
+    signature, constexprs = {}, {}
+    for name in fn.arg_names:
+        if name in values:
+            signature[name], constexprs[name] = "constexpr", values[name]
+        elif re.fullmatch(r"stride_\w+d", name):  # the head dim's stride
+            signature[name], constexprs[name] = "constexpr", 1
+        elif name in _BF16_ARGS:
+            signature[name] = "*bf16"
+        elif name in _F32_ARGS:
+            signature[name] = "*fp32"
+        elif name in ("sm_scale", "mult"):
+            signature[name] = "fp32"
+        else:
+            signature[name] = "i32"
+    # what the JIT infers at the benchmarks' shapes: pointers and integers (strides, T) multiples of 16, except the
+    # arguments the kernel leaves unspecialised
+    loose = {p.name for p in fn.params if p.do_not_specialize}
+    aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+               if signature[n].startswith("*") or signature[n] == "i32" and n not in loose}  # fmt: skip
+    source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=aligned)
+    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32),
+                              options={"num_warps": warps, "num_stages": stages})  # fmt: skip
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "kernel.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        sass = subprocess.run([str(tool), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+        usage = subprocess.run([str(tool), "-res-usage", str(cubin)], capture_output=True, text=True, check=True)
+    registers = re.search(r"REG:(\d+)", usage.stdout)
+    stack = re.search(r"STACK:(\d+)", usage.stdout)
+    return {"sass": sass, "registers": int(registers.group(1)), "stack": int(stack.group(1))}
+
+
+def innermost_loops(sass: str) -> list[dict]:
+    """The loops of a SASS listing that contain a tensor-core instruction and no other loop, in code order:
+    ``[{"instructions": n, "opcodes": {opcode: count}}]`` for one iteration (predicates and modifiers dropped)."""
+    code = [(int(m.group(1), 16), m.group(2).strip()) for m in _INSTRUCTION.finditer(sass)]
+    index = {address: i for i, (address, _) in enumerate(code)}
+    spans = []
+    for i, (address, text) in enumerate(code):
+        branch = _BRANCH.search(text)
+        if branch and int(branch.group(1), 16) < address and int(branch.group(1), 16) in index:
+            spans.append((index[int(branch.group(1), 16)], i))
+    loops = []
+    for start, end in sorted(spans):
+        if any(start <= s and e <= end for s, e in spans if (s, e) != (start, end)):
+            continue  # holds another loop
+        body = [re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0] for _, text in code[start : end + 1]]
+        if "HGMMA" in body:
+            loops.append({"instructions": len(body), "opcodes": dict(Counter(body).most_common())})
+    return loops
+
+
+def sass_loops(out_dir, kernels=KERNELS, head_dims=(64, 128), gates=(True, False), arch: int = 90) -> list[dict]:
+    """:func:`compile_kernel` and :func:`innermost_loops` for each kernel x head dim x gate; writes
+    ``sass_loops.json`` (one record each: registers, spill stack, the loops) and returns the records."""
+    import triton
+
+    records = []
+    for kernel in kernels:
+        for head_dim in head_dims:
+            for gate in gates:
+                result = compile_kernel(kernel, head_dim, gate, arch)
+                records.append({"kernel": kernel, "head_dim": head_dim, "gate": gate, "arch": f"sm_{arch}a",
+                                "triton": triton.__version__, "registers": result["registers"],
+                                "stack_bytes": result["stack"], "loops": innermost_loops(result["sass"])})  # fmt: skip
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / JSON_NAME).write_text(json.dumps(records, indent=1))
+    return records
+
+
+def format_loops(records) -> str:
+    """One line per loop: kernel, D, gate, instructions per iteration and the leading opcodes."""
+    lines = []
+    for rec in records:
+        for n, loop in enumerate(rec["loops"]):
+            top = ", ".join(f"{op} {count}" for op, count in list(loop["opcodes"].items())[:8])
+            gate = "gate" if rec["gate"] else "no gate"
+            lines.append(f"{rec['kernel']:16s} D={rec['head_dim']:<4d} {gate:8s} loop {n}: "
+                         f"{loop['instructions']:4d} instructions ({top}); {rec['registers']} registers, "
+                         f"{rec['stack_bytes']} B stack")  # fmt: skip
+    return "\n".join(lines)

@@ -1,0 +1,63 @@
+"""``evalsuite bench sass``: our kernels compiled for sm_90a on this CPU-only machine, and the loop finder."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from evalsuite.bench.sass import innermost_loops
+
+LISTING = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ ;
+        /*0020*/                   FADD R2, R3, R4 ;
+        /*0030*/              @P0  BRA 0x10 ;
+        /*0040*/                   FFMA R2, R3, R4, R5 ;
+        /*0050*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24 ;
+        /*0060*/                   MUFU.EX2 R6, R7 ;
+        /*0070*/                   MUFU.EX2 R8, R9 ;
+        /*0080*/             @!P1  BRA 0x50 ;
+        /*0090*/                   FADD R2, R3, R4 ;
+        /*00a0*/                   BRA 0x90 ;
+        /*00b0*/                   EXIT ;
+"""
+
+
+def test_innermost_loops_reads_back_edges_with_tensor_core_work():
+    """Two loops with an HGMMA (the second's body through its predicated branch), the idle loop at 0x90 left out."""
+    loops = innermost_loops(LISTING)
+    assert loops == [
+        {"instructions": 3, "opcodes": {"HGMMA": 1, "FADD": 1, "BRA": 1}},
+        {"instructions": 4, "opcodes": {"MUFU": 2, "HGMMA": 1, "BRA": 1}},
+    ]
+
+
+def test_an_outer_loop_holding_another_is_not_innermost():
+    nested = LISTING.replace("/*00a0*/                   BRA 0x90 ;", "/*00a0*/                   BRA 0x0 ;")
+    assert [loop["instructions"] for loop in innermost_loops(nested)] == [3, 4]
+
+
+def test_the_forward_gate_costs_one_subtraction_and_one_multiply_add_per_score(tmp_path):
+    """The CLI compiles the forward at D = 64 (BLOCK 128 x 64, 4 warps: 64 scores per thread and key block) for
+    sm_90a without a GPU. The gate's key loop issues exactly 64 more FADD (c_i - c_j) and 64 more FFMA (the scaled
+    score plus the bias) than the same loop without it, and the same exp2s, matrix multiplies and maxima."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    args = ["bench", "sass", "--kernels", "forgetting-fwd", "--head-dims", "64", "--out", str(tmp_path)]
+    done = subprocess.run([sys.executable, "-m", "evalsuite.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    records = {rec["gate"]: rec for rec in json.loads((tmp_path / "sass_loops.json").read_text())}
+    gated, plain = (records[g]["loops"][0]["opcodes"] for g in (True, False))  # loop 0: keys left of the diagonal
+    assert gated["FADD"] - plain["FADD"] == 64 and gated["FFMA"] - plain["FFMA"] == 64
+    for op in ("MUFU", "HGMMA", "FMNMX"):
+        assert gated[op] == plain[op]
+    assert records[True]["arch"] == "sm_90a" and records[True]["registers"] > 0
+
+
+def test_bad_kernel_name_is_one_clear_error(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    args = ["bench", "sass", "--kernels", "flash", "--out", str(tmp_path)]
+    done = subprocess.run([sys.executable, "-m", "evalsuite.cli", *args], capture_output=True, text=True, env=env)
+    assert done.returncode != 0 and "unknown --kernels value(s) flash" in done.stderr
