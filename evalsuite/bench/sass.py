@@ -3,14 +3,14 @@
 Triton compiles for any target without a driver (its wheel carries ``ptxas`` and ``cuobjdump``), so the machine code
 of a kernel for sm_90a can be read on a CPU-only machine: per key-loop iteration, how many tensor-core (HGMMA),
 float (FFMA, FADD, FMUL, FMNMX), special-function (MUFU: the exp2) and bookkeeping instructions each thread issues,
-and the registers and spill stack of the launch. For a kernel whose time goes to issuing the softmax's float work
-between the matrix multiplies (results/kernels/README.md), the count per iteration is the cost the kernel's source
-controls: the forward with and without the gate differ by exactly its per-score float operations.
+and the registers and spill stack of the launch (these match Nsight Compute's on an H200 for the forward:
+results/kernels/README.md). What a kernel's source costs per iteration shows here, before any GPU time: the forward
+with and without the gate differ by exactly its per-score float operations.
 
 Kernels: the Forgetting Attention forward (``forgetting-fwd``) and its two backward kernels (``forgetting-dq``,
 ``forgetting-dkdv``) at their shipped GPU block configs (:func:`evalsuite.kernels.forgetting.common.block_config` as
-on a GPU), bf16, K/V (and from :data:`~evalsuite.kernels.forgetting.common.C_TMA_MIN_T` the key cumsums) through
-TMA where the forward uses it. Not under ``TRITON_INTERPRET=1``: the interpreter replaces the kernels with Python.
+on a GPU), bf16, with TMA descriptors where the launchers use them at T = 16K. Not under ``TRITON_INTERPRET=1``: the
+interpreter replaces the kernels with Python.
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ _INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?);")
 _BRANCH = re.compile(r"\bBRA\s+(0x[0-9a-f]+)")
 
 
-def _kernel_and_config(kernel: str, head_dim: int):
-    """(jit function, constexpr values, (num_warps, num_stages)) of a kernel at its shipped GPU config."""
+def _kernel_and_config(kernel: str, head_dim: int, gate: bool):
+    """(jit function, constexpr values, (num_warps, num_stages)) of a kernel at its shipped GPU config, with TMA as
+    the launchers use it at T = 16K."""
     from evalsuite.kernels.forgetting import backward_dkdv, backward_dq, common, forward
 
     fn = {"forgetting-fwd": forward._fwd_kernel, "forgetting-dq": backward_dq._bwd_dq_kernel,
@@ -40,9 +41,12 @@ def _kernel_and_config(kernel: str, head_dim: int):
     table = {"forgetting-fwd": common.FWD_CONFIGS, "forgetting-dq": common.BWD_DQ_CONFIGS,
              "forgetting-dkdv": common.BWD_DKDV_CONFIGS}[kernel]  # fmt: skip
     block_m, block_n, warps, stages = table[head_dim]
-    tma = common.FWD_TMA[head_dim]
-    values = {"HEAD_DIM": head_dim, "BLOCK_M": block_m, "BLOCK_N": block_n, "UPCAST": False, "USE_TMA": tma,
-              "C_TMA": tma}  # fmt: skip
+    if kernel == "forgetting-fwd":
+        tma = common.FWD_TMA[head_dim]
+    else:
+        tma = not gate and common.BWD_TMA_MIN_T.get(head_dim, float("inf")) <= 16384
+    values = {"HAS_C": gate, "HEAD_DIM": head_dim, "BLOCK_M": block_m, "BLOCK_N": block_n, "UPCAST": False,
+              "USE_TMA": tma, "C_TMA": tma}  # fmt: skip
     return fn, values, (warps, stages)
 
 
@@ -58,8 +62,7 @@ def compile_kernel(kernel: str, head_dim: int, gate: bool, arch: int = 90) -> di
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    fn, values, (warps, stages) = _kernel_and_config(kernel, head_dim)
-    values["HAS_C"] = gate
+    fn, values, (warps, stages) = _kernel_and_config(kernel, head_dim, gate)
     signature, constexprs = {}, {}
     for name in fn.arg_names:
         if name in values:

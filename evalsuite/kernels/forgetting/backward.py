@@ -67,8 +67,8 @@ def _bwd(do, q, k, v, cum, o, lse, scale, dkdv_config=None, dq_config=None, tma=
     do: ``[B, T, H, D]`` output gradient (any strides; made unit-stride on D); q, k, v, cum, o, lse, scale as
     saved by the forward (lse ``[B, H, T]`` fp32, log2 units). ``dkdv_config`` / ``dq_config``: the block configs
     ``(BLOCK_M, BLOCK_N, num_warps, num_stages)``, default :func:`common.block_config`'s (tuning, tests); ``tma``
-    whether the loops read their tiles through TMA descriptors (default: the config's), used only where
-    :func:`_tma_usable` allows it and T is a multiple of 4 (16-byte aligned LSE and Delta rows).
+    whether the loops read their tiles through TMA descriptors (default: :func:`common.backward_tiles_through_tma`),
+    used only where :func:`_tma_usable` allows it and T is a multiple of 4 (16-byte aligned LSE and Delta rows).
     """
     B, T, H, D = q.shape
     has_c = cum is not None
@@ -92,8 +92,8 @@ def _bwd(do, q, k, v, cum, o, lse, scale, dkdv_config=None, dq_config=None, tma=
     dc_strides = dcum.stride() if has_c else (0, 0, 0)
     upcast = _upcast(q.dtype)
     shipped = common.block_config(D)
-    use_tma = (shipped.tma if tma is None else tma) and T % 4 == 0 and _tma_usable(q, k, v, do)
-    c_tma = use_tma and has_c and common.key_cumsums_through_tma(cum, T)
+    use_tma = common.backward_tiles_through_tma(D, T, has_c) if tma is None else tma
+    use_tma = use_tma and T % 4 == 0 and _tma_usable(q, k, v, do)
     if use_tma and not interpreting():
         install_tma_allocator()
 
@@ -103,7 +103,7 @@ def _bwd(do, q, k, v, cum, o, lse, scale, dkdv_config=None, dq_config=None, tma=
         q, k, v, c, do, lse, delta, dk, dv, dc,
         *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(do), *_strides4(dk), *_strides4(dv), *c_strides,
         *dc_strides, 1, T, H, sm_scale, mult,
-        HAS_C=has_c, HEAD_DIM=D, BLOCK_M=BM, BLOCK_N=BN, UPCAST=upcast, USE_TMA=use_tma, C_TMA=c_tma,
+        HAS_C=has_c, HEAD_DIM=D, BLOCK_M=BM, BLOCK_N=BN, UPCAST=upcast, USE_TMA=use_tma,
         num_warps=nw, num_stages=ns,
     )  # fmt: skip
 
@@ -113,7 +113,7 @@ def _bwd(do, q, k, v, cum, o, lse, scale, dkdv_config=None, dq_config=None, tma=
         q, k, v, c, do, lse, delta, dq, dc,
         *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(do), *_strides4(dq), *c_strides, *dc_strides,
         T, H, sm_scale, mult,
-        HAS_C=has_c, HEAD_DIM=D, BLOCK_M=BM, BLOCK_N=BN, UPCAST=upcast, USE_TMA=use_tma, C_TMA=c_tma,
+        HAS_C=has_c, HEAD_DIM=D, BLOCK_M=BM, BLOCK_N=BN, UPCAST=upcast, USE_TMA=use_tma,
         num_warps=nw, num_stages=ns,
     )  # fmt: skip
     return dq, dk, dv, dcum

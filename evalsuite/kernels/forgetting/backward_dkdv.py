@@ -42,14 +42,13 @@ def _bwd_dkdv_inner(
     BLOCK_M: tl.constexpr,
     UPCAST: tl.constexpr,
     USE_TMA: tl.constexpr,
-    C_TMA: tl.constexpr,
 ):
     """Accumulate dK, dV, dc_k of one key block over queries [lo, hi). Pointers start at query ``lo``.
 
     Works on transposed tiles ([BLOCK_N keys, BLOCK_M queries]) so dK/dV accumulate without transposes.
     MASK: causal mask and queries past T (diagonal block and ragged tail).
-    USE_TMA: q, dO, LSE and Delta tiles come from the descriptors ``descs`` (q, dO, LSE, Delta, C; rows past T read
-    as zeros, which the mask then drops); C_TMA: the query cumsums too.
+    USE_TMA: q, dO, LSE and Delta tiles come from the descriptors ``descs`` (in that order; rows past T read as
+    zeros, which the mask then drops).
     """
     offs_m0 = tl.arange(0, BLOCK_M)
     for start_m in range(lo, hi, BLOCK_M):
@@ -72,9 +71,7 @@ def _bwd_dkdv_inner(
             delta = tl.load(delta_ptrs)
         s_t = _mm(k, tl.trans(q), tl.zeros([k.shape[0], BLOCK_M], dtype=tl.float32), UPCAST)
         if HAS_C:
-            if C_TMA:
-                cq = descs[4].load([start_m])
-            elif MASK:
+            if MASK:
                 cq = tl.load(cq_ptrs, mask=row_ok, other=0.0)
             else:
                 cq = tl.load(cq_ptrs)
@@ -149,7 +146,6 @@ def _bwd_dkdv_kernel(
     BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr,
     USE_TMA: tl.constexpr,
-    C_TMA: tl.constexpr,
 ):
     """dK, dV [B, T, H, D] and dc_k = -colsum(dS) into DC [B, T, H] (fp32). Grid: (B*H, cdiv(T, BLOCK_N)).
 
@@ -196,10 +192,9 @@ def _bwd_dkdv_kernel(
                                       block_shape=[BLOCK_M, HEAD_DIM]),
             tl.make_tensor_descriptor(LSE + rows, [T], strides=[1], block_shape=[BLOCK_M]),
             tl.make_tensor_descriptor(DELTA + rows, [T], strides=[1], block_shape=[BLOCK_M]),
-            tl.make_tensor_descriptor(c_base, [T], strides=[1], block_shape=[BLOCK_M]) if C_TMA else None,
         )  # fmt: skip
     else:
-        descs = (None, None, None, None, None)
+        descs = (None, None, None, None)
 
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
@@ -209,7 +204,7 @@ def _bwd_dkdv_kernel(
     hi = tl.minimum(start_n + BLOCK_N, T)
     dk, dv, dck = _bwd_dkdv_inner(
         dk, dv, dck, k, v, ck, q_ptrs, do_ptrs, cq_ptrs, lse_ptrs, delta_ptrs, descs, offs_n, start_n, hi, T, sm_scale,
-        mult, stride_qt, stride_dot, stride_ct, stride_lt, True, HAS_C, BLOCK_M, UPCAST, USE_TMA, C_TMA,
+        mult, stride_qt, stride_dot, stride_ct, stride_lt, True, HAS_C, BLOCK_M, UPCAST, USE_TMA,
     )  # fmt: skip
     # 2) full query blocks below the diagonal: no mask
     lo = start_n + BLOCK_N
@@ -223,7 +218,7 @@ def _bwd_dkdv_kernel(
     delta_ptrs += shift * stride_lt
     dk, dv, dck = _bwd_dkdv_inner(
         dk, dv, dck, k, v, ck, q_ptrs, do_ptrs, cq_ptrs, lse_ptrs, delta_ptrs, descs, offs_n, lo, hi, T, sm_scale,
-        mult, stride_qt, stride_dot, stride_ct, stride_lt, False, HAS_C, BLOCK_M, UPCAST, USE_TMA, C_TMA,
+        mult, stride_qt, stride_dot, stride_ct, stride_lt, False, HAS_C, BLOCK_M, UPCAST, USE_TMA,
     )  # fmt: skip
     # 3) ragged tail [hi, T): masked (at most one step)
     shift64 = (n_full * BLOCK_M).to(tl.int64)
@@ -234,7 +229,7 @@ def _bwd_dkdv_kernel(
     delta_ptrs += shift64 * stride_lt
     dk, dv, dck = _bwd_dkdv_inner(
         dk, dv, dck, k, v, ck, q_ptrs, do_ptrs, cq_ptrs, lse_ptrs, delta_ptrs, descs, offs_n, tl.maximum(hi, lo), T, T,
-        sm_scale, mult, stride_qt, stride_dot, stride_ct, stride_lt, True, HAS_C, BLOCK_M, UPCAST, USE_TMA, C_TMA,
+        sm_scale, mult, stride_qt, stride_dot, stride_ct, stride_lt, True, HAS_C, BLOCK_M, UPCAST, USE_TMA,
     )  # fmt: skip
 
     dk = dk * sm_scale

@@ -40,12 +40,11 @@ def _bwd_dq_inner(
     BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr,
     USE_TMA: tl.constexpr,
-    C_TMA: tl.constexpr,
 ):
     """Accumulate dQ and dc_q of one query block over keys [lo, hi). Pointers start at key ``lo``.
 
-    USE_TMA: K and V tiles come from the descriptors ``descs`` (K, V, C; rows past T read as zeros, which the causal
-    mask drops); C_TMA: the key cumsums too.
+    USE_TMA: K and V tiles come from the descriptors ``descs`` (K, V; rows past T read as zeros, which the causal
+    mask drops).
     """
     offs_n0 = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
@@ -61,9 +60,7 @@ def _bwd_dq_inner(
             v = tl.load(v_ptrs)
         s = _mm(q, tl.trans(k), tl.zeros([q.shape[0], BLOCK_N], dtype=tl.float32), UPCAST)
         if HAS_C:
-            if C_TMA:
-                ck = descs[2].load([start_n])
-            elif MASK:
+            if MASK:
                 ck = tl.load(ck_ptrs, mask=cols < T, other=0.0)
             else:
                 ck = tl.load(ck_ptrs)
@@ -129,7 +126,6 @@ def _bwd_dq_kernel(
     BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr,
     USE_TMA: tl.constexpr,
-    C_TMA: tl.constexpr,
 ):
     """dQ [B, T, H, D] and DC += dc_q (DC holds dc_k from the dK/dV kernel). Grid: (B*H, cdiv(T, BLOCK_M))."""
     pid_bh = tl.program_id(0)
@@ -165,16 +161,15 @@ def _bwd_dq_kernel(
                                       block_shape=[BLOCK_N, HEAD_DIM]),
             tl.make_tensor_descriptor(V + b * stride_vb + h * stride_vh, [T, HEAD_DIM], strides=[stride_vt, 1],
                                       block_shape=[BLOCK_N, HEAD_DIM]),
-            tl.make_tensor_descriptor(c_base, [T], strides=[1], block_shape=[BLOCK_N]) if C_TMA else None,
         )  # fmt: skip
     else:
-        descs = (None, None, None)
+        descs = (None, None)
 
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     dcq = tl.zeros([BLOCK_M], dtype=tl.float32)
     dq, dcq = _bwd_dq_inner(
         dq, dcq, q, do, cq, lse, delta, k_ptrs, v_ptrs, ck_ptrs, descs, offs_m, 0, start_m, T, sm_scale, mult,
-        stride_kt, stride_vt, stride_ct, False, HAS_C, BLOCK_N, UPCAST, USE_TMA, C_TMA,
+        stride_kt, stride_vt, stride_ct, False, HAS_C, BLOCK_N, UPCAST, USE_TMA,
     )  # fmt: skip
     start64 = start_m.to(tl.int64)
     k_ptrs += start64 * stride_kt
@@ -183,7 +178,7 @@ def _bwd_dq_kernel(
     dq, dcq = _bwd_dq_inner(
         dq, dcq, q, do, cq, lse, delta, k_ptrs, v_ptrs, ck_ptrs, descs, offs_m, start_m,
         tl.minimum(start_m + BLOCK_M, T), T, sm_scale, mult, stride_kt, stride_vt, stride_ct, True, HAS_C, BLOCK_N,
-        UPCAST, USE_TMA, C_TMA,
+        UPCAST, USE_TMA,
     )  # fmt: skip
 
     dq = dq * sm_scale

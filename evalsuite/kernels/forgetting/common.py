@@ -58,6 +58,12 @@ BWD_DQ_CONFIGS = {16: (128, 32, 4, 4), 32: (128, 32, 4, 4), 64: (128, 32, 4, 4),
 # D = 64 (results/kernels/fox-tuning/c_tma_h200.json).
 FWD_TMA = {16: False, 32: False, 64: True, 128: True}
 C_TMA_MIN_T = 4096
+# Backward: the dK/dV kernel's q, dO, LSE and Delta tiles and the dQ kernel's K and V through TMA descriptors, without
+# the gate only, from these T on. Against pointer loads in the same process on an H200
+# (results/kernels/fox-tuning/bwd_tma_h200.json): without the gate 0.84-0.88x the backward's time at D = 64 from 4K
+# and 0.91-0.96x at D = 128 from 16K, slower below (up to 1.14x at 1K, D = 128); with the gate 0.98-1.21x at D = 64
+# and 0.98-1.11x at D = 128 from 1K to 64K (no gain above 2%), so off.
+BWD_TMA_MIN_T = {64: 4096, 128: 16384}
 # Decode: (BLOCK_N, num_warps, num_stages); BLOCK_M follows Tq. From the decode sweep (``evalsuite bench tune
 # forgetting-decode``) on one H100 (24 heads of 64, bf16; results/kernels/fox-tuning/tune_decode.json): (64, 2, 3) was
 # fastest or within 2% at batch 1 and 8 after 4K and 16K keys (32.0 us at batch 1 after 4K; (64, 4, 2): 34.5 us).
@@ -188,6 +194,14 @@ def key_cumsums_through_tma(cum, T: int) -> bool:
     :data:`C_TMA_MIN_T` keys on a GPU (any T under the interpreter, so small tests cover it) and where the storage
     allows it (:func:`_time_contiguous`)."""
     return (interpreting() or T >= C_TMA_MIN_T) and _time_contiguous(cum)
+
+
+def backward_tiles_through_tma(head_dim: int, T: int, gated: bool) -> bool:
+    """The backward's default for reading its tiles through TMA (:data:`BWD_TMA_MIN_T`; always under the
+    interpreter, so small tests cover the path)."""
+    if interpreting():
+        return True
+    return not gated and T >= BWD_TMA_MIN_T.get(head_dim, float("inf"))
 
 
 def _time_contiguous(cum) -> bool:
