@@ -244,20 +244,19 @@ def test_key_cumsums_through_tma_and_pointers():
 
 @pytest.mark.parametrize("gate", [None, "strong"])
 def test_backward_tiles_through_tma_and_pointers(gate):
-    """The backward reads q, dO, LSE, Delta (dK/dV kernel) and K, V (dQ kernel) through TMA descriptors where T is a
-    multiple of 4, through pointers otherwise; with the same inputs both give the same bits."""
+    """The backward reads q, dO, LSE, Delta (dK/dV kernel) and K, V (dQ kernel) through TMA descriptors or through
+    pointers (``tma``; the default follows the measured T bands, :func:`common.backward_tiles_through_tma`): with the
+    same inputs both give the same bits."""
     B, T, H, D = 1, 44, 2, 32
     g = torch.Generator().manual_seed(4)
     q, k, v, do = (torch.randn(B, T, H, D, generator=g).to(torch.float16) for _ in range(4))
     cum = None if gate is None else torch.nn.functional.logsigmoid(torch.randn(B, T, H, generator=g)).cumsum(1)
-    grads = []
-    for tma in (True, False):
-        config = dataclasses.replace(common.block_config(32), tma=tma)
-        leaves = [x.clone().requires_grad_() for x in (q, k, v) + (() if cum is None else (cum,))]
-        out = forward.forgetting_attention_triton(*leaves[:3], None if cum is None else leaves[3], config=config)
-        grads.append(torch.autograd.grad(out, leaves, do))
-    for a, b in zip(*grads, strict=True):
-        assert torch.equal(a, b)
+    o, lse = forward._fwd(q, k, v, cum, None)
+    through_tma = backward._bwd(do, q, k, v, cum, o, lse, None, tma=True)
+    through_pointers = backward._bwd(do, q, k, v, cum, o, lse, None, tma=False)
+    for a, b in zip(through_tma, through_pointers, strict=True):
+        assert (a is None and b is None) or torch.equal(a, b)
+    assert common.backward_tiles_through_tma(32, T, gate is not None)  # under the interpreter: always
 
 
 def test_strided_inputs_and_large_cum():
@@ -585,3 +584,20 @@ def test_dispatch_modules_import_without_triton(monkeypatch):
     monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` now raises ImportError
     assert not _exec_fresh(triton_utils.__file__).triton_installed()
     _exec_fresh(Path(reference.__file__).with_name("__init__.py"))
+
+
+def test_tma_comparison_tuner_runs_both_paths_under_the_interpreter():
+    """``bench tune forgetting-tma`` at a tiny shape: both comparisons per T, the same bits on each path, and its
+    thresholds read from the per-T ratios (only the structure: CPU timings decide nothing)."""
+    from evalsuite.bench.tune import run_tune
+    from evalsuite.bench.tune.forgetting_tma import _thresholds
+
+    report = run_tune("forgetting-tma", None, seq_lens=[48], head_dims=[32], n_heads=2, tokens_per_call=48, rounds=2)
+    kinds = sorted((r["kind"], r.get("gate")) for r in report["records"])
+    assert kinds == [("backward", False), ("backward", True), ("forward", None)]
+    assert all(r["same_bits"] for r in report["records"])
+    ratios = ((1, 1.05), (4, 0.99), (16, 0.9))
+    points = [{"kind": "forward", "D": 64, "T": t, "tma_over_pointers": x} for t, x in ratios]
+    assert _thresholds(points) == {"forward": {"64": 4}}
+    points[1]["tma_over_pointers"] = 1.01
+    assert _thresholds(points) == {"forward": {"64": 16}}

@@ -236,14 +236,16 @@ def bench_throughput_cmd(
 
 @bench_app.command("tune")
 def bench_tune_cmd(
-    kernel: Annotated[str, typer.Argument(help="forgetting, forgetting-decode, gsa, lightning, gca or fla.")],
+    kernel: Annotated[
+        str, typer.Argument(help="forgetting, forgetting-decode, forgetting-tma, gsa, lightning, gca or fla.")
+    ],
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Folder for tune_<kernel>.json.")] = None,
     seq_len: Annotated[int | None, typer.Option(help="T of the sweep (forgetting, lightning, gca).", min=1)] = None,
-    head_dims: Annotated[str | None, typer.Option(help="Comma-separated head dims (forgetting).")] = None,
+    head_dims: Annotated[str | None, typer.Option(help="Comma-separated head dims (forgetting, -tma).")] = None,
     shape: Annotated[str | None, typer.Option(help="B,T,H,D of the sweep (gsa; dk = dv = m = D).")] = None,
     configs: Annotated[str | None, typer.Option(help="JSON list of GPU_CONFIG overrides to time (gsa).")] = None,
     lengths: Annotated[str | None, typer.Option(help="Comma-separated cache lengths (forgetting-decode).")] = None,
-    seq_lens: Annotated[str | None, typer.Option(help="Comma-separated T values (fla).")] = None,
+    seq_lens: Annotated[str | None, typer.Option(help="Comma-separated T values (fla, forgetting-tma).")] = None,
     batches: Annotated[str | None, typer.Option(help="Comma-separated batches (forgetting-decode, fla).")] = None,
 ):
     """Sweep a Triton kernel's launch configs on this GPU (or warm fla's autotuning); print the best, write JSON."""

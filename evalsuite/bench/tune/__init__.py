@@ -16,11 +16,12 @@ from pathlib import Path
 from evalsuite.errors import UserError
 
 # The sweeps that also run under the Triton interpreter on a CPU (tiny shapes, for their tests).
-INTERPRETABLE = ("forgetting-decode", "lightning")
+INTERPRETABLE = ("forgetting-decode", "forgetting-tma", "lightning")
 # kernel -> (module, function) under evalsuite.bench.tune
 KERNELS = {
     "forgetting": ("forgetting", "tune"),
     "forgetting-decode": ("forgetting", "tune_decode"),
+    "forgetting-tma": ("forgetting_tma", "tune"),
     "gsa": ("gsa", "tune"),
     "lightning": ("lightning", "tune"),
     "gca": ("gca", "tune"),

@@ -216,12 +216,14 @@ def _fwd_kernel(
     tl.store(LSE + pid_bh.to(tl.int64) * T + offs_m, lse, mask=row_ok)
 
 
-def _fwd(q, k, v, cum, scale, config=None, tma=None):
+def _fwd(q, k, v, cum, scale, config=None, tma=None, c_tma=None):
     """Launch the forward. Returns o [B, T, H, D] (q dtype) and lse [B, H, T] fp32 (log2 units).
 
     q, k, v ``[B, T, H, D]``, cum ``[B, T, H]`` fp32 or None (inputs checked by the caller). ``config`` is the
     block config ``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` and ``tma`` whether to read K/V through TMA
-    (default: :func:`common.block_config`'s); TMA is still used only where :func:`_tma_usable` allows it.
+    (default: :func:`common.block_config`'s); TMA is still used only where :func:`_tma_usable` allows it. ``c_tma``:
+    whether the key cumsums go through TMA too (default :func:`common.key_cumsums_through_tma`; only where K/V do and
+    the storage allows it).
     """
     B, T, H, D = q.shape
     shipped = common.block_config(D)
@@ -233,7 +235,8 @@ def _fwd(q, k, v, cum, scale, config=None, tma=None):
     lse = triton_utils.empty((B, H, T), torch.float32, q.device)
     use_tma = shipped.tma if tma is None else tma
     use_tma = use_tma and _tma_usable(k, v)
-    c_tma = use_tma and has_c and common.key_cumsums_through_tma(cum, T)
+    c_tma = common.key_cumsums_through_tma(cum, T) if c_tma is None and has_c else c_tma
+    c_tma = bool(use_tma and has_c and c_tma and common._time_contiguous(cum))
     if use_tma and not interpreting():
         install_tma_allocator()
     c = cum if has_c else lse  # dummy pointer, never read
@@ -277,9 +280,7 @@ def _bwd_op(
     lse: torch.Tensor, scale: float | None, config: list[int] | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     cfg = None if config is None else BlockConfig.unflat(config)
-    dq, dk, dv, dcum = _bwd(
-        do, q, k, v, cum, o, lse, scale, dkdv_config=cfg and cfg.dkdv, dq_config=cfg and cfg.dq, tma=cfg and cfg.tma
-    )
+    dq, dk, dv, dcum = _bwd(do, q, k, v, cum, o, lse, scale, dkdv_config=cfg and cfg.dkdv, dq_config=cfg and cfg.dq)
     return dq, dk, dv, lse.new_empty(0) if dcum is None else dcum
 
 

@@ -1,0 +1,119 @@
+"""TMA descriptors against pointer loads in the Forgetting Attention kernels, interleaved in one process
+(``evalsuite bench tune forgetting-tma``): where they pay is what ``C_TMA_MIN_T`` and ``BWD_TMA_MIN_T`` in
+:mod:`evalsuite.kernels.forgetting.common` are set from (results/kernels/fox-tuning/).
+
+Two comparisons per head dim and T, at B = tokens_per_call // T, bf16 on a GPU:
+
+* ``forward``: the forward kernel alone with the key cumsums through a 1-D descriptor (time-major storage, as
+  ``cumsum_over_time`` returns it) against pointer loads of the same storage with a row pitch of T + 1 (which the
+  launcher cannot give TMA); SDPA causal and the kernel without the gate timed in the same rounds.
+* ``backward``: the backward alone (both kernels and the Delta pass) with its tiles through descriptors against
+  pointer loads, with and without the gate.
+
+Each record says whether both paths gave the same bits (they do the same arithmetic on the same values).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from evalsuite.bench.common import interleaved_ms, ratio_fields
+
+
+def _inputs(B, T, H, D, dtype, device, seed=0):
+    g = torch.Generator(device=device).manual_seed(seed)
+    q, k, v, do = (torch.randn(B, T, H, D, device=device, generator=g).to(dtype) for _ in range(4))
+    log_f = F.logsigmoid(torch.randn(B, T, H, device=device, generator=g) + 4.0)
+    return q, k, v, do, log_f
+
+
+def _forward_record(q, k, v, log_f, rounds) -> dict:
+    from evalsuite.kernels.forgetting import common, cumsum_over_time, forward
+
+    B, T, H, _ = q.shape
+    cum_tma = cumsum_over_time(log_f)
+    pitched = torch.empty(B, H, T + 1, device=q.device)
+    pitched[..., :T] = cum_tma.transpose(1, 2)
+    cum_ptr = pitched[..., :T].transpose(1, 2)  # the same values, time-major, rows not 16-byte aligned
+    assert not common._time_contiguous(cum_ptr)
+    # explicit configs so the comparison runs at any T (the shipped rule turns the descriptor off below C_TMA_MIN_T)
+    same = torch.equal(
+        forward._fwd(q, k, v, cum_tma, None, tma=True, c_tma=True)[0], forward._fwd(q, k, v, cum_ptr, None, tma=True)[0]
+    )
+    calls = {"tma": lambda: forward._fwd(q, k, v, cum_tma, None, tma=True, c_tma=True),
+             "pointers": lambda: forward._fwd(q, k, v, cum_ptr, None, tma=True)}  # fmt: skip
+    if q.is_cuda:
+        qs, ks, vs = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+        calls["no_gate"] = lambda: forward._fwd(q, k, v, None, None)
+        calls["sdpa"] = lambda: F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
+    samples = interleaved_ms(calls, rounds=rounds, device=q.device)
+    rec = {"kind": "forward", "same_bits": bool(same), **_medians(samples)}
+    rec.update(ratio_fields("tma_over_pointers", samples["tma"], samples["pointers"]))
+    if "sdpa" in samples:
+        rec.update(ratio_fields("tma_over_sdpa", samples["tma"], samples["sdpa"]))
+    return rec
+
+
+def _backward_record(q, k, v, do, log_f, gated, rounds) -> dict:
+    from evalsuite.kernels.forgetting import cumsum_over_time, forward
+    from evalsuite.kernels.forgetting.backward import _bwd
+
+    cum = cumsum_over_time(log_f) if gated else None
+    o, lse = forward._fwd(q, k, v, cum, None)
+    runs = [_bwd(do, q, k, v, cum, o, lse, None, tma=tma) for tma in (True, False)]
+    same = all(a is None and b is None or torch.equal(a, b) for a, b in zip(*runs, strict=True))
+    calls = {"tma": lambda: _bwd(do, q, k, v, cum, o, lse, None, tma=True),
+             "pointers": lambda: _bwd(do, q, k, v, cum, o, lse, None, tma=False)}  # fmt: skip
+    samples = interleaved_ms(calls, rounds=rounds, device=q.device)
+    rec = {"kind": "backward", "gate": gated, "same_bits": bool(same), **_medians(samples)}
+    rec.update(ratio_fields("tma_over_pointers", samples["tma"], samples["pointers"]))
+    return rec
+
+
+def _medians(samples) -> dict:
+    return {f"{name}_ms": float(torch.tensor(ms).median()) for name, ms in samples.items()}
+
+
+def tune(seq_lens=(1024, 4096, 16384, 65536), head_dims=(64, 128), n_heads: int = 16, tokens_per_call: int = 65536,
+         rounds: int = 10, device: str | None = None, verbose: bool = True) -> dict:  # fmt: skip
+    """The forward and backward comparisons at each (D, T), on ``device`` (default: the GPU; a CPU under the Triton
+    interpreter, for tests). ``best``: per comparison and D, the smallest T from which the descriptors were faster
+    (median ratio < 1) at every larger T measured, or None."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    records = []
+    for D in head_dims:
+        for T in seq_lens:
+            B = max(1, tokens_per_call // T)
+            q, k, v, do, log_f = _inputs(B, T, n_heads, D, torch.bfloat16 if device != "cpu" else torch.float16, device)
+            shape = {"D": D, "T": T, "B": B, "H": n_heads}
+            found = [_forward_record(q, k, v, log_f, rounds)]
+            found += [_backward_record(q, k, v, do, log_f, gated, rounds) for gated in (True, False)]
+            for rec in found:
+                rec.update(shape)
+                if verbose:
+                    label = rec["kind"] + ("" if rec["kind"] == "forward" else " gate" if rec["gate"] else " no gate")
+                    print(f"D={D:<4d} T={T:<6d} {label:17s} tma/pointers {rec['tma_over_pointers']:.3f} "
+                          f"[{rec['tma_over_pointers_p20']:.3f}-{rec['tma_over_pointers_p80']:.3f}] "
+                          f"same bits {rec['same_bits']}", flush=True)  # fmt: skip
+            records += found
+    return {"records": records, "best": _thresholds(records)}
+
+
+def _thresholds(records) -> dict:
+    best = {}
+    for rec in records:
+        name = rec["kind"] if rec["kind"] == "forward" else f"backward_{'gate' if rec['gate'] else 'no_gate'}"
+        best.setdefault(name, {}).setdefault(str(rec["D"]), []).append((rec["T"], rec["tma_over_pointers"]))
+    out = {}
+    for name, per_dim in best.items():
+        out[name] = {}
+        for D, points in per_dim.items():
+            points.sort()
+            start = None
+            for T, ratio in reversed(points):
+                if ratio >= 1:
+                    break
+                start = T
+            out[name][D] = start
+    return out
