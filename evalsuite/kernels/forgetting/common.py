@@ -54,15 +54,15 @@ BWD_DQ_CONFIGS = {16: (128, 32, 4, 4), 32: (128, 32, 4, 4), 64: (128, 32, 4, 4),
 # cumsum folded into the LSE, q.k issued a block early, lazy rescaling) are in results/bench/h100/fwd-variants/README.md
 # and fwd-sweep/ at commit 164742b; results/kernels/fox-tuning/ keeps the variant sweeps' records.
 # Where K/V go through TMA, the key cumsums do too (1-D descriptor, time-contiguous storage: :func:`_time_contiguous`)
-# from T = C_TMA_MIN_T: 3.6-6.0% off the forward at 16K-64K, D = 64 and 128, on an H200, but 5.6% slower at T = 1K,
-# D = 64 (results/kernels/fox-tuning/c_tma_h200.json).
+# from T = C_TMA_MIN_T: on an H200 3.6% (D = 64) and 6.0% (D = 128) off the forward at 16K, 3.9% at 64K, D = 64 (none
+# at D = 128), but 5.6% slower at T = 1K, D = 64 (results/kernels/fox-tuning/c_tma_h200.json).
 FWD_TMA = {16: False, 32: False, 64: True, 128: True}
 C_TMA_MIN_T = 4096
 # Backward: the dK/dV kernel's q, dO, LSE and Delta tiles and the dQ kernel's K and V through TMA descriptors, without
 # the gate only, from these T on. Against pointer loads in the same process on an H200
 # (results/kernels/fox-tuning/bwd_tma_h200.json): without the gate 0.84-0.88x the backward's time at D = 64 from 4K
 # and 0.91-0.96x at D = 128 from 16K, slower below (up to 1.14x at 1K, D = 128); with the gate 0.98-1.21x at D = 64
-# and 0.98-1.11x at D = 128 from 1K to 64K (no gain above 2%), so off.
+# and 0.98-1.11x at D = 128 from 1K to 64K (no gain above 2.4%), so off.
 BWD_TMA_MIN_T = {64: 4096, 128: 16384}
 # Decode: (BLOCK_N, num_warps, num_stages); BLOCK_M follows Tq. From the decode sweep (``evalsuite bench tune
 # forgetting-decode``) on one H100 (24 heads of 64, bf16; results/kernels/fox-tuning/tune_decode.json): (64, 2, 3) was
@@ -189,11 +189,11 @@ def _tma_usable(*tensors) -> bool:
     return True
 
 
-def key_cumsums_through_tma(cum, T: int) -> bool:
-    """Whether the forward reads the key cumsums ``cum`` through a 1-D descriptor (where K/V go through TMA): from
-    :data:`C_TMA_MIN_T` keys on a GPU (any T under the interpreter, so small tests cover it) and where the storage
-    allows it (:func:`_time_contiguous`)."""
-    return (interpreting() or T >= C_TMA_MIN_T) and _time_contiguous(cum)
+def key_cumsums_through_tma(T: int) -> bool:
+    """The forward's default for reading the key cumsums through a 1-D descriptor (where K/V go through TMA and the
+    storage allows it, :func:`_time_contiguous`): from :data:`C_TMA_MIN_T` keys on a GPU, at any T under the
+    interpreter (so small tests cover it)."""
+    return interpreting() or T >= C_TMA_MIN_T
 
 
 def backward_tiles_through_tma(head_dim: int, T: int, gated: bool) -> bool:

@@ -235,7 +235,7 @@ def _fwd(q, k, v, cum, scale, config=None, tma=None, c_tma=None):
     lse = triton_utils.empty((B, H, T), torch.float32, q.device)
     use_tma = shipped.tma if tma is None else tma
     use_tma = use_tma and _tma_usable(k, v)
-    c_tma = common.key_cumsums_through_tma(cum, T) if c_tma is None and has_c else c_tma
+    c_tma = common.key_cumsums_through_tma(T) if c_tma is None else c_tma
     c_tma = bool(use_tma and has_c and c_tma and common._time_contiguous(cum))
     if use_tma and not interpreting():
         install_tma_allocator()
