@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import typer
 
 # Each command module registers its commands on the app (or one of its groups) when imported.
-from evalsuite.cli import bench, core, downstream, lmeval, mqar, niah, paper, serve  # noqa: F401
+from evalsuite.cli import bench, bench_kernels, core, downstream, lmeval, mqar, niah, paper, serve  # noqa: F401
 from evalsuite.cli.app import app
 from evalsuite.errors import Interrupted, UserError
 

@@ -1,0 +1,65 @@
+"""Kernel-level benchmark commands, ``evalsuite bench srmsnorm|sass``: thin layers over :mod:`evalsuite.bench`.
+Registered on the ``bench`` group when :mod:`evalsuite.cli.main` imports this module."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from evalsuite.cli.app import bench_app
+from evalsuite.cli.bench import RoundsOpt, _check_choices
+from evalsuite.cli.options import DeviceOpt, _csv_list
+
+
+@bench_app.command("srmsnorm")
+def bench_srmsnorm_cmd(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (JSON, Markdown).")] = Path(
+        "results/runs/bench/srmsnorm"
+    ),
+    seq_lens: Annotated[str, typer.Option(help="Sequence lengths at feature dim 3072.")] = "1024,2048,4096,8192,16384,"
+    "32768",
+    dims: Annotated[str, typer.Option(help="Feature dims at sequence length 4096.")] = "1024,2048,3072,4096,6144,8192,"
+    "12288,16384",
+    batch: Annotated[int, typer.Option(help="Sequences a call (the paper does not give it).", min=1)] = 1,
+    providers: Annotated[str, typer.Option(help="triton, torch, torch_compile; comma-separated.")] = (
+        "triton,torch,torch_compile"
+    ),
+    modes: Annotated[str, typer.Option(help="fwd, bwd; comma-separated.")] = "fwd,bwd",
+    dtype: Annotated[str, typer.Option(help="bfloat16, float16 or float32.")] = "bfloat16",
+    rounds: RoundsOpt = 10,
+    device: DeviceOpt = "auto",
+):
+    """SRMSNorm's Triton kernels against PyTorch, forward and backward (the Lightning paper's Figure 7)."""
+    from evalsuite.bench import srmsnorm
+
+    lists = {
+        "seq_lens": _csv_list(seq_lens, int, "--seq-lens"),
+        "dims": _csv_list(dims, int, "--dims"),
+        "providers": _csv_list(providers, str, "--providers"),
+        "modes": _csv_list(modes, str, "--modes"),
+    }
+    srmsnorm.bench_srmsnorm(out, **lists, batch=batch, rounds=rounds, dtype=dtype, device=device)
+    typer.echo(f"wrote {out}/{srmsnorm.JSON_NAME} and .md")
+
+
+@bench_app.command("sass")
+def bench_sass_cmd(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (JSON).")] = Path("results/runs/bench/sass"),
+    kernels: Annotated[str, typer.Option(help="forgetting-fwd, forgetting-dq, forgetting-dkdv; comma-separated.")] = (
+        "forgetting-fwd,forgetting-dq,forgetting-dkdv"
+    ),
+    head_dims: Annotated[str, typer.Option(help="Comma-separated head dims (64, 128).")] = "64,128",
+    arch: Annotated[int, typer.Option(help="Compute capability to compile for, as 90 for sm_90a (H100/H200).")] = 90,
+):
+    """Instruction mix per loop iteration of our attention kernels compiled for a GPU, without one (sm_90a SASS)."""
+    from evalsuite.bench import sass
+
+    names = _csv_list(kernels, str, "--kernels")
+    _check_choices({"--kernels": names}, {"--kernels": sass.KERNELS})
+    dims = _csv_list(head_dims, int, "--head-dims")
+    _check_choices({"--head-dims": [str(d) for d in dims]}, {"--head-dims": ("64", "128")})
+    records = sass.sass_loops(out, kernels=names, head_dims=dims, arch=arch)
+    typer.echo(sass.format_loops(records))
+    typer.echo(f"wrote {out}/{sass.JSON_NAME}")
