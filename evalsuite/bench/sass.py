@@ -9,8 +9,8 @@ with and without the gate differ by exactly its per-score float operations.
 
 Kernels: the Forgetting Attention forward (``forgetting-fwd``) and its two backward kernels (``forgetting-dq``,
 ``forgetting-dkdv``) at their shipped GPU block configs (:func:`evalsuite.kernels.forgetting.common.block_config` as
-on a GPU), bf16, with TMA descriptors where the launchers use them at T = 16K. Not under ``TRITON_INTERPRET=1``: the
-interpreter replaces the kernels with Python.
+on a GPU), bf16, with TMA descriptors where the launchers use them at T = :data:`AT_T`. Not under
+``TRITON_INTERPRET=1``: the interpreter replaces the kernels with Python.
 """
 
 from __future__ import annotations
@@ -29,11 +29,12 @@ _BF16_ARGS = {"Q", "K", "V", "Out", "DO", "DQ", "DK", "DV"}
 _F32_ARGS = {"C", "LSE", "DELTA", "DC"}
 _INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?);")
 _BRANCH = re.compile(r"\bBRA\s+(0x[0-9a-f]+)")
+AT_T = 16384  # the sequence length whose launch settings the compiled kernels take (the benchmarks' headline T)
 
 
 def _kernel_and_config(kernel: str, head_dim: int, gate: bool):
     """(jit function, constexpr values, (num_warps, num_stages)) of a kernel at its shipped GPU config, with TMA as
-    the launchers use it at T = 16K."""
+    the launchers choose it at T = :data:`AT_T`."""
     from evalsuite.kernels.forgetting import backward_dkdv, backward_dq, common, forward
 
     fn = {"forgetting-fwd": forward._fwd_kernel, "forgetting-dq": backward_dq._bwd_dq_kernel,
@@ -43,10 +44,11 @@ def _kernel_and_config(kernel: str, head_dim: int, gate: bool):
     block_m, block_n, warps, stages = table[head_dim]
     if kernel == "forgetting-fwd":
         tma = common.FWD_TMA[head_dim]
+        c_tma = tma and gate and common.key_cumsums_through_tma(AT_T)
     else:
-        tma = not gate and common.BWD_TMA_MIN_T.get(head_dim, float("inf")) <= 16384
+        tma, c_tma = common.backward_tiles_through_tma(head_dim, AT_T, gate), False
     values = {"HAS_C": gate, "HEAD_DIM": head_dim, "BLOCK_M": block_m, "BLOCK_N": block_n, "UPCAST": False,
-              "USE_TMA": tma, "C_TMA": tma}  # fmt: skip
+              "USE_TMA": tma, "C_TMA": c_tma}  # fmt: skip
     return fn, values, (warps, stages)
 
 
@@ -54,7 +56,8 @@ def compile_kernel(kernel: str, head_dim: int, gate: bool, arch: int = 90) -> di
     """Compile ``kernel`` for compute capability ``arch`` -> ``{"sass": text, "registers": int, "stack": int}``.
 
     Pointers are bf16 (tensors) or float32 (cumsums, LSE); scalars 32-bit; head-dim strides fixed to 1 as the
-    launchers see them, the other integers multiples of 16 (as at T = 16K, H = 16); ``gate`` sets ``HAS_C``.
+    launchers see them, the other integers multiples of 16 (as at T = :data:`AT_T`, H = 16); ``gate`` sets
+    ``HAS_C``.
     """
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("unset TRITON_INTERPRET: the interpreter runs kernels as Python and compiles nothing")
@@ -104,8 +107,9 @@ def innermost_loops(sass: str) -> list[dict]:
     spans = []
     for i, (address, text) in enumerate(code):
         branch = _BRANCH.search(text)
-        if branch and int(branch.group(1), 16) < address and int(branch.group(1), 16) in index:
-            spans.append((index[int(branch.group(1), 16)], i))
+        target = int(branch.group(1), 16) if branch else None
+        if target is not None and target < address and target in index:
+            spans.append((index[target], i))
     loops = []
     for start, end in sorted(spans):
         if any(start <= s and e <= end for s, e in spans if (s, e) != (start, end)):

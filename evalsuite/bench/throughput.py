@@ -52,7 +52,7 @@ import torch
 
 from evalsuite.bench.common import env_info, sync, wall_seconds
 from evalsuite.errors import UserError
-from evalsuite.generation.engine import GRAPH_WARMUP, StepTimer
+from evalsuite.generation.engine import GRAPH_WARMUP, NoTimer
 
 PATHS = ("auto", "eager", "static", "graph", "compiled")
 DEFAULT_MODELS = ("transformer-llama-7b", "tnl-7b")  # the Figure 5 pair at 7B shapes
@@ -104,22 +104,13 @@ class _Stopped(Exception):
     """A probe's call, cut short."""
 
 
-class _StopAfter(StepTimer):
+class _StopAfter(NoTimer):
     """The engine's step hook (:class:`~evalsuite.generation.engine.StepTimer`) as a probe's early stop: raises
     :class:`_Stopped` once the call has made ``tokens`` tokens; times nothing (no synchronisation)."""
 
     def __init__(self, tokens: int):
         super().__init__()
         self.tokens = tokens
-
-    def start(self, device) -> None:
-        pass
-
-    def phase(self, name) -> None:
-        pass
-
-    def finish(self, made) -> None:
-        pass
 
     def after_step(self, made: int) -> None:
         if made >= self.tokens:

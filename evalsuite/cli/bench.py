@@ -24,6 +24,19 @@ def _check_rounds(rounds: int) -> None:
         raise UserError(f"--rounds must be at least 1, got {rounds}")
 
 
+AutoDtypeOpt = Annotated[
+    str | None, typer.Option(help="float32, bfloat16 or float16 (default: bfloat16 on CUDA, float32 on CPU).")
+]
+
+
+def _check_dtype(dtype: str | None) -> None:
+    """A UserError for a ``--dtype`` outside :data:`evalsuite.runtime.DTYPES` (None: the device's default)."""
+    from evalsuite.runtime import DTYPES
+
+    if dtype is not None and dtype not in DTYPES:
+        raise UserError(f"unknown --dtype {dtype!r}; use {', '.join(DTYPES)}")
+
+
 def _check_choices(chosen: dict[str, list[str]], allowed: dict[str, tuple[str, ...]]) -> None:
     """A UserError naming the first option with a value outside its ``allowed`` choices."""
     for option, values in chosen.items():
@@ -163,9 +176,7 @@ def bench_generate_cmd(
         str, typer.Option(help="Comma-separated: greedy, sampled (temperature 0.8, top-k 50, top-p 0.9, seeded).")
     ] = "greedy",
     device: DeviceOpt = "auto",
-    dtype: Annotated[
-        str | None, typer.Option(help="float32, bfloat16 or float16 (default: bfloat16 on CUDA, float32 on CPU).")
-    ] = None,
+    dtype: AutoDtypeOpt = None,
     weights: Annotated[str, typer.Option(help="random (the cards' shapes, seed 0) or card (the cards' weights).")] = (
         "random"
     ),
@@ -181,10 +192,8 @@ def bench_generate_cmd(
 ):
     """Prefill and decode tokens/s of generate calls per path, length and batch, against the bandwidth bound."""
     from evalsuite.bench import generate as gen
-    from evalsuite.runtime import DTYPES
 
-    if dtype is not None and dtype not in DTYPES:
-        raise UserError(f"unknown --dtype {dtype!r}; use {', '.join(DTYPES)}")
+    _check_dtype(dtype)
     gen.bench_generate(out, models=model or list(gen.DEFAULT_MODELS), lengths=_csv_list(lengths, int, "--lengths"),
                        batches=_csv_list(batches, int, "--batches"), new_tokens=new_tokens,
                        paths=_csv_list(paths, str, "--paths"), samplings=_csv_list(sampling, str, "--sampling"),
@@ -217,17 +226,13 @@ def bench_throughput_cmd(
         str, typer.Option(help="Decode path: auto (graph on CUDA, eager on CPU), eager, static, graph, compiled.")
     ] = "auto",
     device: DeviceOpt = "auto",
-    dtype: Annotated[
-        str | None, typer.Option(help="float32, bfloat16 or float16 (default: bfloat16 on CUDA, float32 on CPU).")
-    ] = None,
+    dtype: AutoDtypeOpt = None,
     repair: RepairOpt = False,
 ):
     """Generated tokens/s at the largest batch that fits, per model, against a baseline (Lightning paper Fig. 5)."""
     from evalsuite.bench import throughput
-    from evalsuite.runtime import DTYPES
 
-    if dtype is not None and dtype not in DTYPES:
-        raise UserError(f"unknown --dtype {dtype!r}; use {', '.join(DTYPES)}")
+    _check_dtype(dtype)
     models = [m for spec in model or [] for m in _csv_list(spec, str, "--model")] or list(throughput.DEFAULT_MODELS)
     throughput.bench_throughput(out, models=models, baseline=baseline, length=length, new_tokens=new_tokens,
                                 attempts=attempts, batch_limit=batch_limit, batch_tolerance=batch_tolerance,

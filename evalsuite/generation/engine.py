@@ -228,8 +228,8 @@ class StepTimer:
         return time.perf_counter()
 
 
-class _NoTimer(StepTimer):
-    """What :func:`generate` times with when nobody asked: nothing."""
+class NoTimer(StepTimer):
+    """What :func:`generate` times with when nobody asked: nothing (the base of step hooks that time nothing)."""
 
     def start(self, device) -> None:
         pass
@@ -273,7 +273,7 @@ def generate(
     n, stop = configs[0].max_new_tokens, configs[0].stop
     eos = tokenizer.eos_id if configs[0].stop_at_eos else None
     start = None if start is None else start.to(device)
-    timer = timer or _NoTimer()
+    timer = timer or NoTimer()
     timer.start(device)
     decoder, taken = _decoder(model, path, device, B, T + n, start)
     timer.phase("setup")
