@@ -54,16 +54,16 @@ from evalsuite.kernels.gated_slot.chunk_kernels import (
     _write_rev_kernel,
 )
 from evalsuite.kernels.gated_slot.common import check_dtypes, check_sizes, config, dot_flags, read_tiles, segment_chunks
-from evalsuite.kernels.gated_slot.reference import LOG_ALPHA_FLOOR, _check
+from evalsuite.kernels.gated_slot.reference import _check
 from evalsuite.kernels.gated_slot.state_kernels import _segment_scan_kernel, _state_bwd_kernel, _state_fwd_kernel
 
 F32 = torch.float32
-# log alpha is clamped at LOG_ALPHA_FLOOR = -20 (reference.py, which clamps the same way): alpha = 2e-9 keeps less
-# than 1/50 of a float32 ulp of the old state, so the result is the exact one to float32 precision, and the in-chunk
-# cumsum b stays within 64 * 20 (its rounding, ulp(b), is the error of every decay factor exp(b_r - b_s) taken as a
-# difference; unclamped, one saturated gate of -1e4 would leave the rest of its chunk with decay errors of order 1),
-# and a micro-block's larger decay factor stays below e^(3 * 20) (common.MICRO). The gradient of a clamped entry is
-# 0 (it is proportional to alpha).
+# log alpha is clamped at LOG_ALPHA_FLOOR = -20 by every kernel as it loads it (common.G_FLOOR; reference.py clamps
+# the same way): alpha = 2e-9 keeps less than 1/50 of a float32 ulp of the old state, so the result is the exact one
+# to float32 precision, and the in-chunk cumsum b stays within 64 * 20 (its rounding, ulp(b), is the error of every
+# decay factor exp(b_r - b_s) taken as a difference; unclamped, one saturated gate of -1e4 would leave the rest of its
+# chunk with decay errors of order 1), and a micro-block's larger decay factor stays below e^(3 * 20) (common.MICRO).
+# The gradient of a clamped entry is 0, as through torch.clamp (the dgate kernel).
 
 
 def _dims(k, v, g, cfg):
@@ -278,6 +278,6 @@ def gsa_chunk_triton(q, k, v, log_alpha, scale: float = 1.0, initial_state=None,
     if initial_state is not None:
         h0k, h0v = _slot_major(initial_state[0]), initial_state[1].to(F32).contiguous()
     q, k, v = (x.contiguous() for x in (q, k, v))
-    g = log_alpha.to(F32).clamp(min=LOG_ALPHA_FLOOR).contiguous()
+    g = log_alpha.to(F32).contiguous()  # clamped at LOG_ALPHA_FLOOR by the kernels as they load it
     o, hk, hv, _, _ = _GSAChunk.apply(q, k, v, g, float(scale), h0k, h0v, output_final_state, config)
     return o, ((hk, hv) if output_final_state else None)

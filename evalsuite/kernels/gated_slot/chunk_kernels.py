@@ -53,6 +53,7 @@ import triton
 import triton.language as tl
 
 from evalsuite.kernels.gated_slot.common import (
+    G_FLOOR,
     MICRO,
     _earlier_factor,
     _local_cumsum,
@@ -77,7 +78,7 @@ def _chunk_gates(G, row, ok, offs_m, C: tl.constexpr, BC: tl.constexpr, M: tl.co
     """``(bc, l_sub, l_mic, s)`` of one chunk and the slots offs_m, float32 ``[C, BM]``: the inclusive cumsums of
     the log gates (0 past T) from the chunk's, each sub-chunk's and each micro-block's start, and the write strength
     ``s = -expm1(g)``."""
-    g = tl.load(G + row[:, None] * M + offs_m[None, :], mask=ok[:, None], other=0.0)
+    g = tl.maximum(tl.load(G + row[:, None] * M + offs_m[None, :], mask=ok[:, None], other=0.0), G_FLOOR)
     return tl.cumsum(g, 0), _local_cumsum(g, C, BC, BM), _local_cumsum(g, C, MICRO, BM), _write_strength(g)
 
 
@@ -220,7 +221,7 @@ def _write_kernel(Y, Z, DP, G, HS, A, OUT, T, H, NT, scale, MODE: tl.constexpr, 
     acc = tl.zeros([C, BD], dtype=tl.float32)
     for m0 in tl.range(0, M, BM):
         offs_m = m0 + tl.arange(0, BM)
-        g = tl.load(G + row[:, None] * M + offs_m[None, :], mask=ok[:, None], other=0.0)
+        g = tl.maximum(tl.load(G + row[:, None] * M + offs_m[None, :], mask=ok[:, None], other=0.0), G_FLOOR)
         u = _u_tile(Z, DP, row, ok, scale, zmax, zsum, pdp, offs_m, M, MODE)
         h0 = tl.load(hs + offs_m[:, None] * D + offs_d[None, :])
         acc = tl.dot((u * tl.exp(tl.cumsum(g, 0))).to(DT).to(MT), h0.to(DT).to(MT), acc, input_precision=PREC)
@@ -251,7 +252,7 @@ def _write_rev_kernel(X, G, DHS, A, OUT, T, H, NT, M: tl.constexpr, D: tl.conste
     acc = tl.zeros([C, BD], dtype=tl.float32)
     for m0 in tl.range(0, M, BM):
         offs_m = m0 + tl.arange(0, BM)
-        g = tl.load(G + row[:, None] * M + offs_m[None, :], mask=ok[:, None], other=0.0)
+        g = tl.maximum(tl.load(G + row[:, None] * M + offs_m[None, :], mask=ok[:, None], other=0.0), G_FLOOR)
         bc = tl.cumsum(g, 0)
         bt = tl.sum(g, 0)  # g = 0 past T, so this is b at the chunk's last row
         dh = tl.load(dhs + offs_m[:, None] * D + offs_d[None, :])
@@ -356,4 +357,6 @@ def _dgate_kernel(Q, K, V, DO, Z, DP, G, HSK, HSV, DHSK, DHSV, DG, T, H, NT, sca
     db = tl.where(ok[:, None], z * dz + p * dp - w * ds, 0.0)
     suffix = later[None, :] + tl.cumsum(db, 0, reverse=True)  # sum over t' >= r of dL/dB_t'
     g = tl.load(G + offs, mask=ok[:, None], other=0.0)  # reloaded: kept live over both passes, it spills (sm_90)
-    tl.store(DG + offs, suffix - tl.exp(g) * ds, mask=ok[:, None])
+    # the clamp's own gradient: 0 where log alpha lies below the floor (as torch.clamp's, which passes g >= floor)
+    dg = tl.where(g >= G_FLOOR, suffix - tl.exp(tl.maximum(g, G_FLOOR)) * ds, 0.0)
+    tl.store(DG + offs, dg, mask=ok[:, None])

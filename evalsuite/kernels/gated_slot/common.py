@@ -11,7 +11,7 @@ this module holds the pieces they share.
 Numerics:
 * Gates are log-space float32. Within a chunk ``b`` is the inclusive cumsum of ``log alpha`` (from the chunk start),
   computed in registers (``tl.cumsum``). Every factor taken stays within float32's range (:mod:`.chunk_kernels`),
-  so any gate is safe; log alpha is clamped at -20 on entry (:mod:`.chunk`).
+  so any gate is safe; log alpha is clamped at -20 as each kernel loads it (:data:`G_FLOOR`).
 * The write strength ``s = 1 - exp(g) = -expm1(g)`` is computed with a Taylor series near 0 (Triton has no
   ``expm1``), so weak gates keep full relative precision.
 * ``tl.dot`` takes operands in the input dtype (bf16/fp16: tensor cores, fp32 accumulation; fp32 inputs: 3xTF32,
@@ -34,6 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
+from evalsuite.kernels.gated_slot.reference import LOG_ALPHA_FLOOR
 from evalsuite.kernels.triton_utils import interpreting
 
 HEAD_DIMS = (16, 32, 64, 128, 256, 512)
@@ -43,6 +44,9 @@ SLOTS = (16, 32, 64, 128)
 # cumsum restarted at the micro-block's start; for s < r, -l_s sums at most MICRO - 1 gates clamped at -20
 # (LOG_ALPHA_FLOOR), so the larger factor is <= e^60, inside float32's (and bf16's, tf32's) range of e^88.
 MICRO = tl.constexpr(4)
+# Every kernel clamps log alpha at this floor as it loads it (the launchers pass it unclamped; chunk.py says why the
+# floor), and the dgate kernel zeroes the gradient below it, as torch.clamp's backward would.
+G_FLOOR = tl.constexpr(LOG_ALPHA_FLOOR)
 
 
 # GPU configuration. CHUNK: rows per chunk (one program per chunk in the per-chunk kernels, one step of the
@@ -53,12 +57,13 @@ MICRO = tl.constexpr(4)
 # and dgate kernels (they contract over d; read's no wider than its slot tile, :func:`read_tiles`); WRITE_BD: d tile
 # per program of the kernels whose output is over d (write, write_rev); *_BM: slots per tile (read, dgate: one
 # program per tile; pair, write: a loop over the tiles); *_WARPS per kernel family. The per-chunk kernels work on
-# ``CHUNK x CHUNK`` and ``CHUNK x BM`` tiles with tl.dot
-# (wgmma on H100). Chosen so that the sm_90 build spills (almost) nothing at dk = dv = m = 128
-# (an sm_90 build's resource usage: read 328 bytes, pair and write 0, dgate 168; whole-m tiles spill 2-5 KB, and the
-# kernels run 2-6x slower, results/bench/h100/gsa-kernel-fix/ at commit 164742b). ``evalsuite bench tune gsa`` sweeps
-# the alternatives on hardware and prints the best as a dict to paste here. Both tables are read-only: a caller with
-# other settings passes its own mapping to the launchers (``config=``).
+# ``CHUNK x CHUNK`` and ``CHUNK x BM`` tiles with tl.dot (wgmma on H100). Chosen with ``evalsuite bench tune gsa``
+# on an H200 (results/linear-kernels/h200/tune_gsa_*.json): pair and write tiles of 64 slots with a 4-warp pair
+# kernel took forward + backward from 17.6 to 15.1 ms at the benchmark's shape (B 4, T 16K, H 16, dk = dv = m = 64:
+# whole-m tiles; the pair kernel's sm_90 build spills 104 bytes) and from 12.7 to 12.2 ms at the MQAR d = 512 layer
+# (dk = dv = m = 128, two tiles; spills 616 bytes), within 3% of that shape's best (pair tiles of 32). Chunks of 32
+# and sub-chunks of 8 or 32 were slower or no faster. The sweep prints the best as a dict to paste here. Both tables
+# are read-only: a caller with other settings passes its own mapping to the launchers (``config=``).
 GPU_CONFIG = MappingProxyType(
     {
         "CHUNK": 64,
@@ -77,10 +82,10 @@ GPU_CONFIG = MappingProxyType(
         "READ_BD": 64,
         "READ_BM": 64,  # 32 faults (illegal memory access) on the H100 with triton 3.6 at dk = 128: read_tiles
         "READ_WARPS": 4,
-        "PAIR_BM": 32,
-        "PAIR_WARPS": 8,
+        "PAIR_BM": 64,
+        "PAIR_WARPS": 4,
         "WRITE_BD": 64,
-        "WRITE_BM": 32,
+        "WRITE_BM": 64,
         "WRITE_WARPS": 4,
         "DGATE_BD": 64,
         "DGATE_BM": 32,
