@@ -165,7 +165,7 @@ def test_gsa_tiny_launch_shapes():
     """The launchers' shape rules at the GPU settings, no kernel run: gsa-tiny's sizes are accepted; the read
     kernel's d step is no wider than its slot tile at every supported size (common.read_tiles: 16 over gsa-tiny's 16
     slots, not min(READ_BD, dk) = 32 as when its training step faulted on an H200) while the shipped shapes keep
-    theirs; the state scans walk 256x2 at once and 2048x8 in two segments."""
+    theirs; the state scans walk 256x2 and 2048x8 at once (32 chunks, within a segment)."""
     cfg = common.GPU_CONFIG
     common.check_sizes(32, 32, 16)
     assert common.read_tiles(cfg, 32, 16) == (16, 16)
@@ -177,7 +177,7 @@ def test_gsa_tiny_launch_shapes():
             bd, bm = common.read_tiles(cfg, d, m)
             assert bd <= bm and d % bd == 0 and m % bm == 0, (d, m)
     walks = 2 * 32 // min(cfg["STATE_BD"], 32) * 2  # (dk + dv) / BD d tiles x H, per batch row
-    for (T, B), segments in (((256, 2), 1), ((2048, 8), 2)):
+    for (T, B), segments in (((256, 2), 1), ((2048, 8), 1)):
         n_chunks = -(-T // cfg["CHUNK"])
         assert -(-n_chunks // common.segment_chunks(n_chunks, walks * B, cfg)) == segments
 
@@ -223,8 +223,8 @@ def test_segments_match_one_walk():
     [
         (64, 1024, 16, 64, 4096, 1),  # the benchmark at 65,536 tokens per call: enough heads, one walk each
         (4, 16384, 16, 64, 256, 1),  # 2 walks per SM: still one walk each
-        (2, 32768, 16, 64, 4096, 32),  # few heads: segments of 16 chunks
-        (1, 65536, 16, 64, 4096, 64),
+        (2, 32768, 16, 64, 1024, 8),  # few heads: segments of 64 chunks
+        (1, 65536, 16, 64, 1024, 16),
         (1, 1 << 20, 16, 64, 4096, 64),  # segments lengthened to 256 chunks (at most SEG_WALKS walks)
         (128, 512, 4, 128, 4096, 1),  # the MQAR d = 512 cell
         (1, 300, 1, 64, 4, 1),  # shorter than a segment

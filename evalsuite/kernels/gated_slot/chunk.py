@@ -13,9 +13,10 @@ Design (kernels in :mod:`.state_kernels` and :mod:`.chunk_kernels`, helpers and 
 * The state scans (state_kernels), one launch each while many heads and batches fill the GPU: grid
   ``(dk/BD + dv/BD, 1, B*H)``, each program a sequential walk over all chunks. A long sequence over few heads would
   leave the GPU nearly idle and take time in proportion to T, so there (``common.segment_chunks``) a scan is three
-  launches: walks of every segment of ``SEGC`` chunks from zero (their totals), the scan across segments
-  (``_segment_scan_kernel``) and the walks again from the values entering each segment; each program's work and
-  the number of programs then stay the same at any T for a fixed B*T.
+  launches: walks of every segment of ``SEGC`` chunks from zero (local states and the segment's end value), the
+  scan across segments (``_segment_scan_kernel``: the value entering each one) and a fix-up of every chunk's state
+  in parallel (``_segment_fixup_kernel``); each walk's length and the number of walks then stay the same at any T
+  for a fixed B*T.
 * Forward, 4 launches (6 with segments): (1) ``_state_fwd_kernel``: both passes' chunk-start states (the two
   passes' states depend only on k, v, alpha); (2) ``_read_kernel``, grid ``(NT, m/BM, B*H)``: the pass-1 logits
   ``z = scale * hk^T q`` (float32, kept for backward); (3) ``_pair_kernel``, grid ``(NT, B*H)``: each chunk's pair
@@ -55,7 +56,12 @@ from evalsuite.kernels.gated_slot.chunk_kernels import (
 )
 from evalsuite.kernels.gated_slot.common import check_dtypes, check_sizes, config, dot_flags, read_tiles, segment_chunks
 from evalsuite.kernels.gated_slot.reference import _check
-from evalsuite.kernels.gated_slot.state_kernels import _segment_scan_kernel, _state_bwd_kernel, _state_fwd_kernel
+from evalsuite.kernels.gated_slot.state_kernels import (
+    _segment_fixup_kernel,
+    _segment_scan_kernel,
+    _state_bwd_kernel,
+    _state_fwd_kernel,
+)
 
 F32 = torch.float32
 # log alpha is clamped at LOG_ALPHA_FLOOR = -20 by every kernel as it loads it (common.G_FLOOR; reference.py clamps
@@ -71,12 +77,14 @@ def _dims(k, v, g, cfg):
     return B, T, H, DK, v.shape[-1], g.shape[-1], triton.cdiv(T, cfg["CHUNK"])
 
 
-def _scan(kernel, inputs, scalars, init, outs, T, H, BH, M, cfg, reverse, **flags):
+def _scan(kernel, inputs, scalars, init, outs, final, T, H, BH, M, cfg, reverse, **flags):
     """Both passes' state scan ``kernel`` (``_state_fwd_kernel`` or ``_state_bwd_kernel``, whose arguments are
-    ``*inputs, X0K, X0V, OUTK, OUTV, LSEG, T, H, NT, NSEG, SEGC, NDK, *scalars``) into ``outs`` (HS or DHS of both
-    passes) from ``init`` (h0 or the final state's adjoint, ``[B, H, M, D]`` each, or None: zero). One walk per
-    program, or (:func:`.common.segment_chunks`) segment totals, the scan across segments (``reverse``: last
-    segment first) and a walk of every segment from its entering value (state_kernels)."""
+    ``*inputs, X0K, X0V, OUTK, OUTV, SEGK, SEGV, LSEG, LCUM, T, H, NT, NSEG, SEGC, NDK, *scalars``) into ``outs`` (HS
+    or DHS of both passes) from ``init`` (h0 or the final state's adjoint, ``[B, H, M, D]`` each, or None: zero).
+    ``final``: where the value after the whole walk goes with segments (views ``[B*H, M, D]`` of both passes: HS at
+    index NT, or the initial state's adjoint), or None. One walk per program, or (:func:`.common.segment_chunks`)
+    local walks of every segment, the scan across segments (``reverse``: last segment first) and the fix-up of every
+    chunk (state_kernels)."""
     DK, DV = outs[0].shape[-1], outs[1].shape[-1]
     BD = min(cfg["STATE_BD"], DK, DV)
     NDK, tiles, NT = DK // BD, DK // BD + DV // BD, triton.cdiv(T, cfg["CHUNK"])
@@ -84,20 +92,25 @@ def _scan(kernel, inputs, scalars, init, outs, T, H, BH, M, cfg, reverse, **flag
     NSEG = triton.cdiv(NT, SEGC)
     launch = dict(M=M, DK=DK, DV=DV, BD=BD, C=cfg["CHUNK"], num_warps=cfg["STATE_WARPS"],
                   num_stages=cfg["STATE_STAGES"], **flags)  # fmt: skip
-    x0, lseg = init, outs[0]
-    if NSEG > 1:
-        seg = (triton_utils.empty((BH, NSEG, M, DK), F32, outs[0].device),
-               triton_utils.empty((BH, NSEG, M, DV), F32, outs[0].device))  # fmt: skip
-        lseg = triton_utils.empty((BH, NSEG, M), F32, outs[0].device)  # the segments' summed log gates
-        kernel[(tiles, NSEG - 1, BH)](*inputs, *seg, *seg, lseg, T, H, NT, NSEG, SEGC, NDK, *scalars, HAS_X0=False,
-                                      TOTALS=True, **launch)  # fmt: skip
-        _segment_scan_kernel[(tiles, BH)](
-            *seg, lseg, *(init if init is not None else seg), NSEG, NDK, M=M, DK=DK, DV=DV, BD=BD, REVERSE=reverse,
-            HAS_INIT=init is not None, num_warps=cfg["STATE_WARPS"],
-        )  # fmt: skip
-        x0 = seg
-    kernel[(tiles, NSEG, BH)](*inputs, *(x0 if x0 is not None else outs), *outs, lseg, T, H, NT, NSEG, SEGC, NDK,
-                              *scalars, HAS_X0=x0 is not None, TOTALS=False, **launch)  # fmt: skip
+    if NSEG == 1:
+        kernel[(tiles, 1, BH)](*inputs, *(init if init is not None else outs), *outs, *outs, outs[0], outs[0], T, H,
+                               NT, 1, SEGC, NDK, *scalars, HAS_X0=init is not None, LOCAL=False, **launch)  # fmt: skip
+        return
+    device = outs[0].device
+    seg = (triton_utils.empty((BH, NSEG, M, DK), F32, device), triton_utils.empty((BH, NSEG, M, DV), F32, device))
+    lseg = triton_utils.empty((BH, NSEG, M), F32, device)  # the segments' summed log gates
+    lcum = triton_utils.empty((BH, NT, M), F32, device)  # each chunk's, since its segment's edge
+    kernel[(tiles, NSEG, BH)](*inputs, *seg, *outs, *seg, lseg, lcum, T, H, NT, NSEG, SEGC, NDK, *scalars,
+                              HAS_X0=False, LOCAL=True, **launch)  # fmt: skip
+    fk, fv = final if final is not None else seg
+    _segment_scan_kernel[(tiles, BH)](
+        *seg, lseg, *(init if init is not None else seg), fk, fv, fk.stride(0), fv.stride(0), NSEG, NDK, M=M, DK=DK,
+        DV=DV, BD=BD, REVERSE=reverse, HAS_INIT=init is not None, STORE_FINAL=final is not None,
+        num_warps=cfg["STATE_WARPS"],
+    )  # fmt: skip
+    _segment_fixup_kernel[(tiles, NT, BH)](*outs, *seg, lcum, NT, NSEG, SEGC, NDK, outs[0].shape[1], M=M, DK=DK,
+                                           DV=DV, BD=BD, REVERSE=reverse, HAS_INIT=init is not None,
+                                           num_warps=cfg["STATE_WARPS"])  # fmt: skip
 
 
 def _states(k, v, g, h0k, h0v, cfg):
@@ -106,7 +119,8 @@ def _states(k, v, g, h0k, h0v, cfg):
     hsk = triton_utils.empty((B * H, NT + 1, M, DK), F32, k.device)
     hsv = triton_utils.empty((B * H, NT + 1, M, DV), F32, k.device)
     init = (h0k, h0v) if h0k is not None else None
-    _scan(_state_fwd_kernel, (k, v, g), (), init, (hsk, hsv), T, H, B * H, M, cfg, False, **dot_flags(k.dtype))
+    _scan(_state_fwd_kernel, (k, v, g), (), init, (hsk, hsv), (hsk[:, NT], hsv[:, NT]), T, H, B * H, M, cfg, False,
+          **dot_flags(k.dtype))  # fmt: skip
     return hsk, hsv
 
 
@@ -169,7 +183,8 @@ def _state_adjoints(q, do, z, dp, g, dhtk, dhtv, want_dh0, scale, cfg):
     dh0k = triton_utils.empty((B, H, M, DK), F32, q.device) if want_dh0 else dhsk
     dh0v = triton_utils.empty((B, H, M, DV), F32, q.device) if want_dh0 else dhsv
     init = (dhtk, dhtv) if dhtk is not None else None
-    _scan(_state_bwd_kernel, (q, do, z, dp, g, dh0k, dh0v), (scale,), init, (dhsk, dhsv), T, H, B * H, M, cfg, True,
+    _scan(_state_bwd_kernel, (q, do, z, dp, g, dh0k, dh0v), (scale,), init, (dhsk, dhsv),
+          (dh0k.view(B * H, M, DK), dh0v.view(B * H, M, DV)) if want_dh0 else None, T, H, B * H, M, cfg, True,
           STORE_DH0=want_dh0, **dot_flags(q.dtype))  # fmt: skip
     return dhsk, dhsv, (dh0k, dh0v) if want_dh0 else None
 

@@ -72,12 +72,13 @@ GPU_CONFIG = MappingProxyType(
         "STATE_WARPS": 4,
         "STATE_STAGES": 2,
         # Segments only when fewer walks than SEG_PROGRAMS (about 2 per SM of an H100/H200's 132) would run: a segmented
-        # scan walks every chunk twice (totals, then states), which pays only on an underfilled GPU, and one walk per
-        # program lost little at 256 walks (T = 16K at the benchmark's shape: ours / fla 1.26x there, 1.31x at T = 1K,
-        # results/linear-kernels/README.md). Then SEG_CHUNKS chunks a segment (1024 rows, as Lightning's) or more, for
-        # at most SEG_WALKS walks. Not swept: ``evalsuite bench tune gsa --configs`` times alternatives.
+        # scan adds a scan across segments and a pass over every chunk's state (the fix-up, state_kernels), which pays
+        # only on an underfilled GPU. Then SEG_CHUNKS chunks a segment (4,096 rows) or more, for at most SEG_WALKS
+        # walks: at B 1, T 64K, H 16, D = m = 64 on an H200 segments of 64 chunks took forward + backward to 15.9 ms
+        # against 16.1 (32 chunks), 16.6 (16) and 21.0 with one walk per sequence
+        # (results/linear-kernels/h200/segment_chunks.json, segments_64k.json).
         "SEG_PROGRAMS": 256,
-        "SEG_CHUNKS": 16,
+        "SEG_CHUNKS": 64,
         "SEG_WALKS": 4096,
         "READ_BD": 64,
         "READ_BM": 64,  # 32 faults (illegal memory access) on the H100 with triton 3.6 at dk = 128: read_tiles
