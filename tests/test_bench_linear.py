@@ -206,12 +206,12 @@ def test_small_override_fits_heads():
 
 
 def test_cli_bench_linear(tmp_path, run_cli, monkeypatch):
-    tiny = dict(TINY, archs=("fox-pro",), contexts=(64,), model_overrides="tiny", parity_T=None)
+    tiny = dict(TINY, archs=("fox-pro",), contexts=(64,), model_overrides="tiny")
     monkeypatch.setattr(linear, "bench_linear", functools.partial(linear.bench_linear, **tiny))
     out = tmp_path / "bench"
     code, stdout, err = run_cli(
         ["bench", "linear", "--out", out, "--seq-lens", "64", "--ops", "lightning",
-         "--providers", "lightning_chunked,sdpa_causal", "--modes", "fwd,decode,memory"],
+         "--providers", "lightning_chunked,sdpa_causal", "--modes", "fwd,decode,memory", "--parity-T", "0"],
         tmp_path,
     )  # fmt: skip
     assert code == 0, err
@@ -220,5 +220,8 @@ def test_cli_bench_linear(tmp_path, run_cli, monkeypatch):
     kinds = [r["kind"] for r in doc["records"] if r["status"] == "ok"]
     assert kinds.count("op") == 2 and kinds.count("decode") == 2 and kinds.count("state_memory") == 1
     assert (out / linear.PNG_NAME).exists()
+    assert doc["params"]["parity_T"] is None and "parity" not in kinds
     code, _, err = run_cli(["bench", "linear", "--out", out, "--providers", "fla_nope"], tmp_path)
     assert_one_line_error(code, err, "unknown --providers value(s) fla_nope")
+    code, _, err = run_cli(["bench", "linear", "--out", out, "--parity-T", "-1"], tmp_path)
+    assert_one_line_error(code, err, "--parity-T must be 0 (skip) or a length, got -1")

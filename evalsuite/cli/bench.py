@@ -106,6 +106,9 @@ def bench_linear_cmd(
     batch: Annotated[
         int | None, typer.Option(help="Fixed batch B at every T [default: B = 65536 // T, fixed tokens per call].")
     ] = None,
+    parity_t: Annotated[
+        int, typer.Option("--parity-T", help="T of the parity check of ours vs fla, fwd + bwd (0: skip).")
+    ] = 4096,
 ):
     """Time Gated Slot and Lightning Attention against fla, interleaved (fwd, fwd+bwd, bwd, decode step), and
     decode-state memory."""
@@ -117,9 +120,11 @@ def bench_linear_cmd(
     _check_rounds(rounds)
     if batch is not None and batch < 1:
         raise UserError(f"--batch must be at least 1, got {batch}")
+    if parity_t < 0:
+        raise UserError(f"--parity-T must be 0 (skip) or a length, got {parity_t}")
     linear.bench_linear(out, seq_lens=_csv_list(seq_lens, int, "--seq-lens"), ops=chosen["--ops"],
                         providers=chosen["--providers"] or None, modes=chosen["--modes"], rounds=rounds,
-                        batch=batch)  # fmt: skip
+                        batch=batch, parity_T=parity_t or None)  # fmt: skip
     typer.echo(f"wrote {out}/{linear.JSON_NAME}, .png and .md")
 
 
