@@ -225,3 +225,33 @@ def test_cli_bench_linear(tmp_path, run_cli, monkeypatch):
     assert_one_line_error(code, err, "unknown --providers value(s) fla_nope")
     code, _, err = run_cli(["bench", "linear", "--out", out, "--parity-T", "-1"], tmp_path)
     assert_one_line_error(code, err, "--parity-T must be 0 (skip) or a length, got -1")
+
+
+def test_cli_bench_profile_ops(tmp_path, run_cli):
+    """``bench profile-ops`` on a CPU: every case's ops, their self times adding up to at most the case's total, the
+    chunked GSA's batched products among them; ours (Triton) is recorded as unavailable off CUDA; bad names get one
+    error line."""
+    out = tmp_path / "prof"
+    code, stdout, err = run_cli(
+        ["bench", "profile-ops", "--out", out, "--seq-lens", "64", "--tokens", "128", "--calls", "2",
+         "--providers", "gsa_chunked,lightning_chunked,gsa_triton"],
+        tmp_path,
+    )  # fmt: skip
+    assert code == 0, err
+    assert "profile_ops.txt" in stdout
+    doc = json.loads((out / "profile_ops.json").read_text())
+    assert doc["params"]["dtype"] == "float32" and doc["env"]["device"] == "cpu"
+    by_case = {(r["provider"], r["mode"]): r for r in doc["records"]}
+    assert set(by_case) == {
+        (p, m) for p in ("gsa_chunked", "lightning_chunked", "gsa_triton") for m in ("fwd", "fwdbwd")
+    }
+    assert by_case["gsa_triton", "fwd"]["status"].startswith("unavailable")
+    for provider in ("gsa_chunked", "lightning_chunked"):
+        fwd, both = by_case[provider, "fwd"], by_case[provider, "fwdbwd"]
+        assert fwd["status"] == both["status"] == "ok" and fwd["B"] == 2 and fwd["T"] == 64
+        for rec in (fwd, both):
+            assert 0 < sum(k["us_per_call"] for k in rec["kernels"]) <= rec["device_ms"] * 1e3 * 1.0001
+    assert any(k["kernel"] == "aten::bmm" for k in by_case["gsa_chunked", "fwd"]["kernels"])
+    assert "== gsa gsa_chunked fwdbwd T=64 B=2" in (out / "profile_ops.txt").read_text()
+    code, _, err = run_cli(["bench", "profile-ops", "--out", out, "--providers", "fla_nope"], tmp_path)
+    assert_one_line_error(code, err, "unknown op/provider/mode fla_nope")

@@ -310,3 +310,24 @@ def fla_op(name: str):
     except Exception:  # noqa: BLE001 -- missing package, CUDA/triton mismatch: skip the provider
         return None
     return getattr(mod, fn, None)
+
+
+def kernel_table(prof, calls: int, cuda: bool, top: int | None = 40) -> tuple[float, list[dict]]:
+    """``(device µs per call, rows)`` of a ``torch.profiler`` run over ``calls`` calls: the kernels (CUDA) or leaf
+    ops (CPU) by self time, the ``top`` longest (None: all) as ``{"kernel", "calls_per_call", "us_per_call"}``."""
+    self_us = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)
+    kind = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
+    kernels = [e for e in prof.key_averages() if e.device_type == kind and self_us(e) > 0]
+    total = sum(self_us(e) for e in kernels) / calls
+    rows = [{"kernel": e.key, "calls_per_call": e.count / calls, "us_per_call": self_us(e) / calls}
+            for e in sorted(kernels, key=lambda e: -self_us(e))[:top]]  # fmt: skip
+    return total, rows
+
+
+def format_kernel_rows(rows: list[dict], total_us: float, unit: str = "call") -> list[str]:
+    """Text lines of :func:`kernel_table`'s rows: name, launches and µs per ``unit``, share of ``total_us``."""
+    lines = [f"{'kernel':<100} {'n/' + unit:>10} {'us/' + unit:>9} {'share':>6}"]
+    for r in rows:
+        lines.append(f"{r['kernel'][:100]:<100} {r['calls_per_call']:>10.2f} {r['us_per_call']:>9.1f} "
+                     f"{r['us_per_call'] / total_us:>6.1%}")  # fmt: skip
+    return lines

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from evalsuite.bench.common import format_kernel_rows, kernel_table
+
 PATHS = ("eager", "static", "graph", "compiled")
 
 
@@ -83,29 +85,23 @@ def profile_decode(out, card: str = "fox-pro", path: str = "compiled", length: i
             _warm_step(model, path, ids, capacity + 64)
         step, tok, taken = _warm_step(model, path, ids, capacity)
         ms, prof = _timed_and_profiled(step, tok, steps, cuda)
-    self_us = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)
-    kind = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
-    kernels = [e for e in prof.key_averages() if e.device_type == kind and self_us(e) > 0]
-    device_us = sum(self_us(e) for e in kernels) / steps
-    top = sorted(kernels, key=lambda e: -self_us(e))[:40]
+    device_us, all_rows = kernel_table(prof, steps, cuda, top=None)
+    top = all_rows[:40]
     packed = any(getattr(m, "step_pack", None) is not None for m in model.modules())
     name = f"profile_{path}_{length}_b{batch}" + ("_other_capacity" if other_capacity else "")
     device_name = torch.cuda.get_device_name() if cuda else "cpu"
     head = (f"{spec.name} ({device_name}), path {taken}{', packed GEMVs' if packed else ''}, batch {batch}, after "
             f"{length} tokens: {ms:.3f} ms per step wall, {device_us / 1e3:.3f} ms of device kernels per step "
             f"({device_us / 1e3 / ms:.0%} busy)")  # fmt: skip
-    rows = [f"{'kernel':<100} {'calls/step':>10} {'us/step':>9} {'share':>6}"]
-    for e in top:
-        us = self_us(e) / steps
-        rows.append(f"{e.key[:100]:<100} {e.count / steps:>10.2f} {us:>9.1f} {us / device_us:>6.1%}")
+    rows = format_kernel_rows(top, device_us, unit="step")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.txt").write_text(head + "\n\n" + "\n".join(rows) + "\n")
     summary = {"card": spec.name, "path": taken, "packed": packed, "length": length, "batch": batch, "steps": steps,
                "other_capacity": other_capacity, "ms_per_step": ms, "device_ms_per_step": device_us / 1e3,
-               "kernels_per_step": sum(e.count for e in kernels) / steps,
-               "top": [{"kernel": e.key, "calls_per_step": e.count / steps, "us_per_step": self_us(e) / steps}
-                       for e in top],
+               "kernels_per_step": sum(r["calls_per_call"] for r in all_rows),
+               "top": [{"kernel": r["kernel"], "calls_per_step": r["calls_per_call"], "us_per_step": r["us_per_call"]}
+                       for r in top],
                "device": device_name, "versions": versions(), "git_commit": git_commit()}  # fmt: skip
     (out / f"{name}.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(head)

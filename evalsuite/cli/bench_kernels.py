@@ -1,5 +1,5 @@
-"""Kernel-level benchmark commands, ``evalsuite bench srmsnorm|sass``: thin layers over :mod:`evalsuite.bench`.
-Registered on the ``bench`` group when :mod:`evalsuite.cli.main` imports this module."""
+"""Kernel-level benchmark commands, ``evalsuite bench srmsnorm|sass|profile-ops``: thin layers over
+:mod:`evalsuite.bench`. Registered on the ``bench`` group when :mod:`evalsuite.cli.main` imports this module."""
 
 from __future__ import annotations
 
@@ -63,3 +63,27 @@ def bench_sass_cmd(
     records = sass.sass_loops(out, kernels=names, head_dims=dims, arch=arch)
     typer.echo(sass.format_loops(records))
     typer.echo(f"wrote {out}/{sass.JSON_NAME}")
+
+
+@bench_app.command("profile-ops")
+def bench_profile_ops_cmd(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (.txt and .json).")] = Path(
+        "results/runs/bench/profile-ops"
+    ),
+    ops: Annotated[str, typer.Option(help="Comma-separated: gsa, lightning.")] = "gsa,lightning",
+    providers: Annotated[
+        str | None, typer.Option(help="Comma-separated [default: ours, *_triton on CUDA, *_chunked on a CPU].")
+    ] = None,
+    seq_lens: Annotated[str, typer.Option(help="Comma-separated T values.")] = "1024,16384,65536",
+    modes: Annotated[str, typer.Option(help="Comma-separated: fwd, fwdbwd.")] = "fwd,fwdbwd",
+    tokens: Annotated[int, typer.Option(help="Tokens a call (B = tokens // T).", min=1)] = 65536,
+    calls: Annotated[int, typer.Option(help="Profiled calls per case.", min=1)] = 10,
+    device: DeviceOpt = "auto",
+):
+    """Kernel-by-kernel device time of GSA and Lightning Attention calls (torch.profiler), per T and mode."""
+    from evalsuite.bench import profile_ops
+
+    profile_ops.profile_ops(out, ops=_csv_list(ops, str, "--ops"), providers=_csv_list(providers, str, "--providers"),
+                            seq_lens=_csv_list(seq_lens, int, "--seq-lens"), modes=_csv_list(modes, str, "--modes"),
+                            tokens=tokens, calls=calls, device=device)  # fmt: skip
+    typer.echo(f"wrote {out}/profile_ops.txt and .json")
