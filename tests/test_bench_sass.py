@@ -61,3 +61,18 @@ def test_bad_kernel_name_is_one_clear_error(tmp_path):
     args = ["bench", "sass", "--kernels", "flash", "--out", str(tmp_path)]
     done = subprocess.run([sys.executable, "-m", "evalsuite.cli", *args], capture_output=True, text=True, env=env)
     assert done.returncode != 0 and "unknown --kernels value(s) flash" in done.stderr
+
+
+def test_gsa_chunk_kernels_issue_their_products_unrolled(tmp_path):
+    """The GSA read and pair kernels at D = m = 64 (one 64-slot tile, 4 warps: one m64n64k16 HGMMA per 16 of the
+    contraction): read's 9 products of 64 x 64 tiles (q k^T, the 3 + 3 + 1 decay levels, q h0^T) and pair's 7 (the
+    decay levels) come out as 36 and 28 HGMMA, with no loop around them, so ``whole`` counts the kernel."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    args = ["bench", "sass", "--kernels", "gsa-read,gsa-pair", "--head-dims", "64", "--out", str(tmp_path)]
+    done = subprocess.run([sys.executable, "-m", "evalsuite.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    records = {rec["kernel"]: rec for rec in json.loads((tmp_path / "sass_loops.json").read_text())}
+    assert {k: r["whole"]["opcodes"]["HGMMA"] for k, r in records.items()} == {"gsa-read": 36, "gsa-pair": 28}
+    assert all(r["gate"] is None and r["whole"]["instructions"] > 1000 for r in records.values())
+    assert "gsa-read         D=64            kernel:" in done.stdout

@@ -9,8 +9,11 @@ with and without the gate differ by exactly its per-score float operations.
 
 Kernels: the Forgetting Attention forward (``forgetting-fwd``) and its two backward kernels (``forgetting-dq``,
 ``forgetting-dkdv``) at their shipped GPU block configs (:func:`evalsuite.kernels.forgetting.common.block_config` as
-on a GPU), bf16, with TMA descriptors where the launchers use them at T = :data:`AT_T`. Not under
-``TRITON_INTERPRET=1``: the interpreter replaces the kernels with Python.
+on a GPU), bf16, with TMA descriptors where the launchers use them at T = :data:`AT_T`; and Gated Slot Attention's two
+largest forward kernels, ``gsa-read`` (the pass-1 logits) and ``gsa-pair`` (each chunk's pair matrix), at the shipped
+:data:`~evalsuite.kernels.gated_slot.common.GPU_CONFIG` with dk = dv = m = D, bf16 (their gate is their own: one
+record each). Every record also counts the whole kernel's instructions (``whole``): the GSA kernels' products are
+unrolled, with no loop around them. Not under ``TRITON_INTERPRET=1``: the interpreter replaces the kernels with Python.
 """
 
 from __future__ import annotations
@@ -23,18 +26,40 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-KERNELS = ("forgetting-fwd", "forgetting-dq", "forgetting-dkdv")
+KERNELS = ("forgetting-fwd", "forgetting-dq", "forgetting-dkdv", "gsa-read", "gsa-pair")
 JSON_NAME = "sass_loops.json"
-_BF16_ARGS = {"Q", "K", "V", "Out", "DO", "DQ", "DK", "DV"}
-_F32_ARGS = {"C", "LSE", "DELTA", "DC"}
+_BF16_ARGS = {"Q", "K", "V", "Out", "DO", "DQ", "DK", "DV", "X", "Y"}
+_F32_ARGS = {"C", "LSE", "DELTA", "DC", "G", "HS", "OUT", "Z", "DP", "A"}
 _INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?);")
 _BRANCH = re.compile(r"\bBRA\s+(0x[0-9a-f]+)")
 AT_T = 16384  # the sequence length whose launch settings the compiled kernels take (the benchmarks' headline T)
 
 
+def _gsa_kernel_and_config(kernel: str, head_dim: int):
+    """:func:`_kernel_and_config` of the GSA read or pair kernel at dk = dv = m = ``head_dim``, bf16 (MODE 1 of the
+    pair kernel: the forward's p)."""
+    import torch
+
+    from evalsuite.kernels.gated_slot import chunk_kernels
+    from evalsuite.kernels.gated_slot.common import GPU_CONFIG as cfg
+    from evalsuite.kernels.gated_slot.common import dot_flags, read_tiles
+
+    flags = dot_flags(torch.bfloat16, gated=True)
+    shape = {"M": head_dim, "C": cfg["CHUNK"], "BC": cfg["SUB"]}
+    if kernel == "gsa-read":
+        bd, bm = read_tiles(cfg, head_dim, head_dim)
+        values = {**shape, **flags, "D": head_dim, "BD": bd, "BM": bm}
+        return chunk_kernels._read_kernel, values, (cfg["READ_WARPS"], cfg["STAGES"])
+    gate_flags = {k: v for k, v in flags.items() if k.startswith("G")}
+    values = {**shape, **gate_flags, "MODE": 1, "BM": min(cfg["PAIR_BM"], head_dim)}
+    return chunk_kernels._pair_kernel, values, (cfg["PAIR_WARPS"], cfg["STAGES"])
+
+
 def _kernel_and_config(kernel: str, head_dim: int, gate: bool):
     """(jit function, constexpr values, (num_warps, num_stages)) of a kernel at its shipped GPU config, with TMA as
     the launchers choose it at T = :data:`AT_T`."""
+    if kernel.startswith("gsa-"):
+        return _gsa_kernel_and_config(kernel, head_dim)
     from evalsuite.kernels.forgetting import backward_dkdv, backward_dq, common, forward
 
     fn = {"forgetting-fwd": forward._fwd_kernel, "forgetting-dq": backward_dq._bwd_dq_kernel,
@@ -55,9 +80,9 @@ def _kernel_and_config(kernel: str, head_dim: int, gate: bool):
 def compile_kernel(kernel: str, head_dim: int, gate: bool, arch: int = 90) -> dict:
     """Compile ``kernel`` for compute capability ``arch`` -> ``{"sass": text, "registers": int, "stack": int}``.
 
-    Pointers are bf16 (tensors) or float32 (cumsums, LSE); scalars 32-bit; head-dim strides fixed to 1 as the
-    launchers see them, the other integers multiples of 16 (as at T = :data:`AT_T`, H = 16); ``gate`` sets
-    ``HAS_C``.
+    Pointers are bf16 (q, k, v and their gradients) or float32 (cumsums, LSE; GSA's gates, states, logits and pair
+    matrices); scalars 32-bit; head-dim strides fixed to 1 as the launchers see them, the other integers multiples of
+    16 (as at T = :data:`AT_T`, H = 16); ``gate`` sets the FoX kernels' ``HAS_C``.
     """
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("unset TRITON_INTERPRET: the interpreter runs kernels as Python and compiles nothing")
@@ -76,7 +101,7 @@ def compile_kernel(kernel: str, head_dim: int, gate: bool, arch: int = 90) -> di
             signature[name] = "*bf16"
         elif name in _F32_ARGS:
             signature[name] = "*fp32"
-        elif name in ("sm_scale", "mult"):
+        elif name in ("sm_scale", "mult", "scale"):
             signature[name] = "fp32"
         else:
             signature[name] = "i32"
@@ -99,6 +124,17 @@ def compile_kernel(kernel: str, head_dim: int, gate: bool, arch: int = 90) -> di
     return {"sass": sass, "registers": int(registers.group(1)), "stack": int(stack.group(1))}
 
 
+def _opcodes(lines) -> list[str]:
+    """The opcodes of SASS instruction texts, predicates and modifiers dropped."""
+    return [re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0] for text in lines]
+
+
+def whole_kernel(sass: str) -> dict:
+    """Every instruction of a SASS listing: ``{"instructions": n, "opcodes": {opcode: count}}``."""
+    body = _opcodes(m.group(2).strip() for m in _INSTRUCTION.finditer(sass))
+    return {"instructions": len(body), "opcodes": dict(Counter(body).most_common())}
+
+
 def innermost_loops(sass: str) -> list[dict]:
     """The loops of a SASS listing that contain a tensor-core instruction and no other loop, in code order:
     ``[{"instructions": n, "opcodes": {opcode: count}}]`` for one iteration (predicates and modifiers dropped)."""
@@ -114,25 +150,27 @@ def innermost_loops(sass: str) -> list[dict]:
     for start, end in sorted(spans):
         if any(start <= s and e <= end for s, e in spans if (s, e) != (start, end)):
             continue  # holds another loop
-        body = [re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0] for _, text in code[start : end + 1]]
+        body = _opcodes(text for _, text in code[start : end + 1])
         if "HGMMA" in body:
             loops.append({"instructions": len(body), "opcodes": dict(Counter(body).most_common())})
     return loops
 
 
 def sass_loops(out_dir, kernels=KERNELS, head_dims=(64, 128), gates=(True, False), arch: int = 90) -> list[dict]:
-    """:func:`compile_kernel` and :func:`innermost_loops` for each kernel x head dim x gate; writes
-    ``sass_loops.json`` (one record each: registers, spill stack, the loops) and returns the records."""
+    """:func:`compile_kernel`, :func:`innermost_loops` and :func:`whole_kernel` for each kernel x head dim x gate (the
+    GSA kernels: one record, gate None); writes ``sass_loops.json`` (one record each: registers, spill stack, the
+    loops, the whole kernel) and returns the records."""
     import triton
 
     records = []
     for kernel in kernels:
         for head_dim in head_dims:
-            for gate in gates:
-                result = compile_kernel(kernel, head_dim, gate, arch)
+            for gate in gates if kernel.startswith("forgetting") else (None,):
+                result = compile_kernel(kernel, head_dim, bool(gate), arch)
                 records.append({"kernel": kernel, "head_dim": head_dim, "gate": gate, "arch": f"sm_{arch}a",
                                 "triton": triton.__version__, "registers": result["registers"],
-                                "stack_bytes": result["stack"], "loops": innermost_loops(result["sass"])})  # fmt: skip
+                                "stack_bytes": result["stack"], "loops": innermost_loops(result["sass"]),
+                                "whole": whole_kernel(result["sass"])})  # fmt: skip
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / JSON_NAME).write_text(json.dumps(records, indent=1))
@@ -140,13 +178,15 @@ def sass_loops(out_dir, kernels=KERNELS, head_dims=(64, 128), gates=(True, False
 
 
 def format_loops(records) -> str:
-    """One line per loop: kernel, D, gate, instructions per iteration and the leading opcodes."""
+    """One line per loop (kernel, D, gate, instructions per iteration, the leading opcodes), or for a kernel without
+    loops one line of the whole kernel."""
     lines = []
     for rec in records:
-        for n, loop in enumerate(rec["loops"]):
-            top = ", ".join(f"{op} {count}" for op, count in list(loop["opcodes"].items())[:8])
-            gate = "gate" if rec["gate"] else "no gate"
-            lines.append(f"{rec['kernel']:16s} D={rec['head_dim']:<4d} {gate:8s} loop {n}: "
-                         f"{loop['instructions']:4d} instructions ({top}); {rec['registers']} registers, "
+        gate = {True: "gate", False: "no gate", None: ""}[rec["gate"]]
+        parts = [(f"loop {n}", loop) for n, loop in enumerate(rec["loops"])] or [("kernel", rec["whole"])]
+        for what, counted in parts:
+            top = ", ".join(f"{op} {count}" for op, count in list(counted["opcodes"].items())[:8])
+            lines.append(f"{rec['kernel']:16s} D={rec['head_dim']:<4d} {gate:8s} {what}: "
+                         f"{counted['instructions']:4d} instructions ({top}); {rec['registers']} registers, "
                          f"{rec['stack_bytes']} B stack")  # fmt: skip
     return "\n".join(lines)

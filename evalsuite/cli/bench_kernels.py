@@ -47,13 +47,13 @@ def bench_srmsnorm_cmd(
 @bench_app.command("sass")
 def bench_sass_cmd(
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (JSON).")] = Path("results/runs/bench/sass"),
-    kernels: Annotated[str, typer.Option(help="forgetting-fwd, forgetting-dq, forgetting-dkdv; comma-separated.")] = (
-        "forgetting-fwd,forgetting-dq,forgetting-dkdv"
-    ),
-    head_dims: Annotated[str, typer.Option(help="Comma-separated head dims (64, 128).")] = "64,128",
+    kernels: Annotated[
+        str, typer.Option(help="forgetting-fwd, forgetting-dq, forgetting-dkdv, gsa-read, gsa-pair; comma-separated.")
+    ] = "forgetting-fwd,forgetting-dq,forgetting-dkdv",
+    head_dims: Annotated[str, typer.Option(help="Comma-separated head dims (64, 128; GSA: dk = dv = m).")] = "64,128",
     arch: Annotated[int, typer.Option(help="Compute capability to compile for, as 90 for sm_90a (H100/H200).")] = 90,
 ):
-    """Instruction mix per loop iteration of our attention kernels compiled for a GPU, without one (sm_90a SASS)."""
+    """Instruction mix per loop iteration (or whole kernel) of our attention kernels compiled for sm_90a, no GPU."""
     from evalsuite.bench import sass
 
     names = _csv_list(kernels, str, "--kernels")
