@@ -60,10 +60,11 @@ G_FLOOR = tl.constexpr(LOG_ALPHA_FLOOR)
 # ``CHUNK x CHUNK`` and ``CHUNK x BM`` tiles with tl.dot (wgmma on H100). Chosen with ``evalsuite bench tune gsa``
 # on an H200 (results/linear-kernels/h200/tune_gsa_*.json): pair and write tiles of 64 slots with a 4-warp pair
 # kernel took forward + backward from 17.6 to 15.1 ms at the benchmark's shape (B 4, T 16K, H 16, dk = dv = m = 64:
-# whole-m tiles; the pair kernel's sm_90 build spills 104 bytes) and from 12.7 to 12.2 ms at the MQAR d = 512 layer
-# (dk = dv = m = 128, two tiles; spills 616 bytes), within 3% of that shape's best (pair tiles of 32). Chunks of 32
-# and sub-chunks of 8 or 32 were slower or no faster. The sweep prints the best as a dict to paste here. Both tables
-# are read-only: a caller with other settings passes its own mapping to the launchers (``config=``).
+# whole-m tiles; the pair kernel's sm_90 build spills 80-104 bytes) and from 12.7 to 12.2 ms at the MQAR d = 512
+# layer (dk = dv = m = 128, two tiles; spills 456-616 bytes), within 3% of that shape's best (pair tiles of 32).
+# Chunks of 32 and sub-chunks of 8 or 32 were slower or no faster. The sweep prints the best as a dict to paste
+# here. Both tables are read-only: a caller with other settings passes its own mapping to the launchers
+# (``config=``).
 GPU_CONFIG = MappingProxyType(
     {
         "CHUNK": 64,
