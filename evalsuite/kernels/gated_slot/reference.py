@@ -26,9 +26,9 @@ from __future__ import annotations
 import torch
 
 CHUNK = 16  # small chunks keep the in-chunk decay range (and the pairwise fallback) small
-# gsa_chunked clamps log alpha here, as the Triton kernels do (chunk.py): alpha = e^-20 = 2e-9 is below float32's
-# resolution of a state update, and a saturated gate of -1000 would otherwise leave the rest of its chunk's decays,
-# differences of cumsums near -16000, with relative errors of 1e-3.
+# gsa_chunked clamps log alpha here, as the Triton kernels do on load (common.G_FLOOR): alpha = e^-20 = 2e-9 is below
+# float32's resolution of a state update, and a saturated gate of -1000 would otherwise leave the rest of its chunk's
+# decays, differences of cumsums near -16000, with relative errors of 1e-3.
 LOG_ALPHA_FLOOR = -20.0
 
 
