@@ -83,3 +83,24 @@ def test_gsa_tiny_heads(dtype, B, T):
     tol = 3e-2 if dtype == torch.bfloat16 else 1e-3
     for name, a, b in zip(NAMES, got, want, strict=True):
         assert a.isfinite().all() and rel_error(a, b) < tol, name
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_few_slots_under_wide_heads(D):
+    """16 slots under heads of 64 and 128 (a supported shape no card uses): the dgate kernel's slot tile (16) is then
+    4-8x narrower than its d step (min(DGATE_BD, D) = 64), the combination of the tile sweep's DGATE_BM 16 trial that
+    ended in an illegal memory access on an H200 at D = m = 64 (results/linear-kernels/h200/tune_gsa_sweep.json).
+    Forward and every gradient against the float64 chunked reference, bf16."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(2, 256, 2, D, device="cuda", generator=gen) for _ in range(4))
+    g = torch.nn.functional.logsigmoid(torch.randn(2, 256, 2, 16, device="cuda", generator=gen)) / 8
+    leaves = [(x * D**-0.25).bfloat16().requires_grad_() for x in (q, k)] + [v.bfloat16().requires_grad_()]
+    leaves.append(g.requires_grad_())
+    o, _ = gsa_chunk_triton(*leaves, scale=1.0)
+    got = [o, *torch.autograd.grad(o, leaves, do.bfloat16())]
+    torch.cuda.synchronize()
+    ref_leaves = [x.detach().double().requires_grad_() for x in leaves]
+    o_ref, _ = reference.gsa_chunked(*ref_leaves, 1.0)
+    want = [o_ref, *torch.autograd.grad(o_ref, ref_leaves, do.double())]
+    for name, a, b in zip(NAMES, got, want, strict=True):
+        assert a.isfinite().all() and rel_error(a, b) < 3e-2, name
