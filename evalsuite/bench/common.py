@@ -314,7 +314,8 @@ def fla_op(name: str):
 
 def kernel_table(prof, calls: int, cuda: bool, top: int | None = 40) -> tuple[float, list[dict]]:
     """``(device µs per call, rows)`` of a ``torch.profiler`` run over ``calls`` calls: the kernels (CUDA) or leaf
-    ops (CPU) by self time, the ``top`` longest (None: all) as ``{"kernel", "calls_per_call", "us_per_call"}``."""
+    ops (CPU; each op's self time) by time, the ``top`` longest (None: all) as ``{"kernel", "calls_per_call",
+    "us_per_call"}``."""
     self_us = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)
     kind = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
     kernels = [e for e in prof.key_averages() if e.device_type == kind and self_us(e) > 0]

@@ -3,8 +3,8 @@
 For each op (GSA, Lightning), provider (``bench linear``'s: ours, fla, the chunked PyTorch twins), T and mode (forward,
 forward + backward) at fixed tokens per call (B = tokens // T, H = 16, D = 64, GSA's 64 slots, bf16 on CUDA and
 float32 on a CPU), inputs from :func:`evalsuite.bench.linear_ops.make_inputs`: 3 warm-up calls, then ``calls`` calls
-under ``torch.profiler``. Per case, each kernel's device time per call (on a CPU the leaf ops' self time, which is
-what runs there) and its share. Writes ``OUT/profile_ops.txt`` (the tables) and ``profile_ops.json`` (with device,
+under ``torch.profiler``. Per case, each kernel's device time per call (on a CPU each op's self time) and its
+share. Writes ``OUT/profile_ops.txt`` (the tables) and ``profile_ops.json`` (with device,
 versions, commit). A long T over few heads shows here which kernels grow with T at fixed tokens.
 """
 
