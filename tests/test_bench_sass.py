@@ -25,6 +25,14 @@ LISTING = """
 """
 
 
+def _sass_cli(out, kernels: str) -> subprocess.CompletedProcess:
+    """``evalsuite bench sass --kernels KERNELS --head-dims 64`` in a process without TRITON_INTERPRET."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    args = ["bench", "sass", "--kernels", kernels, "--head-dims", "64", "--out", str(out)]
+    return subprocess.run([sys.executable, "-m", "evalsuite.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=300)  # fmt: skip
+
+
 def test_innermost_loops_reads_back_edges_with_tensor_core_work():
     """Two loops with an HGMMA (the second's body through its predicated branch), the idle loop at 0x90 left out."""
     loops = innermost_loops(LISTING)
@@ -43,10 +51,7 @@ def test_the_forward_gate_costs_one_subtraction_and_one_multiply_add_per_score(t
     """The CLI compiles the forward at D = 64 (BLOCK 128 x 64, 4 warps: 64 scores per thread and key block) for
     sm_90a without a GPU. The gate's key loop issues exactly 64 more FADD (c_i - c_j) and 64 more FFMA (the scaled
     score plus the bias) than the same loop without it, and the same exp2s, matrix multiplies and maxima."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    args = ["bench", "sass", "--kernels", "forgetting-fwd", "--head-dims", "64", "--out", str(tmp_path)]
-    done = subprocess.run([sys.executable, "-m", "evalsuite.cli", *args], capture_output=True, text=True, env=env,
-                          timeout=300)  # fmt: skip
+    done = _sass_cli(tmp_path, "forgetting-fwd")
     assert done.returncode == 0, done.stderr
     records = {rec["gate"]: rec for rec in json.loads((tmp_path / "sass_loops.json").read_text())}
     gated, plain = (records[g]["loops"][0]["opcodes"] for g in (True, False))  # loop 0: keys left of the diagonal
@@ -57,9 +62,7 @@ def test_the_forward_gate_costs_one_subtraction_and_one_multiply_add_per_score(t
 
 
 def test_bad_kernel_name_is_one_clear_error(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    args = ["bench", "sass", "--kernels", "flash", "--out", str(tmp_path)]
-    done = subprocess.run([sys.executable, "-m", "evalsuite.cli", *args], capture_output=True, text=True, env=env)
+    done = _sass_cli(tmp_path, "flash")
     assert done.returncode != 0 and "unknown --kernels value(s) flash" in done.stderr
 
 
@@ -67,10 +70,7 @@ def test_gsa_chunk_kernels_issue_their_products_unrolled(tmp_path):
     """The GSA read and pair kernels at D = m = 64 (one 64-slot tile, 4 warps: one m64n64k16 HGMMA per 16 of the
     contraction): read's 9 products of 64 x 64 tiles (q k^T, the 3 + 3 + 1 decay levels, q h0^T) and pair's 7 (the
     decay levels) come out as 36 and 28 HGMMA, with no loop around them, so ``whole`` counts the kernel."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    args = ["bench", "sass", "--kernels", "gsa-read,gsa-pair", "--head-dims", "64", "--out", str(tmp_path)]
-    done = subprocess.run([sys.executable, "-m", "evalsuite.cli", *args], capture_output=True, text=True, env=env,
-                          timeout=300)  # fmt: skip
+    done = _sass_cli(tmp_path, "gsa-read,gsa-pair")
     assert done.returncode == 0, done.stderr
     records = {rec["kernel"]: rec for rec in json.loads((tmp_path / "sass_loops.json").read_text())}
     assert {k: r["whole"]["opcodes"]["HGMMA"] for k, r in records.items()} == {"gsa-read": 36, "gsa-pair": 28}
