@@ -61,7 +61,7 @@ JSON_NAME = "linear_bench.json"
 PNG_NAME = "linear_bench.png"
 
 
-def _op_builder(op, provider, mode, x_args, device):
+def op_builder(op, provider, mode, x_args, device):
     """A builder of one provider's :class:`Call` for :func:`time_providers`: inputs made fresh, then ``fwd`` (no
     grad), ``fwdbwd`` (forward and backward) or ``bwd`` (:func:`backward_call`: the backward alone, re-run on one
     retained forward)."""
@@ -96,7 +96,7 @@ def bench_ops(runs, mode, T, *, n_heads=16, head_dim=64, n_slots=64, tokens_per_
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     B = batch or max(1, tokens_per_call // T)
     x_args = (B, T, n_heads, head_dim, n_slots, dtype)
-    builders = {provider: _op_builder(op, provider, mode, x_args, device) for op, provider in runs}
+    builders = {provider: op_builder(op, provider, mode, x_args, device) for op, provider in runs}
     fields, samples = time_providers(builders, device=device, rounds=rounds, block_ms=block_ms, warmup_ms=warmup)
     records = []
     for op, provider in runs:

@@ -2,10 +2,10 @@
 
 For each op (GSA, Lightning), provider (``bench linear``'s: ours, fla, the chunked PyTorch twins), T and mode (forward,
 forward + backward) at fixed tokens per call (B = tokens // T, H = 16, D = 64, GSA's 64 slots, bf16 on CUDA and
-float32 on a CPU), inputs from :func:`evalsuite.bench.linear_ops.make_inputs`: 3 warm-up calls, then ``calls`` calls
-under ``torch.profiler``. Per case, each kernel's device time per call (on a CPU each op's self time) and its
-share. Writes ``OUT/profile_ops.txt`` (the tables) and ``profile_ops.json`` (with device,
-versions, commit). A long T over few heads shows here which kernels grow with T at fixed tokens.
+float32 on a CPU), the call ``bench linear`` times: 3 warm-up calls, then ``calls`` calls under ``torch.profiler``.
+Per case, each kernel's device time per call (on a CPU each op's self time) and its share. Writes
+``OUT/profile_ops.txt`` (the tables) and ``profile_ops.json`` (with device, versions, commit). A long T over few heads
+shows here which kernels grow with T at fixed tokens.
 """
 
 from __future__ import annotations
@@ -16,32 +16,29 @@ from pathlib import Path
 import torch
 
 from evalsuite.bench.common import Unavailable, format_kernel_rows, kernel_table
-from evalsuite.bench.linear_ops import OP_PROVIDERS, make_inputs, op_call
+from evalsuite.bench.linear import op_builder
+from evalsuite.bench.linear_ops import OP_PROVIDERS
 
 MODES = ("fwd", "fwdbwd")
 OPS = ("gsa", "lightning")
 
 
 def _profile_case(op, provider, T, mode, *, tokens, calls, dtype, device) -> dict:
-    """One case's record: ``status`` ok with ``device_ms`` and ``kernels``, or why not."""
+    """One case's record: ``status`` ok with ``device_ms`` and ``kernels``, or why not. The call is ``bench
+    linear``'s (:func:`evalsuite.bench.linear.op_builder`)."""
     from torch.profiler import ProfilerActivity, profile
 
     rec = {"op": op, "provider": provider, "T": T, "B": max(1, tokens // T), "mode": mode}
     cuda = device.type == "cuda"
     try:
-        x = make_inputs(op, rec["B"], T, 16, 64, dtype=dtype, device=device, grad=mode == "fwdbwd")
-        call, leaves = op_call(provider, x, grad=mode == "fwdbwd")
+        call = op_builder(op, provider, mode, (rec["B"], T, 16, 64, 64, dtype), device)()
     except Unavailable as exc:
         return {**rec, "status": f"unavailable: {exc}"}
 
     def run():
-        if mode == "fwd":
-            with torch.no_grad():
-                call()
-        else:
-            for leaf in leaves:
-                leaf.grad = None
-            call().backward(x["do"])
+        for leaf in call.leaves:
+            leaf.grad = None
+        call.fn()
 
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     for _ in range(3):

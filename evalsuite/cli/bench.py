@@ -1,7 +1,7 @@
 """The benchmark commands, ``evalsuite bench attention|linear|gca|generate|throughput|tune|profile-decode|drt-memory|
-step-time|train|saved-memory``: thin layers over :mod:`evalsuite.bench` (the kernel-level ``srmsnorm`` and ``sass``:
-:mod:`evalsuite.cli.bench_kernels`). Registered on the ``bench`` group when :mod:`evalsuite.cli.main` imports this
-module."""
+step-time|train|saved-memory``: thin layers over :mod:`evalsuite.bench` (the kernel-level ``srmsnorm``, ``sass`` and
+``profile-ops``: :mod:`evalsuite.cli.bench_kernels`). Registered on the ``bench`` group when :mod:`evalsuite.cli.main`
+imports this module."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ def _check_rounds(rounds: int) -> None:
         raise UserError(f"--rounds must be at least 1, got {rounds}")
 
 
+LinearOpsOpt = Annotated[str, typer.Option("--ops", help="Comma-separated: gsa, lightning.")]
 AutoDtypeOpt = Annotated[
     str | None, typer.Option(help="float32, bfloat16 or float16 (default: bfloat16 on CUDA, float32 on CPU).")
 ]
@@ -94,7 +95,7 @@ def bench_linear_cmd(
         "results/runs/bench/linear"
     ),
     seq_lens: Annotated[str, typer.Option(help="Comma-separated T values.")] = "1024,2048,4096,8192,16384,32768,65536",
-    ops: Annotated[str, typer.Option(help="Comma-separated: gsa, lightning.")] = "gsa,lightning",
+    ops: LinearOpsOpt = "gsa,lightning",
     providers: Annotated[
         str | None,
         typer.Option(help="Comma-separated [default: Triton + fla + SDPA on CUDA, the chunked twins on CPU]."),

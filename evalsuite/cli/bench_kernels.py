@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from evalsuite.cli.app import bench_app
-from evalsuite.cli.bench import RoundsOpt, _check_choices
+from evalsuite.cli.bench import LinearOpsOpt, RoundsOpt, _check_choices
 from evalsuite.cli.options import DeviceOpt, _csv_list
 
 
@@ -70,7 +70,7 @@ def bench_profile_ops_cmd(
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (.txt and .json).")] = Path(
         "results/runs/bench/profile-ops"
     ),
-    ops: Annotated[str, typer.Option(help="Comma-separated: gsa, lightning.")] = "gsa,lightning",
+    ops: LinearOpsOpt = "gsa,lightning",
     providers: Annotated[
         str | None, typer.Option(help="Comma-separated [default: ours, *_triton on CUDA, *_chunked on a CPU].")
     ] = None,

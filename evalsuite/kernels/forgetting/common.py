@@ -209,9 +209,5 @@ def _time_contiguous(cum) -> bool:
     16-byte aligned (batch, head) starts (time-major storage, :func:`cumsum_over_time`'s, with T a multiple of 4).
     Called where :func:`_tma_usable` already holds for K and V (the device side)."""
     size = cum.element_size()
-    return (
-        cum.stride(1) == 1
-        and cum.data_ptr() % 16 == 0
-        and cum.stride(0) * size % 16 == 0
-        and (cum.stride(2) * size % 16 == 0)
-    )
+    aligned = cum.data_ptr() % 16 == 0 and all(cum.stride(i) * size % 16 == 0 for i in (0, 2))
+    return cum.stride(1) == 1 and aligned
