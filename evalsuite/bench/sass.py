@@ -10,7 +10,8 @@ with and without the gate differ by exactly its per-score float operations.
 Kernels: the Forgetting Attention forward (``forgetting-fwd``) and its two backward kernels (``forgetting-dq``,
 ``forgetting-dkdv``) at their shipped GPU block configs (:func:`evalsuite.kernels.forgetting.common.block_config` as
 on a GPU), bf16, with TMA descriptors where the launchers use them at T = :data:`AT_T`; and Gated Slot Attention's two
-largest forward kernels, ``gsa-read`` (the pass-1 logits) and ``gsa-pair`` (each chunk's pair matrix), at the shipped
+largest forward kernels, ``gsa-read`` (the pass-1 logits) and ``gsa-pair`` (each chunk's pair matrix), and its largest
+backward kernel, ``gsa-dgate`` (the log-gate gradient), at the shipped
 :data:`~evalsuite.kernels.gated_slot.common.GPU_CONFIG` with dk = dv = m = D, bf16 (their gate is their own: one
 record each). Every record also counts the whole kernel's instructions (``whole``): the GSA kernels' products are
 unrolled, with no loop around them. Not under ``TRITON_INTERPRET=1``: the interpreter replaces the kernels with Python.
@@ -26,18 +27,18 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-KERNELS = ("forgetting-fwd", "forgetting-dq", "forgetting-dkdv", "gsa-read", "gsa-pair")
+KERNELS = ("forgetting-fwd", "forgetting-dq", "forgetting-dkdv", "gsa-read", "gsa-pair", "gsa-dgate")
 JSON_NAME = "sass_loops.json"
 _BF16_ARGS = {"Q", "K", "V", "Out", "DO", "DQ", "DK", "DV", "X", "Y"}
-_F32_ARGS = {"C", "LSE", "DELTA", "DC", "G", "HS", "OUT", "Z", "DP", "A"}
+_F32_ARGS = {"C", "LSE", "DELTA", "DC", "G", "HS", "OUT", "Z", "DP", "A", "HSK", "HSV", "DHSK", "DHSV", "DG"}
 _INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?);")
 _BRANCH = re.compile(r"\bBRA\s+(0x[0-9a-f]+)")
 AT_T = 16384  # the sequence length whose launch settings the compiled kernels take (the benchmarks' headline T)
 
 
 def _gsa_kernel_and_config(kernel: str, head_dim: int):
-    """:func:`_kernel_and_config` of the GSA read or pair kernel at dk = dv = m = ``head_dim``, bf16 (MODE 1 of the
-    pair kernel: the forward's p)."""
+    """:func:`_kernel_and_config` of the GSA read, pair or dgate kernel at dk = dv = m = ``head_dim``, bf16 (MODE 1
+    of the pair kernel: the forward's p)."""
     import torch
 
     from evalsuite.kernels.gated_slot import chunk_kernels
@@ -50,6 +51,10 @@ def _gsa_kernel_and_config(kernel: str, head_dim: int):
         bd, bm = read_tiles(cfg, head_dim, head_dim)
         values = {**shape, **flags, "D": head_dim, "BD": bd, "BM": bm}
         return chunk_kernels._read_kernel, values, (cfg["READ_WARPS"], cfg["STAGES"])
+    if kernel == "gsa-dgate":
+        bd = min(cfg["DGATE_BD"], head_dim)
+        values = {**shape, **flags, "DK": head_dim, "DV": head_dim, "BD": bd, "BM": min(cfg["DGATE_BM"], head_dim)}
+        return chunk_kernels._dgate_kernel, values, (cfg["DGATE_WARPS"], cfg["STAGES"])
     gate_flags = {k: v for k, v in flags.items() if k.startswith("G")}
     values = {**shape, **gate_flags, "MODE": 1, "BM": min(cfg["PAIR_BM"], head_dim)}
     return chunk_kernels._pair_kernel, values, (cfg["PAIR_WARPS"], cfg["STAGES"])

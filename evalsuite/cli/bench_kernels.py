@@ -48,7 +48,10 @@ def bench_srmsnorm_cmd(
 def bench_sass_cmd(
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (JSON).")] = Path("results/runs/bench/sass"),
     kernels: Annotated[
-        str, typer.Option(help="forgetting-fwd, forgetting-dq, forgetting-dkdv, gsa-read, gsa-pair; comma-separated.")
+        str,
+        typer.Option(
+            help="forgetting-fwd, forgetting-dq, forgetting-dkdv, gsa-read, gsa-pair, gsa-dgate; comma-separated."
+        ),
     ] = "forgetting-fwd,forgetting-dq,forgetting-dkdv",
     head_dims: Annotated[str, typer.Option(help="Comma-separated head dims (64, 128; GSA: dk = dv = m).")] = "64,128",
     arch: Annotated[int, typer.Option(help="Compute capability to compile for, as 90 for sm_90a (H100/H200).")] = 90,
@@ -72,7 +75,7 @@ def bench_profile_ops_cmd(
     ),
     ops: LinearOpsOpt = "gsa,lightning",
     providers: Annotated[
-        str | None, typer.Option(help="Comma-separated [default: ours, *_triton on CUDA, *_chunked on a CPU].")
+        str | None, typer.Option(help="Comma-separated (default: ours, *_triton on CUDA, *_chunked on a CPU).")
     ] = None,
     seq_lens: Annotated[str, typer.Option(help="Comma-separated T values.")] = "1024,16384,65536",
     modes: Annotated[str, typer.Option(help="Comma-separated: fwd, fwdbwd.")] = "fwd,fwdbwd",

@@ -56,8 +56,10 @@ from evalsuite.kernels.gated_slot.common import (
     G_FLOOR,
     MICRO,
     _earlier_factor,
+    _earlier_sub_factor,
     _local_cumsum,
     _softmax_stats,
+    _sub_chunk_refs,
     _u_tile,
     _write_strength,
 )
@@ -137,10 +139,11 @@ def _read_kernel(X, Y, G, HS, OUT, T, H, NT, scale, M: tl.constexpr, D: tl.const
         a = tl.dot(x, tl.trans(y), a, input_precision=PREC)
     bc, l_sub, l_mic, w = _chunk_gates(G, row, ok, offs_m, C, BC, M, BM)
     sub = rows // BC
+    refs = _sub_chunk_refs(G, b, n, h, T, H, offs_m, C, BC, M)
     # s in an earlier sub-chunk than r: exp(b_r - b_s) = exp(l_sub_r) * exp(b at the row before r's sub-chunk - b_s)
     acc_sub = tl.zeros([C, BM], dtype=tl.float32)
     for j in tl.static_range(1, C // BC):
-        col = w * _earlier_factor(bc, rows, j, C, C, BC, BM)
+        col = w * _earlier_sub_factor(refs, bc, rows, j, C, BC)
         a_j = tl.where((sub == j)[:, None], a, 0.0)
         acc_sub = tl.dot(a_j.to(GT).to(GMT), col.to(GT).to(GMT), acc_sub, input_precision=GPREC)
     # s in r's sub-chunk, an earlier micro-block; then s < r in r's micro-block: both take exp(l_mic_r) out

@@ -232,6 +232,29 @@ def _earlier_factor(outer, rows, j, C: tl.constexpr, P: tl.constexpr, S: tl.cons
 
 
 @triton.jit
+def _sub_chunk_refs(G, b, n, h, T, H, offs_m, C: tl.constexpr, BC: tl.constexpr, M: tl.constexpr):
+    """``[C // BC, BM]``: the in-chunk cumsum of the clamped log gates at the last row of every sub-chunk of BC rows
+    (chunk n of sequence b, head h, slots offs_m), as the cumsum of the sub-chunks' totals from a 3-D load of the
+    gates. The same values as rows of the ``[C, BM]`` cumsum up to rounding, without extracting rows from that
+    tile: on sm_90 each extraction is a masked sum over rows (lane shuffles), the costlier form (the read kernel:
+    1.73 -> 1.58 ms at B 4, T 16K, H 16, D = m = 64 on an H200; in the pair and dgate kernels it measured no faster)."""
+    r3 = tl.arange(0, C // BC)[:, None, None] * BC + tl.arange(0, BC)[None, :, None]
+    row3 = (b * T + n * C + r3).to(tl.int64) * H + h
+    g3 = tl.load(G + row3 * M + offs_m[None, None, :], mask=(n * C + r3) < T, other=0.0)
+    return tl.cumsum(tl.sum(tl.maximum(g3, G_FLOOR), 1), 0)
+
+
+@triton.jit
+def _earlier_sub_factor(refs, bc, rows, j, C: tl.constexpr, BC: tl.constexpr):
+    """:func:`_earlier_factor` at the sub-chunk level (one parent, the chunk) from :func:`_sub_chunk_refs`:
+    ``exp(b_ref - b_r)`` with ``b_ref`` the cumsum at the last row of sub-chunk j - 1, for rows r before sub-chunk
+    j; 0 for the others. ``[C, BM]``; the exponent is <= 0 up to the rounding of two summation orders."""
+    ref = tl.sum(tl.where(tl.arange(0, C // BC)[:, None] == j - 1, refs, 0.0), 0)[None, :]
+    early = (rows < j * BC)[:, None]
+    return tl.where(early, tl.exp(tl.where(early, ref - bc, 0.0)), 0.0)
+
+
+@triton.jit
 def _softmax_stats(Z, DP, row, ok, M: tl.constexpr, BM: tl.constexpr, MODE: tl.constexpr):
     """Per row of ``Z [rows, M]`` (the pass-1 logits ``scale * hk^T q``), read BM slots at a time: the max, the sum
     of ``exp(z - max)`` and, in MODE 2, ``<p, dP>`` (0 otherwise), for :func:`_u_tile`."""
