@@ -21,7 +21,7 @@ from evalsuite.kernels.gated_slot import gated_slot_attention, reference
 
 # One kernel per module (None: binds the others'), checked to be interpreted (conftest.interpreted_kernel_modules).
 _KERNELS = {"common": "_load_u", "state_kernels": "_state_fwd_kernel", "chunk_kernels": "_read_kernel", "chunk": None,
-            "decode": "_decode_kernel"}  # fmt: skip
+            "decode": "_decode_keys_kernel"}  # fmt: skip
 _modules = interpreted_kernel_modules("evalsuite.kernels.gated_slot", _KERNELS)
 common, chunk, decode = _modules["common"], _modules["chunk"], _modules["decode"]
 
@@ -267,7 +267,8 @@ def test_extreme_gates_exact(dtype):
 
 def test_decode_steps_match_recurrent_in_place():
     """Five decode steps from a random state equal the recurrent reference token by token; the state tensors
-    (hk a transposed view, so strided) are updated in place and returned."""
+    (hk a transposed view, so strided) are updated in place and returned. dk = 32 and dv = 64 take 2 and 4 tiles of
+    the interpreter's DECODE_BD = 16: the logits are summed from several key tiles' parts."""
     B, T, H, dk, dv, m = 2, 5, 2, 32, 64, 16
     for dtype in (torch.float32, torch.bfloat16):
         q, k, v, log_alpha, (hk0, hv0) = make_inputs(B, T, H, dk, dv, m, dtype, "mild", True, seed=7)

@@ -93,7 +93,7 @@ GPU_CONFIG = MappingProxyType(
         "DGATE_BM": 32,
         "DGATE_WARPS": 8,
         "STAGES": 1,
-        "DECODE_BD": 64,
+        "DECODE_BD": 32,  # rows of a decode step's state tiles (decode.py): 16 tiles a head of 512
         "DECODE_WARPS": 4,
     }
 )

@@ -4,11 +4,14 @@ Entry point: :func:`gsa_decode_triton` ``(q, k, v, log_alpha, scale, state) -> (
 single token. The state ``(hk [B, H, dk, m], hv [B, H, m, dv])`` (float32, any strides) is updated in place and
 returned as the same tensors.
 
-One program per (batch, head), grid ``(B*H,)``: it walks hk in tiles of dk rows (read, ``hk*alpha + k s^T``, write
-back, accumulate ``hk^T q``), takes the softmax over the m slots, then walks hv in tiles of dv columns (read,
-``alpha*hv + s v^T``, write back, ``o = hv^T p``). Each state element is read once and written once, which is the
-whole cost of the step (it is memory-bound); the softmax needs all of ``hk^T q`` before hv is read, so the head is
-not split across programs.
+Two launches, each spread over (batch, head) x tiles of BD state rows, so a step at batch 1 over a few wide heads
+(GSA 1.3B: 4 heads of 512) still occupies many SMs: (1) ``_decode_keys_kernel``, grid ``(B*H, dk/BD)``: read a tile of
+hk, ``hk*alpha + k s^T``, write it back, and store the tile's part of ``hk^T q`` (float32 ``[B*H, dk/BD, m]``);
+(2) ``_decode_values_kernel``, grid ``(B*H, dv/BD)``: sum the parts into the logits, take the softmax over the m
+slots (each program again: m x dk/BD values), then read a tile of hv, ``alpha*hv + s v^T``, write it back and store
+its columns of ``o = hv^T p``. Each state element is read once and written once, the whole cost of the step (it is
+memory-bound); the softmax needs all of ``hk^T q`` before hv is read, hence the two launches. (One program per head,
+as before, took 22 us a layer of GSA 1.3B at batch 1 on an H200, 24% of the compiled step: results/decode/.)
 """
 
 from __future__ import annotations
@@ -23,38 +26,46 @@ from evalsuite.kernels.gated_slot.reference import _check
 
 
 @triton.jit
-def _decode_kernel(Q, K, V, G, HK, HV, OUT, H, scale, sqb, sqh, skb, skh, svb, svh, sgb, sgh, sob, soh,
-                   shk_b, shk_h, shk_d, shk_m, shv_b, shv_h, shv_m, shv_d, M: tl.constexpr, DK: tl.constexpr,
-                   DV: tl.constexpr, BD: tl.constexpr):  # fmt: skip
-    """Grid (B*H,). The head dims of q, k, v, o and the slot dim of log_alpha are unit-stride."""
+def _decode_keys_kernel(Q, K, G, HK, PART, H, sqb, sqh, skb, skh, sgb, sgh, shk_b, shk_h, shk_d, shk_m,
+                        M: tl.constexpr, DK: tl.constexpr, BD: tl.constexpr):  # fmt: skip
+    """Grid (B*H, DK/BD): update rows ``[j*BD, (j+1)*BD)`` of hk in place; ``PART[bh, j] [M]`` = their part of
+    ``hk^T q``. The head dims of q, k and the slot dim of log_alpha are unit-stride."""
     bh = tl.program_id(0)
+    j = tl.program_id(1)
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     offs_m = tl.arange(0, M)
-    offs_d = tl.arange(0, BD)
+    offs_d = j * BD + tl.arange(0, BD)
     g = tl.load(G + b * sgb + h * sgh + offs_m)
-    alpha = tl.exp(g)
-    s = _write_strength(g)
-    hk_base = HK + b * shk_b + h * shk_h
-    logits = tl.zeros([M], dtype=tl.float32)
-    for d0 in tl.static_range(0, DK, BD):
-        ptr = hk_base + (d0 + offs_d)[:, None] * shk_d + offs_m[None, :] * shk_m
-        k = tl.load(K + b * skb + h * skh + d0 + offs_d).to(tl.float32)
-        q = tl.load(Q + b * sqb + h * sqh + d0 + offs_d).to(tl.float32)
-        hk = tl.load(ptr) * alpha[None, :] + k[:, None] * s[None, :]
-        tl.store(ptr, hk)
-        logits += tl.sum(hk * q[:, None], 0)
-    logits = logits * scale
+    ptr = HK + b * shk_b + h * shk_h + offs_d[:, None] * shk_d + offs_m[None, :] * shk_m
+    k = tl.load(K + b * skb + h * skh + offs_d).to(tl.float32)
+    q = tl.load(Q + b * sqb + h * sqh + offs_d).to(tl.float32)
+    hk = tl.load(ptr) * tl.exp(g)[None, :] + k[:, None] * _write_strength(g)[None, :]
+    tl.store(ptr, hk)
+    tl.store(PART + (bh.to(tl.int64) * (DK // BD) + j) * M + offs_m, tl.sum(hk * q[:, None], 0))
+
+
+@triton.jit
+def _decode_values_kernel(V, G, PART, HV, OUT, H, scale, svb, svh, sgb, sgh, sob, soh, shv_b, shv_h, shv_m, shv_d,
+                          M: tl.constexpr, NK: tl.constexpr, BD: tl.constexpr):  # fmt: skip
+    """Grid (B*H, DV/BD): ``p = softmax(scale * sum_j PART[bh, j])`` over the slots, then update columns
+    ``[j*BD, (j+1)*BD)`` of hv in place and store those columns of ``o = hv^T p``."""
+    bh = tl.program_id(0)
+    j = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    offs_m = tl.arange(0, M)
+    offs_d = j * BD + tl.arange(0, BD)
+    parts = tl.load(PART + (bh.to(tl.int64) * NK + tl.arange(0, NK))[:, None] * M + offs_m[None, :])
+    logits = tl.sum(parts, 0) * scale
     p = tl.exp(logits - tl.max(logits, 0))
     p = p / tl.sum(p, 0)
-    hv_base = HV + b * shv_b + h * shv_h
-    for d0 in tl.static_range(0, DV, BD):
-        ptr = hv_base + offs_m[:, None] * shv_m + (d0 + offs_d)[None, :] * shv_d
-        v = tl.load(V + b * svb + h * svh + d0 + offs_d).to(tl.float32)
-        hv = tl.load(ptr) * alpha[:, None] + s[:, None] * v[None, :]
-        tl.store(ptr, hv)
-        o = tl.sum(hv * p[:, None], 0)
-        tl.store(OUT + b * sob + h * soh + d0 + offs_d, o.to(OUT.dtype.element_ty))
+    g = tl.load(G + b * sgb + h * sgh + offs_m)
+    ptr = HV + b * shv_b + h * shv_h + offs_m[:, None] * shv_m + offs_d[None, :] * shv_d
+    v = tl.load(V + b * svb + h * svh + offs_d).to(tl.float32)
+    hv = tl.load(ptr) * tl.exp(g)[:, None] + _write_strength(g)[:, None] * v[None, :]
+    tl.store(ptr, hv)
+    tl.store(OUT + b * sob + h * soh + offs_d, tl.sum(hv * p[:, None], 0).to(OUT.dtype.element_ty))
 
 
 def gsa_decode_triton(q, k, v, log_alpha, scale: float, state):
@@ -78,9 +89,13 @@ def gsa_decode_triton(q, k, v, log_alpha, scale: float, state):
     o = triton_utils.empty((B, 1, H, dv), v.dtype, v.device)
     cfg = config()
     BD = min(cfg["DECODE_BD"], dk, dv)
-    _decode_kernel[(B * H,)](
-        q, k, v, g, hk, hv, o, H, float(scale), q.stride(0), q.stride(2), k.stride(0), k.stride(2),
-        v.stride(0), v.stride(2), g.stride(0), g.stride(2), o.stride(0), o.stride(2), *hk.stride(), *hv.stride(),
-        M=m, DK=dk, DV=dv, BD=BD, num_warps=cfg["DECODE_WARPS"],
+    part = triton_utils.empty((B * H, dk // BD, m), torch.float32, q.device)
+    _decode_keys_kernel[(B * H, dk // BD)](
+        q, k, g, hk, part, H, q.stride(0), q.stride(2), k.stride(0), k.stride(2), g.stride(0), g.stride(2),
+        *hk.stride(), M=m, DK=dk, BD=BD, num_warps=cfg["DECODE_WARPS"],
+    )  # fmt: skip
+    _decode_values_kernel[(B * H, dv // BD)](
+        v, g, part, hv, o, H, float(scale), v.stride(0), v.stride(2), g.stride(0), g.stride(2), o.stride(0),
+        o.stride(2), *hv.stride(), M=m, NK=dk // BD, BD=BD, num_warps=cfg["DECODE_WARPS"],
     )  # fmt: skip
     return o, (hk, hv)
