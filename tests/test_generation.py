@@ -90,10 +90,15 @@ def test_apply_stop_takes_the_earliest():
     assert apply_stop("abc", ["x", ""]) == ("abc", False)
 
 
-def test_bfloat16_adapter_equals_autocast_over_fp32_weights():
-    """The adapter casts linear layers once; the numbers must equal autocast over fp32 weights (FoX's evals)."""
-    half = NativeAdapter(load_card("fox-pro-tiny"), device="cpu", dtype="bfloat16")
-    full = NativeAdapter(load_card("fox-pro-tiny"), device="cpu")
+@pytest.mark.parametrize("card", ["fox-pro-tiny", "tnl-tiny"])
+def test_bfloat16_adapter_equals_autocast_over_fp32_weights(card):
+    """The adapter casts linear layers once, and a tied head (TNL's) to its own bf16 copy of the embedding; the
+    numbers must equal autocast over fp32 weights (FoX's evals)."""
+    half = NativeAdapter(load_card(card), device="cpu", dtype="bfloat16")
+    full = NativeAdapter(load_card(card), device="cpu")
+    tied = half.model.cfg.tie_word_embeddings
+    assert tied == (card == "tnl-tiny") and (half.model.head_cast is not None) == tied
+    assert half.model.embed.weight.dtype == torch.float32 and full.model.head_cast is None
     ids = torch.randint(0, 50257, (2, 65), generator=torch.Generator().manual_seed(0))
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         logits = full.model.logits(full.model(ids)).float()

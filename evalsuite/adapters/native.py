@@ -21,6 +21,7 @@ from evalsuite.generation import engine
 from evalsuite.generation.engine import left_pad
 from evalsuite.generation.steps import DecodeRun
 from evalsuite.generation.types import SAMPLER_EXTRAS, Generation, GenerationConfig
+from evalsuite.models.base import EmbeddingHeadLM
 from evalsuite.models.checkpoint import checkpoint_dir, checkpoint_sha256, load_checkpoint
 from evalsuite.runtime import dtype_name, resolve_device, resolve_dtype
 from evalsuite.tokenizers import get_tokenizer
@@ -141,6 +142,8 @@ class NativeAdapter(TokenAdapter):
             for module in self.model.modules():
                 if isinstance(module, torch.nn.Linear):
                     module.to(self.dtype)
+            if isinstance(self.model, EmbeddingHeadLM):
+                self.model.cast_tied_head(self.dtype)
 
     def _autocast(self):
         if self.dtype == torch.float32:

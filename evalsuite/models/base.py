@@ -350,6 +350,17 @@ class EmbeddingHeadLM(CausalLM):
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.register_buffer("head_cast", None, persistent=False)  # see cast_tied_head
+
+    @torch.no_grad()
+    def cast_tied_head(self, dtype: torch.dtype) -> None:
+        """For inference under autocast to ``dtype``: a tied head gets its own copy of the embedding in ``dtype``,
+        which :meth:`logits` uses. Under autocast ``F.linear`` would cast the float32 embedding on every call, a copy
+        of the whole vocabulary per decoded token (88 us of TNL 385M's 1.07 ms compiled step on an H200); the copy
+        gives the same logits bit for bit. The embedding stays float32 for lookups. The copy does not follow later
+        changes to the embedding (not for training). An untied head is a linear layer, cast with the others."""
+        if self.cfg.tie_word_embeddings:
+            self.head_cast = self.embed.weight.to(dtype)
 
     @property
     def vocab_size(self) -> int:
@@ -360,5 +371,7 @@ class EmbeddingHeadLM(CausalLM):
         return self.embed
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.head_cast is not None:
+            return F.linear(hidden, self.head_cast)
         weight = self.embed.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
         return F.linear(hidden, weight)
