@@ -1,6 +1,7 @@
 """evalsuite/models/packed.py: several linear maps of one input as one GEMM over rows of a shared buffer,
 and the FoX step that uses it: same outputs, no copied weights, and a model that still trains and saves."""
 
+import pytest
 import torch
 from torch import nn
 
@@ -90,3 +91,45 @@ def test_fox_pro_step_packed_equals_unpacked_and_saves(tmp_path):
     loaded = load_checkpoint(tmp_path / "ckpt")[0]
     for key, value in state.items():
         assert torch.equal(loaded.state_dict()[key], value)
+
+
+def _greedy_logits(model, ids, steps=5):
+    """The static decoder's logits over ``steps`` greedy steps after a prefill of ``ids``."""
+    dec = model.static_decoder(ids.shape[0], ids.shape[1] + steps + 2)
+    tok = model.logits(dec.prefill(ids)).argmax(-1)
+    logits = []
+    for _ in range(steps):
+        out = model.logits(dec.step(tok[:, None]))
+        logits.append(out)
+        tok = out.argmax(-1)
+    return torch.stack(logits)
+
+
+@pytest.mark.parametrize("card,packs", [
+    ("gsa-tiny", lambda block: [block.attn.step_pack, block.mlp.step_pack]),
+    ("tnl-tiny", lambda block: [block.channel_mixer.step_pack]),
+])  # fmt: skip
+def test_recurrent_step_packed_equals_unpacked_and_still_trains(card, packs):
+    """GSA's and TNL's static decoders stack each layer's maps of one input (GSA: q, k, v, slot and output gates,
+    gate and up; TNL: l1 and l2): the steps' logits equal those of the maps on their own. A one-token forward with
+    gradients afterwards does not take the stack (it is not a Parameter), so every map still gets its gradient."""
+    model = build_model(load_card(card), seed=0).eval()
+    ids = torch.randint(0, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        packed_logits = _greedy_logits(model, ids)
+    assert all(p is not None and p.intact() for block in model.blocks for p in packs(block))
+    saved_pack = model.pack_step
+    model.pack_step = lambda: None
+    for block in model.blocks:
+        for module in block.modules():
+            if hasattr(module, "step_pack"):
+                module.step_pack = None
+    with torch.inference_mode():
+        plain_logits = _greedy_logits(model, ids)
+    torch.testing.assert_close(packed_logits, plain_logits, rtol=1e-5, atol=1e-5)
+    saved_pack()  # packed again, then a training step of one token
+    model.train()
+    model.logits(model(ids[:, :1])).sum().backward()
+    grads = [p.grad for block in model.blocks for pack in packs(block) for lin in pack.linears.values()
+             for p in lin.parameters()]  # fmt: skip
+    assert grads and all(g is not None and g.abs().sum() > 0 for g in grads)

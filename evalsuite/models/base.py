@@ -211,6 +211,7 @@ class RecurrentStaticDecoder(DeviceStepDecoder):
 
     def __init__(self, model: CausalLM, batch: int, start: torch.Tensor | None, graph_safe: bool):
         self.model, self.graph_safe = model, graph_safe
+        model.pack_step()  # one GEMM per input for the step's small matrix products (evalsuite/models/packed.py)
         self.state = model.new_state(batch, 0, start)
         self.state.position = torch.zeros(1, dtype=torch.long, device=model.input_embedding.weight.device)
 

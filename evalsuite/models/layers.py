@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from evalsuite.models.packed import PackedLinears
+from evalsuite.models.packed import PackedLinears, step_uses_pack
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -78,7 +78,7 @@ class SwiGLU(nn.Module):
 
     def step(self, x):
         """:meth:`forward` for a decode step, with gate and up stacked once :meth:`pack_step` ran."""
-        if self.step_pack is None:
+        if not step_uses_pack(self.step_pack, x):
             return self(x)
         y = self.step_pack(x)
         return self.down_proj(F.silu(y["gate"]) * y["up"])

@@ -81,3 +81,9 @@ def _is_rows(param: torch.Tensor, buffer: torch.Tensor | None, start: int, n: in
         return False
     rows = buffer[start : start + n]
     return param.data_ptr() == rows.data_ptr() and param.shape == rows.shape and param.stride() == rows.stride()
+
+
+def step_uses_pack(pack: PackedLinears | None, x: torch.Tensor) -> bool:
+    """Whether a forward of ``x [B, T, D]`` takes ``pack``: a one-token step with no gradient (decoding). A forward
+    that trains must not: the stacked buffer is not a Parameter, so its GEMM would give the maps no gradient."""
+    return pack is not None and x.shape[-2] == 1 and not torch.is_grad_enabled()

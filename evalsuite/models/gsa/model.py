@@ -28,6 +28,7 @@ from evalsuite.kernels.gated_slot import BACKENDS, gated_slot_attention
 from evalsuite.kernels.gated_slot import triton_available as gsa_triton_available
 from evalsuite.models.base import EmbeddingHeadLM, RecurrentState, RecurrentStaticDecoder, normal_init_
 from evalsuite.models.layers import RMSNorm, SwiGLU, rms_norm
+from evalsuite.models.packed import PackedLinears, step_uses_pack
 
 FEATURE_MAPS = ("swish", "relu", "identity")
 
@@ -117,6 +118,17 @@ class GatedSlotAttention(nn.Module):
         if cfg.use_norm:
             self.g_norm = RMSNorm(D, cfg.norm_eps)  # sized by hidden_size, as in fla (``g_norm`` in fla's layer)
         self.o_proj = nn.Linear(cfg.value_dim, D, bias=False)
+        self.step_pack: PackedLinears | None = None
+
+    def pack_step(self) -> None:
+        """Let a decode step compute q, k, v, the slot gates and the output gate as one GEMM
+        (:mod:`evalsuite.models.packed`)."""
+        if self.step_pack is None:
+            maps = {"q": self.q_proj, "k": self.k_proj, "v": self.v_proj, "f": self.f_proj}
+            if self.cfg.use_output_gate:
+                maps["g"] = self.g_proj
+            self.step_pack = PackedLinears(maps)
+        self.step_pack.ensure()
 
     def forget_gate(self) -> tuple[nn.Linear, float]:
         """The slot gates as ``(projection, tau)``: ``log alpha = logsigmoid(projection(x)) / tau`` (as FoX's
@@ -129,10 +141,15 @@ class GatedSlotAttention(nn.Module):
         cfg = self.cfg
         B, T, _ = x.shape
         H, group = cfg.num_heads, cfg.num_heads // cfg.kv_heads
-        q = _feature(self.q_proj(x), cfg.feature_map).view(B, T, H, -1)
-        k = _feature(self.k_proj(x), cfg.feature_map).view(B, T, cfg.kv_heads, -1)
-        v = F.silu(self.v_proj(x)).view(B, T, cfg.kv_heads, -1)
-        log_alpha = F.logsigmoid(self.f_proj(x).float()).view(B, T, cfg.kv_heads, -1) / cfg.gate_logit_normalizer
+        if step_uses_pack(self.step_pack, x):
+            maps = self.step_pack(x)
+        else:
+            names = ("q", "k", "v", "f") + (("g",) if cfg.use_output_gate else ())
+            maps = {name: getattr(self, f"{name}_proj")(x) for name in names}
+        q = _feature(maps["q"], cfg.feature_map).view(B, T, H, -1)
+        k = _feature(maps["k"], cfg.feature_map).view(B, T, cfg.kv_heads, -1)
+        v = F.silu(maps["v"]).view(B, T, cfg.kv_heads, -1)
+        log_alpha = F.logsigmoid(maps["f"].float()).view(B, T, cfg.kv_heads, -1) / cfg.gate_logit_normalizer
         if group > 1:
             k, v, log_alpha = (t.repeat_interleave(group, dim=2) for t in (k, v, log_alpha))
         if pad is not None:
@@ -150,7 +167,7 @@ class GatedSlotAttention(nn.Module):
         )
         o = o.reshape(B, T, -1)
         if cfg.use_output_gate:
-            o = rms_norm(o, self.g_norm.weight, cfg.norm_eps) * F.silu(self.g_proj(x))
+            o = rms_norm(o, self.g_norm.weight, cfg.norm_eps) * F.silu(maps["g"])
         else:
             o = F.silu(o)
             if cfg.use_norm:
@@ -170,7 +187,12 @@ class Block(nn.Module):
     def forward(self, h, pad, state, backend):
         a, new_state = self.attn(self.attn_norm(h), pad, state, backend)
         h = h + a
-        return (h + self.mlp(self.mlp_norm(h)) if hasattr(self, "mlp") else h), new_state
+        return (h + self.mlp.step(self.mlp_norm(h)) if hasattr(self, "mlp") else h), new_state
+
+    def pack_step(self) -> None:
+        self.attn.pack_step()
+        if hasattr(self, "mlp"):
+            self.mlp.pack_step()
 
 
 class GSAForCausalLM(EmbeddingHeadLM):
@@ -200,6 +222,11 @@ class GSAForCausalLM(EmbeddingHeadLM):
                     rescale if name.endswith(("o_proj.weight", "down_proj.weight")) else 1
                 )
                 normal_init_(p, std, gen)
+
+    def pack_step(self) -> None:
+        """Stack each layer's linear maps of one input for decode steps (:mod:`evalsuite.models.packed`)."""
+        for block in self.blocks:
+            block.pack_step()
 
     def new_state(self, batch: int, capacity: int, start: torch.Tensor | None = None) -> RecurrentState:
         """Zero ``(hk [B, H, dk, m], hv [B, H, m, dv])`` float32 per layer; ``capacity`` is irrelevant (the state

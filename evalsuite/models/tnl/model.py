@@ -34,6 +34,7 @@ from evalsuite.kernels.lightning import BACKENDS, lightning_attention
 from evalsuite.kernels.lightning import triton_available as lightning_triton_available
 from evalsuite.models.base import EmbeddingHeadLM, RecurrentState, RecurrentStaticDecoder, normal_init_
 from evalsuite.models.layers import rms_norm
+from evalsuite.models.packed import PackedLinears, step_uses_pack
 
 DECAY_SCHEDULES = ("code", "paper")
 ACTIVATIONS = ("silu", "none")
@@ -167,8 +168,18 @@ class SGLU(nn.Module):
         self.l1 = nn.Linear(d, hidden, bias=False)
         self.l2 = nn.Linear(d, hidden, bias=False)
         self.l3 = nn.Linear(hidden, d, bias=False)
+        self.step_pack: PackedLinears | None = None
+
+    def pack_step(self) -> None:
+        """Let a decode step compute l1 and l2 as one GEMM (:mod:`evalsuite.models.packed`)."""
+        if self.step_pack is None:
+            self.step_pack = PackedLinears({"l1": self.l1, "l2": self.l2})
+        self.step_pack.ensure()
 
     def forward(self, x):
+        if step_uses_pack(self.step_pack, x):
+            y = self.step_pack(x)
+            return self.l3(y["l1"] * y["l2"])
         return self.l3(self.l1(x) * self.l2(x))
 
 
@@ -211,6 +222,12 @@ class TransNormerLLM(EmbeddingHeadLM):
                 p.copy_(lrpe_theta(self.cfg.num_heads, self.cfg.head_dim))
             else:
                 normal_init_(p, self.cfg.initializer_range, gen)
+
+    def pack_step(self) -> None:
+        """Stack each channel mixer's l1 and l2 for decode steps (the token mixer's maps are one matrix already)."""
+        for block in self.blocks:
+            if hasattr(block, "channel_mixer"):
+                block.channel_mixer.pack_step()
 
     def new_state(self, batch: int, capacity: int, start: torch.Tensor | None = None) -> RecurrentState:
         """Zero ``kv [B, H, dk, dv]`` float32 per layer (dk doubled on LRPE layers); ``capacity`` is irrelevant (the
