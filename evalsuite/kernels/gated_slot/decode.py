@@ -26,16 +26,20 @@ from evalsuite.kernels.gated_slot.reference import _check
 
 
 @triton.jit
+def _program_tile(H, M: tl.constexpr, BD: tl.constexpr):
+    """``(bh, j, b, h, offs_m, offs_d)`` of a program of grid (B*H, D/BD): its (batch, head), its tile j of BD state
+    rows (or columns) and their offsets, and the slot offsets."""
+    bh = tl.program_id(0)
+    j = tl.program_id(1)
+    return bh, j, (bh // H).to(tl.int64), (bh % H).to(tl.int64), tl.arange(0, M), j * BD + tl.arange(0, BD)
+
+
+@triton.jit
 def _decode_keys_kernel(Q, K, G, HK, PART, H, sqb, sqh, skb, skh, sgb, sgh, shk_b, shk_h, shk_d, shk_m,
                         M: tl.constexpr, DK: tl.constexpr, BD: tl.constexpr):  # fmt: skip
     """Grid (B*H, DK/BD): update rows ``[j*BD, (j+1)*BD)`` of hk in place; ``PART[bh, j] [M]`` = their part of
     ``hk^T q``. The head dims of q, k and the slot dim of log_alpha are unit-stride."""
-    bh = tl.program_id(0)
-    j = tl.program_id(1)
-    b = (bh // H).to(tl.int64)
-    h = (bh % H).to(tl.int64)
-    offs_m = tl.arange(0, M)
-    offs_d = j * BD + tl.arange(0, BD)
+    bh, j, b, h, offs_m, offs_d = _program_tile(H, M, BD)
     g = tl.load(G + b * sgb + h * sgh + offs_m)
     ptr = HK + b * shk_b + h * shk_h + offs_d[:, None] * shk_d + offs_m[None, :] * shk_m
     k = tl.load(K + b * skb + h * skh + offs_d).to(tl.float32)
@@ -50,12 +54,7 @@ def _decode_values_kernel(V, G, PART, HV, OUT, H, scale, svb, svh, sgb, sgh, sob
                           M: tl.constexpr, NK: tl.constexpr, BD: tl.constexpr):  # fmt: skip
     """Grid (B*H, DV/BD): ``p = softmax(scale * sum_j PART[bh, j])`` over the slots, then update columns
     ``[j*BD, (j+1)*BD)`` of hv in place and store those columns of ``o = hv^T p``."""
-    bh = tl.program_id(0)
-    j = tl.program_id(1)
-    b = (bh // H).to(tl.int64)
-    h = (bh % H).to(tl.int64)
-    offs_m = tl.arange(0, M)
-    offs_d = j * BD + tl.arange(0, BD)
+    bh, j, b, h, offs_m, offs_d = _program_tile(H, M, BD)
     parts = tl.load(PART + (bh.to(tl.int64) * NK + tl.arange(0, NK))[:, None] * M + offs_m[None, :])
     logits = tl.sum(parts, 0) * scale
     p = tl.exp(logits - tl.max(logits, 0))
