@@ -17,10 +17,9 @@ import torch
 
 from evalsuite.bench.common import Unavailable, format_kernel_rows, kernel_table
 from evalsuite.bench.linear import op_builder
-from evalsuite.bench.linear_ops import OP_PROVIDERS
+from evalsuite.bench.linear_ops import OP_PROVIDERS, OPS
 
 MODES = ("fwd", "fwdbwd")
-OPS = ("gsa", "lightning")
 
 
 def _profile_case(op, provider, T, mode, *, tokens, calls, dtype, device) -> dict:

@@ -57,6 +57,7 @@ from evalsuite.kernels.gated_slot.common import (
     MICRO,
     _earlier_factor,
     _earlier_sub_factor,
+    _load_gates,
     _local_cumsum,
     _softmax_stats,
     _sub_chunk_refs,
@@ -80,7 +81,7 @@ def _chunk_gates(G, row, ok, offs_m, C: tl.constexpr, BC: tl.constexpr, M: tl.co
     """``(bc, l_sub, l_mic, s)`` of one chunk and the slots offs_m, float32 ``[C, BM]``: the inclusive cumsums of
     the log gates (0 past T) from the chunk's, each sub-chunk's and each micro-block's start, and the write strength
     ``s = -expm1(g)``."""
-    g = tl.maximum(tl.load(G + row[:, None] * M + offs_m[None, :], mask=ok[:, None], other=0.0), G_FLOOR)
+    g = _load_gates(G, row, ok, offs_m, M)
     return tl.cumsum(g, 0), _local_cumsum(g, C, BC, BM), _local_cumsum(g, C, MICRO, BM), _write_strength(g)
 
 
@@ -224,7 +225,7 @@ def _write_kernel(Y, Z, DP, G, HS, A, OUT, T, H, NT, scale, MODE: tl.constexpr, 
     acc = tl.zeros([C, BD], dtype=tl.float32)
     for m0 in tl.range(0, M, BM):
         offs_m = m0 + tl.arange(0, BM)
-        g = tl.maximum(tl.load(G + row[:, None] * M + offs_m[None, :], mask=ok[:, None], other=0.0), G_FLOOR)
+        g = _load_gates(G, row, ok, offs_m, M)
         u = _u_tile(Z, DP, row, ok, scale, zmax, zsum, pdp, offs_m, M, MODE)
         h0 = tl.load(hs + offs_m[:, None] * D + offs_d[None, :])
         acc = tl.dot((u * tl.exp(tl.cumsum(g, 0))).to(DT).to(MT), h0.to(DT).to(MT), acc, input_precision=PREC)
@@ -255,7 +256,7 @@ def _write_rev_kernel(X, G, DHS, A, OUT, T, H, NT, M: tl.constexpr, D: tl.conste
     acc = tl.zeros([C, BD], dtype=tl.float32)
     for m0 in tl.range(0, M, BM):
         offs_m = m0 + tl.arange(0, BM)
-        g = tl.maximum(tl.load(G + row[:, None] * M + offs_m[None, :], mask=ok[:, None], other=0.0), G_FLOOR)
+        g = _load_gates(G, row, ok, offs_m, M)
         bc = tl.cumsum(g, 0)
         bt = tl.sum(g, 0)  # g = 0 past T, so this is b at the chunk's last row
         dh = tl.load(dhs + offs_m[:, None] * D + offs_d[None, :])

@@ -232,6 +232,13 @@ def _earlier_factor(outer, rows, j, C: tl.constexpr, P: tl.constexpr, S: tl.cons
 
 
 @triton.jit
+def _load_gates(G, row, ok, offs_m, M: tl.constexpr):
+    """The log gates ``G [rows, M]`` of rows ``row`` (0 past T: ``ok`` false) and slots offs_m, clamped at
+    :data:`G_FLOOR`, float32 ``[len(row), len(offs_m)]``: how every kernel reads them."""
+    return tl.maximum(tl.load(G + row[:, None] * M + offs_m[None, :], mask=ok[:, None], other=0.0), G_FLOOR)
+
+
+@triton.jit
 def _sub_chunk_refs(G, b, n, h, T, H, offs_m, C: tl.constexpr, BC: tl.constexpr, M: tl.constexpr):
     """``[C // BC, BM]``: the in-chunk cumsum of the clamped log gates at the last row of every sub-chunk of BC rows
     (chunk n of sequence b, head h, slots offs_m), as the cumsum of the sub-chunks' totals from a 3-D load of the

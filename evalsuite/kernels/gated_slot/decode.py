@@ -10,8 +10,8 @@ hk, ``hk*alpha + k s^T``, write it back, and store the tile's part of ``hk^T q``
 (2) ``_decode_values_kernel``, grid ``(B*H, dv/BD)``: sum the parts into the logits, take the softmax over the m
 slots (each program again: m x dk/BD values), then read a tile of hv, ``alpha*hv + s v^T``, write it back and store
 its columns of ``o = hv^T p``. Each state element is read once and written once, the whole cost of the step (it is
-memory-bound); the softmax needs all of ``hk^T q`` before hv is read, hence the two launches. (One program per head,
-as before, took 22 us a layer of GSA 1.3B at batch 1 on an H200, 24% of the compiled step: results/decode/.)
+memory-bound); the softmax needs all of ``hk^T q`` before hv is read, hence the two launches. (One program per head
+would take 22 us a layer of GSA 1.3B at batch 1 on an H200, 24% of the compiled step: results/decode/.)
 """
 
 from __future__ import annotations

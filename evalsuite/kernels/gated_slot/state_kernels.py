@@ -19,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from evalsuite.kernels.gated_slot.common import G_FLOOR, _load_u, _write_strength
+from evalsuite.kernels.gated_slot.common import _load_gates, _load_u, _write_strength
 
 # The kernels take the constexprs of common.dot_flags for their products: DT, MT, PREC; see there for the tl.dot idiom.
 # Buffers of segment values, SEG [B*H, NSEG, M, D], of their summed log gates, LSEG [B*H, NSEG, M], and of each
@@ -58,7 +58,7 @@ def _state_fwd_walk(X, X0, OUT, G, SEG, LSEG, LCUM, bh, s, i_d, first, T, H, NT,
         t = n * C + offs_c
         ok = t < T
         row = (b * T + t).to(tl.int64) * H + h
-        g = tl.maximum(tl.load(G + row[:, None] * M + offs_m[None, :], mask=ok[:, None], other=0.0), G_FLOOR)
+        g = _load_gates(G, row, ok, offs_m, M)
         s_w = _write_strength(g)
         total = tl.sum(g, 0)
         w = s_w * tl.exp(total[None, :] - tl.cumsum(g, 0))  # decay from row r to the chunk end
@@ -126,7 +126,7 @@ def _state_bwd_walk(X, Z, DP, G, X0, OUT, SEG, LSEG, LCUM, DH0, bh, s, i_d, firs
         t = n * C + offs_c
         ok = t < T
         row = (b * T + t).to(tl.int64) * H + h
-        g = tl.maximum(tl.load(G + row[:, None] * M + offs_m[None, :], mask=ok[:, None], other=0.0), G_FLOOR)
+        g = _load_gates(G, row, ok, offs_m, M)
         u = _load_u(Z, DP, row, ok, scale, M, MODE) * tl.exp(tl.cumsum(g, 0))  # decay chunk start -> row r
         x = tl.load(X + row[:, None] * D + offs_d[None, :], mask=ok[:, None], other=0.0)
         total = tl.sum(g, 0)
