@@ -133,3 +133,37 @@ def test_recurrent_step_packed_equals_unpacked_and_still_trains(card, packs):
     grads = [p.grad for block in model.blocks for pack in packs(block) for lin in pack.linears.values()
              for p in lin.parameters()]  # fmt: skip
     assert grads and all(g is not None and g.abs().sum() > 0 for g in grads)
+
+
+@pytest.mark.parametrize("card", ["fox-pro-tiny", "gsa-tiny", "tnl-tiny"])
+def test_decode_steps_route_every_linear_map_through_the_gemv_dispatcher(card, monkeypatch):
+    """A decode step's linear maps all go through the few-row GEMV dispatcher (kernels/gemv: the Triton kernel on
+    CUDA where it is faster): the stacked maps, the other maps of the layers and the LM head; the prefill's maps
+    (many rows) and a training forward take the modules themselves."""
+    import evalsuite.models.base as base
+    import evalsuite.models.packed as packed
+
+    calls = []
+
+    def counting(x, weight, bias=None):
+        calls.append(x.shape[:-1].numel())
+        return torch.nn.functional.linear(x, weight, bias)
+
+    monkeypatch.setattr(packed, "few_row_linear", counting)
+    monkeypatch.setattr(base, "few_row_linear", counting)
+    model = build_model(load_card(card), seed=0).eval()
+    ids = torch.randint(0, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        dec = model.static_decoder(2, 16)
+        model.logits(dec.prefill(ids))
+        prefill_calls = list(calls)
+        calls.clear()
+        model.logits(dec.step(ids[:, :1]))
+    linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    packed_away = sum(len(p.linears) - 1 for m in model.modules() if (p := getattr(m, "step_pack", None)) is not None)
+    assert prefill_calls == [2]  # the head over the last positions only
+    assert calls == [2] * (linears - packed_away + (1 if model.cfg.tie_word_embeddings else 0))
+    calls.clear()
+    model.train()
+    model.logits(model(ids[:, :1])).sum().backward()  # one token with gradients: the layers' modules themselves;
+    assert calls == [2]  # the head asks the dispatcher, which leaves a gradient to F.linear

@@ -21,10 +21,10 @@ from collections.abc import Callable, Iterator
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from evalsuite.errors import UserError
+from evalsuite.kernels.gemv import few_row_linear
 from evalsuite.kernels.triton_utils import interpreting, triton_installed
 
 STATE_KINDS = ("kv-cache", "recurrent", "chunk-memory")
@@ -372,7 +372,8 @@ class EmbeddingHeadLM(CausalLM):
         return self.embed
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden ``[..., D]`` -> logits ``[..., V]``; a decode step's few rows through the GEMV kernel on CUDA."""
         if self.head_cast is not None:
-            return F.linear(hidden, self.head_cast)
+            return few_row_linear(hidden, self.head_cast)
         weight = self.embed.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
-        return F.linear(hidden, weight)
+        return few_row_linear(hidden, weight)

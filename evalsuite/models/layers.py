@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from evalsuite.models.packed import PackedLinears, step_uses_pack
+from evalsuite.models.packed import PackedLinears, decode_linear, step_uses_pack
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -81,7 +81,7 @@ class SwiGLU(nn.Module):
         if not step_uses_pack(self.step_pack, x):
             return self(x)
         y = self.step_pack(x)
-        return self.down_proj(F.silu(y["gate"]) * y["up"])
+        return decode_linear(self.down_proj, F.silu(y["gate"]) * y["up"])
 
 
 class ShiftProjection(nn.Module):

@@ -11,13 +11,17 @@ rows of it (``param.data``), so nothing is duplicated and the modules, their sta
 any optimizer holding the parameters work as before. Whatever gives a parameter storage of its own again
 (``.to()``, ``load_state_dict`` into a new model, assigning ``.data``) breaks the stacking; :meth:`ensure` notices
 and stacks again.
+
+The GEMVs themselves are the few-row Triton kernel on CUDA (:func:`evalsuite.kernels.gemv.few_row_linear`, F.linear
+elsewhere): the stacked maps and, through :func:`decode_linear`, the layers' other maps in a decode step.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from evalsuite.kernels.gemv import few_row_linear
 
 
 class PackedLinears:
@@ -72,7 +76,8 @@ class PackedLinears:
 
     def __call__(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         """x: ``[..., in_features]`` -> ``{name: [..., out_features of that map]}``."""
-        return dict(zip(self.linears, F.linear(x, self.weight, self.bias).split(self.sizes, -1), strict=True))
+        y = few_row_linear(x, self.weight, self.bias)
+        return dict(zip(self.linears, y.split(self.sizes, -1), strict=True))
 
 
 def _is_rows(param: torch.Tensor, buffer: torch.Tensor | None, start: int, n: int) -> bool:
@@ -87,3 +92,11 @@ def step_uses_pack(pack: PackedLinears | None, x: torch.Tensor) -> bool:
     """Whether a forward of ``x [B, T, D]`` takes ``pack``: a one-token step with no gradient (decoding). A forward
     that trains must not: the stacked buffer is not a Parameter, so its GEMM would give the maps no gradient."""
     return pack is not None and x.shape[-2] == 1 and not torch.is_grad_enabled()
+
+
+def decode_linear(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``linear(x)`` for x ``[B, T, in_features]``; a one-token forward with no gradient (a decode step) takes the
+    few-row GEMV kernel on CUDA. Other forwards call the module: training, prefill and the stacked cells' vmap."""
+    if x.shape[-2] == 1 and not torch.is_grad_enabled():
+        return few_row_linear(x, linear.weight, linear.bias)
+    return linear(x)

@@ -37,7 +37,7 @@ from evalsuite.models.base import EmbeddingHeadLM, normal_init_
 from evalsuite.models.fox.cache import KVCache, LayerCache
 from evalsuite.models.fox.decoder import FoxStaticDecoder
 from evalsuite.models.layers import HeadRMSNorm, RMSNorm, ShiftProjection, SwiGLU, rope
-from evalsuite.models.packed import PackedLinears
+from evalsuite.models.packed import PackedLinears, decode_linear
 
 FGATE_TYPES = ("full", "bias_only", "fixed", "none")
 # Added to the cumulative log-forget of padding keys, so a real query weights them exp(-2^20) == 0. Not larger: the
@@ -217,7 +217,7 @@ class ForgettingAttention(nn.Module):
         o = o.reshape(*x.shape[:2], -1)
         if self.cfg.use_output_gate:
             o = o * torch.sigmoid(lin("ogate", self.ogate_proj))
-        return self.o_proj(o)
+        return decode_linear(self.o_proj, o)
 
     def forward(self, x, positions, pad=None, cache: LayerCache | None = None, cache_len: int = 0, backend="auto"):
         """x: ``[B, T, D]`` normed input; positions: ``[B, T]``; pad: ``[B, T]`` bool or None."""

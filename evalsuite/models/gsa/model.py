@@ -28,7 +28,7 @@ from evalsuite.kernels.gated_slot import BACKENDS, gated_slot_attention
 from evalsuite.kernels.gated_slot import triton_available as gsa_triton_available
 from evalsuite.models.base import EmbeddingHeadLM, RecurrentState, RecurrentStaticDecoder, normal_init_
 from evalsuite.models.layers import RMSNorm, SwiGLU, rms_norm
-from evalsuite.models.packed import PackedLinears, step_uses_pack
+from evalsuite.models.packed import PackedLinears, decode_linear, step_uses_pack
 
 FEATURE_MAPS = ("swish", "relu", "identity")
 
@@ -172,7 +172,7 @@ class GatedSlotAttention(nn.Module):
             o = F.silu(o)
             if cfg.use_norm:
                 o = self.g_norm(o)
-        return self.o_proj(o), new_state
+        return decode_linear(self.o_proj, o), new_state
 
 
 class Block(nn.Module):

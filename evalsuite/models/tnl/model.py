@@ -34,7 +34,7 @@ from evalsuite.kernels.lightning import BACKENDS, lightning_attention
 from evalsuite.kernels.lightning import triton_available as lightning_triton_available
 from evalsuite.models.base import EmbeddingHeadLM, RecurrentState, RecurrentStaticDecoder, normal_init_
 from evalsuite.models.layers import rms_norm
-from evalsuite.models.packed import PackedLinears, step_uses_pack
+from evalsuite.models.packed import PackedLinears, decode_linear, step_uses_pack
 
 DECAY_SCHEDULES = ("code", "paper")
 ACTIVATIONS = ("silu", "none")
@@ -142,7 +142,7 @@ class TokenMixer(nn.Module):
         """x ``[B, T, D]`` normed input; positions ``[B, T]``; pad ``[B, T]`` bool; state ``kv`` or None."""
         cfg = self.cfg
         B, T, _ = x.shape
-        q, k, v, u = self.qkvu_proj(x).chunk(4, dim=-1)
+        q, k, v, u = decode_linear(self.qkvu_proj, x).chunk(4, dim=-1)
         q, k, v = (t.reshape(B, T, cfg.num_heads, -1) for t in (q, k, v))
         if cfg.activation == "silu":
             q, k = F.silu(q), F.silu(k)
@@ -157,7 +157,7 @@ class TokenMixer(nn.Module):
         o = rms_norm(o.reshape(B, T, -1), None, cfg.norm_eps)
         if cfg.use_output_gate:
             o = o * u
-        return self.out_proj(o), new_state
+        return decode_linear(self.out_proj, o), new_state
 
 
 class SGLU(nn.Module):
@@ -179,7 +179,7 @@ class SGLU(nn.Module):
     def forward(self, x):
         if step_uses_pack(self.step_pack, x):
             y = self.step_pack(x)
-            return self.l3(y["l1"] * y["l2"])
+            return decode_linear(self.l3, y["l1"] * y["l2"])
         return self.l3(self.l1(x) * self.l2(x))
 
 
