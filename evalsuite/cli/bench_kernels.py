@@ -1,4 +1,4 @@
-"""Kernel-level benchmark commands, ``evalsuite bench srmsnorm|sass|profile-ops``: thin layers over
+"""Kernel-level benchmark commands, ``evalsuite bench srmsnorm|gemv|sass|profile-ops``: thin layers over
 :mod:`evalsuite.bench`. Registered on the ``bench`` group when :mod:`evalsuite.cli.main` imports this module."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import typer
 from evalsuite.cli.app import bench_app
 from evalsuite.cli.bench import LinearOpsOpt, RoundsOpt, _check_choices
 from evalsuite.cli.options import DeviceOpt, _csv_list
+from evalsuite.errors import UserError
 
 
 @bench_app.command("srmsnorm")
@@ -42,6 +43,46 @@ def bench_srmsnorm_cmd(
     }
     srmsnorm.bench_srmsnorm(out, **lists, batch=batch, rounds=rounds, dtype=dtype, device=device)
     typer.echo(f"wrote {out}/{srmsnorm.JSON_NAME} and .md")
+
+
+@bench_app.command("gemv")
+def bench_gemv_cmd(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (JSON, Markdown).")] = Path(
+        "results/runs/bench/gemv"
+    ),
+    shapes: Annotated[
+        str | None,
+        typer.Option(help="Maps as NxK, comma-separated [default: every map of a FoX/GSA/TNL decode step]."),
+    ] = None,
+    rows: Annotated[str, typer.Option(help="Rows of x (the decode batch), comma-separated, 1 to 16.")] = "1,8",
+    providers: Annotated[str, typer.Option(help="torch, triton, auto; comma-separated.")] = "torch,triton,auto",
+    config: Annotated[
+        list[str] | None,
+        typer.Option(help="The kernel at BLOCK_N,BLOCK_K,WARPS,STAGES as one more provider; repeatable."),
+    ] = None,
+    calls: Annotated[int, typer.Option(help="Calls a sample, each on its own copy of W.", min=1)] = 20,
+    dtype: Annotated[str, typer.Option(help="bfloat16, float16 or float32.")] = "bfloat16",
+    rounds: RoundsOpt = 10,
+    device: DeviceOpt = "auto",
+):
+    """Decode-step linear maps: our few-row GEMV kernel against F.linear (cuBLAS), in CUDA graphs, interleaved."""
+    from evalsuite.bench import gemv
+
+    maps = None
+    if shapes is not None:
+        maps = [_map_shape(text) for text in _csv_list(shapes, str, "--shapes")]
+    gemv.bench_gemv(out, shapes=maps, rows=_csv_list(rows, int, "--rows"), configs=config or (), calls=calls,
+                    providers=_csv_list(providers, str, "--providers"), rounds=rounds, dtype=dtype,
+                    device=device)  # fmt: skip
+    typer.echo(f"wrote {out}/{gemv.JSON_NAME} and .md")
+
+
+def _map_shape(text: str) -> tuple[int, int]:
+    """``"7168x1536"`` -> (7168, 1536); one UserError line for anything else."""
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        raise UserError(f"--shapes takes NxK maps such as 7168x1536, got {text!r}")
+    return int(parts[0]), int(parts[1])
 
 
 @bench_app.command("sass")
