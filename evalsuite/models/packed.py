@@ -12,8 +12,9 @@ any optimizer holding the parameters work as before. Whatever gives a parameter 
 (``.to()``, ``load_state_dict`` into a new model, assigning ``.data``) breaks the stacking; :meth:`ensure` notices
 and stacks again.
 
-The GEMVs themselves are the few-row Triton kernel on CUDA (:func:`evalsuite.kernels.gemv.few_row_linear`, F.linear
-elsewhere): the stacked maps and, through :func:`decode_linear`, the layers' other maps in a decode step.
+The stacked maps and, through :func:`decode_linear`, a decode step's other maps go through
+:func:`evalsuite.kernels.gemv.few_row_linear`: the few-row Triton kernel on CUDA where it measured faster than cuBLAS,
+``F.linear`` elsewhere.
 """
 
 from __future__ import annotations
@@ -95,8 +96,9 @@ def step_uses_pack(pack: PackedLinears | None, x: torch.Tensor) -> bool:
 
 
 def decode_linear(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """``linear(x)`` for x ``[B, T, in_features]``; a one-token forward with no gradient (a decode step) takes the
-    few-row GEMV kernel on CUDA. Other forwards call the module: training, prefill and the stacked cells' vmap."""
+    """``linear(x)`` for x ``[B, T, in_features]``; a one-token forward with no gradient (a decode step) goes through
+    :func:`~evalsuite.kernels.gemv.few_row_linear`. Other forwards call the module: training, prefill and the
+    stacked cells' vmap."""
     if x.shape[-2] == 1 and not torch.is_grad_enabled():
         return few_row_linear(x, linear.weight, linear.bias)
     return linear(x)

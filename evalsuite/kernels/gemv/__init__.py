@@ -1,15 +1,14 @@
 """Few-row linear maps (decode-step GEMVs): one entry point that picks the Triton kernel or ``F.linear``.
 
 ``few_row_linear(x, weight, bias=None, backend="auto")``: x ``[..., K]``, weight ``[N, K]``, bias ``[N]`` or None
--> ``[..., N]``, ``x @ weight.T + bias`` in x's dtype. At a decode step x holds 1-16 rows and W (bf16, N 1K-12K,
-K 1K-4K: 2-24 MB) is read once, so the map is bound by W's bytes; cuBLAS splits N into 64-column tiles, too few
-blocks to keep an H200's memory busy (28 at N = 1792). The kernel (``kernel.py``) gives each 16 rows of W a program
-and streams them.
+-> ``[..., N]``, ``x @ weight.T + bias`` in x's dtype. At a decode step x holds 1-16 rows and W (bf16, 2 MB to
+200 MB) is read once, so the map is bound by W's bytes. The kernel (``kernel.py``) gives each 32 rows of W a program
+and streams them; on an H200 it beat cuBLAS on small maps at one row and on LM heads (:data:`SMALL_MAP`).
 
 Backends: ``"auto"`` (the kernel on CUDA tensors where it applies and is faster than cuBLAS,
-:func:`kernel_is_faster`; else ``F.linear``), ``"triton"`` (the kernel where
-it applies, CPU tensors under ``TRITON_INTERPRET=1`` included: the tests), ``"reference"`` (``F.linear``). The kernel
-applies (:func:`kernel_applies`) with triton installed, a CUDA tensor (any tensor under the interpreter), 1 to
+:func:`kernel_is_faster`; else ``F.linear``), ``"triton"`` (the kernel where it applies, CPU tensors under
+``TRITON_INTERPRET=1`` included: the tests), ``"reference"`` (``F.linear``). The kernel applies
+(:func:`kernel_applies`) with triton installed, a CUDA tensor (any tensor under the interpreter), 1 to
 :data:`MAX_ROWS` rows, K >= 16, one dtype of bf16/fp16/fp32 for x, weight and bias, a contiguous weight (and bias)
 and no gradient wanted; under autocast x and bias are cast to the autocast dtype first, as ``F.linear`` would, where
 the weight has that dtype already (the adapters cast linear layers once). It is the ``torch.library`` operator

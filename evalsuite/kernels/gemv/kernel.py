@@ -7,8 +7,8 @@ and walks K in ``BLOCK_K`` steps, loading the x rows padded to ``ROWS`` (rows ``
 ``[BLOCK_N, BLOCK_K]`` tile of W (contiguous along K: each row a coalesced run of ``2 * BLOCK_K`` bytes in bf16), and
 accumulating ``x @ W_tile.T`` in float32 through the tensor cores (:func:`~evalsuite.kernels.jit_helpers.mm`). Bias
 is added in float32 and y stored once. At decode M is 1-16, so the work is a GEMV bound by W's bytes: narrow
-``BLOCK_N`` tiles give N / 16 programs (112 at N = 1792, against 28 blocks of cuBLAS' 64-column tiles), each
-keeping ``num_stages - 1`` tiles of W in flight (Triton's software pipeline of the K loop).
+``BLOCK_N`` tiles give N / BLOCK_N programs, each keeping ``num_stages - 1`` tiles of W in flight (Triton's software
+pipeline of the K loop).
 
 Addresses: the full K blocks take no column mask (so the loads stay 16-byte vectors where K % 16 == 0, which the JIT
 sees); the ragged tail re-reads the row's last ``BLOCK_K`` columns with the already-summed ones masked off, so no
