@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from evalsuite.bench.common import Call, Unavailable, env_info, errors, ratio_fields, ratio_text, time_providers
 from evalsuite.errors import UserError
 from evalsuite.kernels.gemv import MAX_ROWS, few_row_linear, kernel_applies
+from evalsuite.runs.store import atomic_write_bytes, atomic_write_json
 
 PROVIDERS = ("torch", "triton", "auto")
 # (name, N, K): every linear map of one decode step of the three models, maps of one input stacked as the models
@@ -99,7 +100,8 @@ def _point(name, n, k, m, s) -> list[dict]:
     def builder(provider):
         def build() -> Call:
             fn = _provider_fn(provider, x, weights[0])
-            checks[provider] = {"vs_f64": errors(fn(x, weights[0]), ref64), "vs_torch": errors(fn(x, weights[0]), ref)}
+            y = fn(x, weights[0])
+            checks[provider] = {"vs_f64": errors(y, ref64), "vs_torch": errors(y, ref)}
             return Call(_calls(fn, x, weights, device))
 
         return build
@@ -158,8 +160,6 @@ def bench_gemv(out, *, shapes=None, rows=(1, 8), providers=PROVIDERS, configs=()
                 print(f"M={m:<2d} {name:28s} " + ", ".join(
                     f"{r['provider']} {r['us_per_call']:.2f} us" if "us_per_call" in r else f"{r['provider']} "
                     f"{r['status']}" for r in point), flush=True)  # fmt: skip
-    from evalsuite.runs.store import atomic_write_bytes, atomic_write_json
-
     out = Path(out)
     atomic_write_json(out / JSON_NAME, {"env": env, "records": records})
     atomic_write_bytes(out / MD_NAME, format_markdown(records, env))

@@ -89,16 +89,21 @@ def _is_rows(param: torch.Tensor, buffer: torch.Tensor | None, start: int, n: in
     return param.data_ptr() == rows.data_ptr() and param.shape == rows.shape and param.stride() == rows.stride()
 
 
+def is_decode_step(x: torch.Tensor) -> bool:
+    """Whether a forward of ``x [B, T, D]`` is a decode step: one token, no gradient."""
+    return x.shape[-2] == 1 and not torch.is_grad_enabled()
+
+
 def step_uses_pack(pack: PackedLinears | None, x: torch.Tensor) -> bool:
-    """Whether a forward of ``x [B, T, D]`` takes ``pack``: a one-token step with no gradient (decoding). A forward
-    that trains must not: the stacked buffer is not a Parameter, so its GEMM would give the maps no gradient."""
-    return pack is not None and x.shape[-2] == 1 and not torch.is_grad_enabled()
+    """Whether a forward of ``x [B, T, D]`` takes ``pack``: a decode step (:func:`is_decode_step`). A forward that
+    trains must not: the stacked buffer is not a Parameter, so its GEMM would give the maps no gradient."""
+    return pack is not None and is_decode_step(x)
 
 
 def decode_linear(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """``linear(x)`` for x ``[B, T, in_features]``; a one-token forward with no gradient (a decode step) goes through
     :func:`~evalsuite.kernels.gemv.few_row_linear`. Other forwards call the module: training, prefill and the
     stacked cells' vmap."""
-    if x.shape[-2] == 1 and not torch.is_grad_enabled():
+    if is_decode_step(x):
         return few_row_linear(x, linear.weight, linear.bias)
     return linear(x)

@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from evalsuite.kernels.gemv.reference import few_row_linear_reference
 from evalsuite.kernels.triton_utils import interpreting, triton_installed
 
-MAX_ROWS = 16  # the kernel's x tile: a program holds this many rows
+# Read by kernel.py too, which this package imports below, after these
+MAX_ROWS = 16  # the kernel's x tile (tl.dot's smallest M): a program holds this many rows
 MIN_K = 16  # tl.dot's smallest K
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 BACKENDS = ("auto", "triton", "reference")

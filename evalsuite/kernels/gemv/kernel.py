@@ -33,10 +33,9 @@ import triton.language as tl
 
 from evalsuite.kernels import triton_utils
 from evalsuite.kernels.cells import cells_first
+from evalsuite.kernels.gemv import MAX_ROWS as ROWS  # x rows each program holds: the most rows the kernel takes
+from evalsuite.kernels.gemv import MIN_K
 from evalsuite.kernels.jit_helpers import in_range, mm
-
-ROWS = 16  # x rows each program holds (the dot's smallest M): the most rows the kernel takes
-MIN_K = 16  # tl.dot's smallest K
 
 
 @dataclass(frozen=True)
