@@ -203,8 +203,9 @@ def run_attention_bench(
 
 def _kernel_configs(configs) -> dict:
     """The block configurations the kernels launch with, per head dim (``{D: BlockConfig}``), and from which T the
-    forward reads the key cumsums, and the backward without the gate its tiles, through TMA."""
-    from evalsuite.kernels.forgetting.common import BWD_TMA_MIN_T, C_TMA_MIN_T
+    forward reads the key cumsums, and the backward without the gate its tiles, through TMA, and the forward adds the
+    gate's bias through the tensor cores (bf16)."""
+    from evalsuite.kernels.forgetting.common import BWD_TMA_MIN_T, C_TMA_MIN_T, GATE_MMA_MIN_T
 
     return {
         "fwd_configs": {str(d): list(c.fwd) for d, c in configs.items()},
@@ -212,6 +213,7 @@ def _kernel_configs(configs) -> dict:
         "bwd_dq_configs": {str(d): list(c.dq) for d, c in configs.items()},
         "fwd_tma": {str(d): c.tma for d, c in configs.items()},
         "fwd_key_cumsums_tma_from_t": C_TMA_MIN_T,
+        "fwd_gate_mma_from_t": {str(d): t for d, t in GATE_MMA_MIN_T.items()},
         "bwd_no_gate_tma_from_t": {str(d): t for d, t in BWD_TMA_MIN_T.items()},
     }
 

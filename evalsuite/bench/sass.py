@@ -5,7 +5,8 @@ of a kernel for sm_90a can be read on a CPU-only machine: per key-loop iteration
 float (FFMA, FADD, FMUL, FMNMX), special-function (MUFU: the exp2) and bookkeeping instructions each thread issues,
 and the registers and spill stack of the launch (these match Nsight Compute's on an H200 for the forward:
 results/kernels/README.md). What a kernel's source costs per iteration shows here, before any GPU time: the forward
-with and without the gate differ by exactly its per-score float operations.
+with and without the gate differ by the bias's K step of the MMA (two HGMMA at D = 64; per-score float operations
+where the bias goes through the ALU, below ``GATE_MMA_MIN_T`` or in fp16).
 
 Kernels: the Forgetting Attention forward (``forgetting-fwd``) and its two backward kernels (``forgetting-dq``,
 ``forgetting-dkdv``) at their shipped GPU block configs (:func:`evalsuite.kernels.forgetting.common.block_config` as
@@ -29,7 +30,7 @@ from pathlib import Path
 
 KERNELS = ("forgetting-fwd", "forgetting-dq", "forgetting-dkdv", "gsa-read", "gsa-pair", "gsa-dgate")
 JSON_NAME = "sass_loops.json"
-_BF16_ARGS = {"Q", "K", "V", "Out", "DO", "DQ", "DK", "DV", "X", "Y"}
+_BF16_ARGS = {"Q", "K", "V", "Out", "DO", "DQ", "DK", "DV", "X", "Y", "QA", "KA"}
 _F32_ARGS = {"C", "LSE", "DELTA", "DC", "G", "HS", "OUT", "Z", "DP", "A", "HSK", "HSV", "DHSK", "DHSV", "DG"}
 _INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?);")
 _BRANCH = re.compile(r"\bBRA\s+(0x[0-9a-f]+)")
@@ -61,10 +62,12 @@ def _gsa_kernel_and_config(kernel: str, head_dim: int):
 
 
 def _kernel_and_config(kernel: str, head_dim: int, gate: bool):
-    """(jit function, constexpr values, (num_warps, num_stages)) of a kernel at its shipped GPU config, with TMA as
-    the launchers choose it at T = :data:`AT_T`."""
+    """(jit function, constexpr values, (num_warps, num_stages)) of a kernel at its shipped GPU config, with TMA and
+    the forward's gate through the tensor cores as the launchers choose them at T = :data:`AT_T`."""
     if kernel.startswith("gsa-"):
         return _gsa_kernel_and_config(kernel, head_dim)
+    import torch
+
     from evalsuite.kernels.forgetting import backward_dkdv, backward_dq, common, forward
 
     fn = {"forgetting-fwd": forward._fwd_kernel, "forgetting-dq": backward_dq._bwd_dq_kernel,
@@ -72,13 +75,14 @@ def _kernel_and_config(kernel: str, head_dim: int, gate: bool):
     table = {"forgetting-fwd": common.FWD_CONFIGS, "forgetting-dq": common.BWD_DQ_CONFIGS,
              "forgetting-dkdv": common.BWD_DKDV_CONFIGS}[kernel]  # fmt: skip
     block_m, block_n, warps, stages = table[head_dim]
+    gate_mma = gate and common.gate_through_mma(head_dim, AT_T, torch.bfloat16)
     if kernel == "forgetting-fwd":
         tma = common.FWD_TMA[head_dim]
-        c_tma = tma and gate and common.key_cumsums_through_tma(AT_T)
+        c_tma = tma and gate and not gate_mma and common.key_cumsums_through_tma(AT_T)
     else:
         tma, c_tma = common.backward_tiles_through_tma(head_dim, AT_T, gate), False
     values = {"HAS_C": gate, "HEAD_DIM": head_dim, "BLOCK_M": block_m, "BLOCK_N": block_n, "UPCAST": False,
-              "USE_TMA": tma, "C_TMA": c_tma}  # fmt: skip
+              "USE_TMA": tma, "C_TMA": c_tma, "GATE_MMA": gate_mma}  # fmt: skip
     return fn, values, (warps, stages)
 
 

@@ -50,3 +50,26 @@ def test_triton_backend_matches_reference_for_training():
         for a, b in zip(*outs, strict=True):
             worst = max(worst, ((a - b).norm() / b.norm()).item())
     assert worst < 5e-2
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("offset", [0.0, -1e5])
+def test_gate_through_tensor_cores_matches_float64(head_dim, offset):
+    """The forward with the bias through the tensor cores against float64, beside the bias on the ALU: heads from
+    weak to strong decay and cumsums offset to |c| ~ 1.2e5, where float32 holds c to ~0.008 (module doc of
+    kernels/forgetting/gate_operands.py)."""
+    import torch.nn.functional as F
+
+    from evalsuite.kernels.forgetting import cumsum_over_time
+    from evalsuite.kernels.forgetting.forward import _fwd
+    from evalsuite.kernels.forgetting.reference import attention_dense
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(1, 4096, 4, head_dim, device="cuda", generator=gen).bfloat16() for _ in range(3))
+    bias = torch.tensor([4.0, 1.0, -1.0, -4.0], device="cuda")
+    cum = cumsum_over_time(F.logsigmoid(torch.randn(1, 4096, 4, device="cuda", generator=gen) + bias)) + offset
+    ref = attention_dense(q.double(), k.double(), v.double(), cum.double(), cum.double())
+    (alu, lse_alu), (mma, lse_mma) = (_fwd(q, k, v, cum, None, gate_mma=on) for on in (False, True))
+    err_alu, err_mma = (((o.double() - ref).norm() / ref.norm()).item() for o in (alu, mma))
+    assert err_mma < 3e-3 and err_mma < 1.5 * err_alu, (err_mma, err_alu)
+    assert (lse_mma - lse_alu).abs().max().item() < 0.02

@@ -1,12 +1,15 @@
-"""TMA descriptors against pointer loads in the Forgetting Attention kernels, interleaved in one process
-(``evalsuite bench tune forgetting-tma``): where they pay is what ``C_TMA_MIN_T`` and ``BWD_TMA_MIN_T`` in
+"""The Forgetting Attention kernels' load and gate variants, interleaved in one process (``evalsuite bench tune
+forgetting-tma``): where they pay is what ``C_TMA_MIN_T``, ``GATE_MMA_MIN_T`` and ``BWD_TMA_MIN_T`` in
 :mod:`evalsuite.kernels.forgetting.common` are set from (results/kernels/fox-tuning/).
 
 Two comparisons per head dim and T, at B = tokens_per_call // T, bf16 on a GPU:
 
 * ``forward``: the forward kernel alone with the key cumsums through a 1-D descriptor (time-major storage, as
   ``cumsum_over_time`` returns it) against pointer loads of the same storage with a row pitch of T + 1 (which the
-  launcher cannot give TMA); SDPA causal and the kernel without the gate timed in the same rounds.
+  launcher cannot give TMA), both with the bias on the ALU; the bias through the tensor cores (``gate_mma``:
+  :mod:`evalsuite.kernels.forgetting.gate_operands`, its operands' pass included) against the first; SDPA causal and
+  the kernel without the gate timed in the same rounds. ``gate_mma_rel_diff``: its output's relative difference
+  from the ALU's (not the same bits: the MMA rounds the bias's sum at another point).
 * ``backward``: the backward alone (both kernels and the Delta pass) with its tiles through descriptors against
   pointer loads, with and without the gate.
 
@@ -18,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from evalsuite.bench.common import interleaved_ms, ratio_fields
+from evalsuite.bench.common import interleaved_ms, ratio_fields, rel_error
 
 
 def _inputs(B, T, H, D, dtype, device, seed=0):
@@ -38,20 +41,23 @@ def _forward_record(q, k, v, log_f, rounds) -> dict:
     cum_ptr = pitched[..., :T].transpose(1, 2)  # the same values, time-major, rows not 16-byte aligned
     assert not common._time_contiguous(cum_ptr)
     # explicit configs so the comparison runs at any T (the shipped rule turns the descriptor off below C_TMA_MIN_T)
-    same = torch.equal(
-        forward._fwd(q, k, v, cum_tma, None, tma=True, c_tma=True)[0], forward._fwd(q, k, v, cum_ptr, None, tma=True)[0]
-    )
-    calls = {"tma": lambda: forward._fwd(q, k, v, cum_tma, None, tma=True, c_tma=True),
-             "pointers": lambda: forward._fwd(q, k, v, cum_ptr, None, tma=True)}  # fmt: skip
+    alu = forward._fwd(q, k, v, cum_tma, None, tma=True, c_tma=True, gate_mma=False)[0]
+    same = torch.equal(alu, forward._fwd(q, k, v, cum_ptr, None, tma=True, gate_mma=False)[0])
+    mma = forward._fwd(q, k, v, cum_tma, None, tma=True, gate_mma=True)[0]
+    calls = {"tma": lambda: forward._fwd(q, k, v, cum_tma, None, tma=True, c_tma=True, gate_mma=False),
+             "pointers": lambda: forward._fwd(q, k, v, cum_ptr, None, tma=True, gate_mma=False),
+             "gate_mma": lambda: forward._fwd(q, k, v, cum_tma, None, tma=True, gate_mma=True)}  # fmt: skip
     if q.is_cuda:
         qs, ks, vs = (x.transpose(1, 2).contiguous() for x in (q, k, v))
         calls["no_gate"] = lambda: forward._fwd(q, k, v, None, None)
         calls["sdpa"] = lambda: F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
     samples = interleaved_ms(calls, rounds=rounds, device=q.device)
-    rec = {"kind": "forward", "same_bits": bool(same), **_medians(samples)}
+    rec = {"kind": "forward", "same_bits": bool(same), "gate_mma_rel_diff": rel_error(mma, alu), **_medians(samples)}
     rec.update(ratio_fields("tma_over_pointers", samples["tma"], samples["pointers"]))
+    rec.update(ratio_fields("gate_mma_over_tma", samples["gate_mma"], samples["tma"]))
     if "sdpa" in samples:
         rec.update(ratio_fields("tma_over_sdpa", samples["tma"], samples["sdpa"]))
+        rec.update(ratio_fields("gate_mma_over_sdpa", samples["gate_mma"], samples["sdpa"]))
     return rec
 
 
@@ -60,7 +66,7 @@ def _backward_record(q, k, v, do, log_f, gated, rounds) -> dict:
     from evalsuite.kernels.forgetting.backward import _bwd
 
     cum = cumsum_over_time(log_f) if gated else None
-    o, lse = forward._fwd(q, k, v, cum, None)
+    o, lse = forward._fwd(q, k, v, cum, None, gate_mma=False)
     runs = [_bwd(do, q, k, v, cum, o, lse, None, tma=tma) for tma in (True, False)]
     same = all(a is None and b is None or torch.equal(a, b) for a, b in zip(*runs, strict=True))
     calls = {"tma": lambda: _bwd(do, q, k, v, cum, o, lse, None, tma=True),
@@ -79,7 +85,8 @@ def tune(seq_lens=(1024, 4096, 16384, 65536), head_dims=(64, 128), n_heads: int 
          rounds: int = 10, device: str | None = None, verbose: bool = True) -> dict:  # fmt: skip
     """The forward and backward comparisons at each (D, T), on ``device`` (default: the GPU; a CPU under the Triton
     interpreter, for tests). ``best``: per comparison and D, the smallest T from which the descriptors were faster
-    (median ratio < 1) at every larger T measured, or None."""
+    (median ratio < 1) at every larger T measured, or None (``gate_mma``: the bias through the tensor cores against
+    the ALU)."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     records = []
     for D in head_dims:
@@ -93,9 +100,10 @@ def tune(seq_lens=(1024, 4096, 16384, 65536), head_dims=(64, 128), n_heads: int 
                 rec.update(shape)
                 if verbose:
                     label = rec["kind"] + ("" if rec["kind"] == "forward" else " gate" if rec["gate"] else " no gate")
+                    mma = f" gate_mma/tma {rec['gate_mma_over_tma']:.3f}" if "gate_mma_over_tma" in rec else ""
                     print(f"D={D:<4d} T={T:<6d} {label:17s} tma/pointers {rec['tma_over_pointers']:.3f} "
                           f"[{rec['tma_over_pointers_p20']:.3f}-{rec['tma_over_pointers_p80']:.3f}] "
-                          f"same bits {rec['same_bits']}", flush=True)  # fmt: skip
+                          f"same bits {rec['same_bits']}{mma}", flush=True)  # fmt: skip
             records += found
     return {"records": records, "best": _thresholds(records)}
 
@@ -105,6 +113,8 @@ def _thresholds(records) -> dict:
     for rec in records:
         name = rec["kind"] if rec["kind"] == "forward" else f"backward_{'gate' if rec['gate'] else 'no_gate'}"
         best.setdefault(name, {}).setdefault(str(rec["D"]), []).append((rec["T"], rec["tma_over_pointers"]))
+        if "gate_mma_over_tma" in rec:
+            best.setdefault("gate_mma", {}).setdefault(str(rec["D"]), []).append((rec["T"], rec["gate_mma_over_tma"]))
     out = {}
     for name, per_dim in best.items():
         out[name] = {}

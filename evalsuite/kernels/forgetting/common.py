@@ -58,6 +58,11 @@ BWD_DQ_CONFIGS = {16: (128, 32, 4, 4), 32: (128, 32, 4, 4), 64: (128, 32, 4, 4),
 # at D = 128), but 5.6% slower at T = 1K, D = 64 (results/kernels/fox-tuning/c_tma_h200.json).
 FWD_TMA = {16: False, 32: False, 64: True, 128: True}
 C_TMA_MIN_T = 4096
+# Forward: the gate's bias through the tensor cores (gate_operands.py, its operands' pass included) for bf16 inputs,
+# from these T on. Against the bias on the ALU in the same process on an H200, forward time ratio at T = 1K, 4K, 16K,
+# 64K (B * T = 65536, H = 16): D = 64 0.989, 0.927, 0.889, 0.856; D = 128 1.024, 0.971, 0.961, 0.877
+# (results/kernels/fox-tuning/tune_forgetting_tma_h200.json). D = 16/32 not measured, so off.
+GATE_MMA_MIN_T = {64: 1024, 128: 4096}
 # Backward: the dK/dV kernel's q, dO, LSE and Delta tiles and the dQ kernel's K and V through TMA descriptors, without
 # the gate only, from these T on. Against pointer loads in the same process on an H200
 # (results/kernels/fox-tuning/bwd_tma_h200.json): without the gate 0.84-0.88x the backward's time at D = 64 from 4K
@@ -194,6 +199,14 @@ def key_cumsums_through_tma(T: int) -> bool:
     storage allows it, :func:`_time_contiguous`): from :data:`C_TMA_MIN_T` keys on a GPU, at any T under the
     interpreter (so small tests cover it)."""
     return interpreting() or T >= C_TMA_MIN_T
+
+
+def gate_through_mma(head_dim: int, T: int, dtype: torch.dtype) -> bool:
+    """The forward's default for adding the gate's bias through the tensor cores (:data:`GATE_MMA_MIN_T`, bf16 only;
+    always for bf16 under the interpreter, so small tests cover the path)."""
+    if dtype != torch.bfloat16:
+        return False
+    return interpreting() or T >= GATE_MMA_MIN_T.get(head_dim, float("inf"))
 
 
 def backward_tiles_through_tma(head_dim: int, T: int, gated: bool) -> bool:

@@ -34,6 +34,7 @@ from evalsuite.kernels.forgetting.common import (
     _tma_usable,
     _upcast,
 )
+from evalsuite.kernels.forgetting.gate_operands import GATE_LANES, gate_operands
 from evalsuite.kernels.triton_utils import install_tma_allocator, interpreting
 
 
@@ -50,6 +51,9 @@ def _fwd_inner(
     v_desc,
     c_ptrs,
     c_desc,
+    qa,
+    ka_ptrs,
+    ka_desc,
     offs_m,
     lo,
     hi,
@@ -65,6 +69,7 @@ def _fwd_inner(
     UPCAST: tl.constexpr,
     USE_TMA: tl.constexpr,
     C_TMA: tl.constexpr,
+    GATE_MMA: tl.constexpr,
 ):
     """Online-softmax sweep over keys [lo, hi) for one query block. Pointers start at key ``lo``.
 
@@ -72,6 +77,9 @@ def _fwd_inner(
     softmax taken as exp2(s * mult)). MASK: diagonal block (causal mask, keys may run past T).
     USE_TMA: K/V tiles come from the tensor descriptors ``k_desc``/``v_desc`` (rows past T read as zeros),
     else from the pointers; C_TMA: the key cumsums from ``c_desc`` (zeros past T), else from ``c_ptrs``.
+    GATE_MMA: the bias comes from the tensor cores instead, ``s += qa @ ka^T`` with the query block's gate operands
+    ``qa`` [BLOCK_M, GATE_LANES] and the key block's (``ka_desc`` with USE_TMA, else ``ka_ptrs``): then s is in
+    units of the scaled score and ``mult`` carries the scale (:func:`gate_operands`).
     """
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
@@ -86,7 +94,14 @@ def _fwd_inner(
             k = tl.load(k_ptrs)
             v = tl.load(v_ptrs)
         if HAS_C:
-            if C_TMA:
+            if GATE_MMA:
+                if USE_TMA:
+                    ka = ka_desc.load([start_n, 0])
+                elif MASK:
+                    ka = tl.load(ka_ptrs, mask=cols[:, None] < T, other=0.0)
+                else:
+                    ka = tl.load(ka_ptrs)
+            elif C_TMA:
                 ck = c_desc.load([start_n])
             elif MASK:
                 ck = tl.load(c_ptrs, mask=cols < T, other=0.0)
@@ -94,14 +109,18 @@ def _fwd_inner(
                 ck = tl.load(c_ptrs)
         s = _mm(q, tl.trans(k), tl.zeros([q.shape[0], BLOCK_N], dtype=tl.float32), UPCAST)
         if HAS_C:
-            # subtract the two cumsums first (fp32), then add to the scaled scores
-            s = s * sm_scale + (cq[:, None] - ck[None, :])
+            if GATE_MMA:
+                s = _mm(qa, tl.trans(ka), s, UPCAST)
+            else:
+                # subtract the two cumsums first (fp32), then add to the scaled scores
+                s = s * sm_scale + (cq[:, None] - ck[None, :])
         if MASK:
             s = tl.where(offs_m[:, None] >= cols[None, :], s, float("-inf"))
         acc, l_i, m_i = _softmax_update(acc, l_i, m_i, s, v, mult, UPCAST)
         k_ptrs += BLOCK_N * stride_kt
         v_ptrs += BLOCK_N * stride_vt
         c_ptrs += BLOCK_N * stride_ct
+        ka_ptrs += BLOCK_N * GATE_LANES
     return acc, l_i, m_i
 
 
@@ -111,6 +130,8 @@ def _fwd_kernel(
     K,
     V,
     C,
+    QA,
+    KA,
     Out,
     LSE,
     stride_qb,
@@ -143,6 +164,7 @@ def _fwd_kernel(
     UPCAST: tl.constexpr,
     USE_TMA: tl.constexpr,
     C_TMA: tl.constexpr,
+    GATE_MMA: tl.constexpr,
 ):
     """Forward. Grid: (B*H, cdiv(T, BLOCK_M)). Writes O [B, T, H, D] and LSE [B, H, T] (log2 units).
 
@@ -150,7 +172,8 @@ def _fwd_kernel(
     16-byte aligned rows: checked by the launcher), so Hopper's TMA unit fetches the tiles. C_TMA: read the key
     cumsums through a 1-D descriptor per (batch, head) (time-contiguous C, as :func:`cumsum_over_time` returns it;
     checked by the launcher): as pointer loads they can take one asynchronous copy per element and thread, in the
-    score layout's columns (seen at D = 128).
+    score layout's columns (seen at D = 128). GATE_MMA: the bias from the gate operands QA, KA ``[B, H, T,
+    GATE_LANES]`` (contiguous; :func:`gate_operands`) through the tensor cores, instead of C.
     """
     pid_bh = tl.program_id(0)
     # the last query blocks see the most keys: launch them first so the tail of the grid is short work
@@ -187,23 +210,40 @@ def _fwd_kernel(
         cq = tl.load(c_base + offs_m.to(tl.int64) * stride_ct, mask=row_ok, other=0.0)
     else:
         cq = tl.zeros([BLOCK_M], dtype=tl.float32)
+    offs_a = tl.arange(0, GATE_LANES)
+    a_base = (b * H + h) * T * GATE_LANES
+    ka_ptrs = KA + a_base + offs_n[:, None] * GATE_LANES + offs_a[None, :]
+    if GATE_MMA:
+        qa_ptrs = QA + a_base + offs_m[:, None].to(tl.int64) * GATE_LANES + offs_a[None, :]
+        qa = tl.load(qa_ptrs, mask=row_ok[:, None], other=0.0)
+        if USE_TMA:
+            ka_desc = tl.make_tensor_descriptor(
+                KA + a_base, [T, GATE_LANES], strides=[GATE_LANES, 1], block_shape=[BLOCK_N, GATE_LANES]
+            )
+        else:
+            ka_desc = None
+    else:
+        qa = tl.zeros([BLOCK_M, GATE_LANES], dtype=Q.dtype.element_ty)
+        ka_desc = None
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     # keys strictly left of the block: no mask (BLOCK_M % BLOCK_N == 0, so blocks never straddle start_m)
     acc, l_i, m_i = _fwd_inner(
-        acc, l_i, m_i, q, cq, k_ptrs, v_ptrs, k_desc, v_desc, c_ptrs, c_desc, offs_m, 0, start_m, T, sm_scale,
-        mult, stride_kt, stride_vt, stride_ct, False, HAS_C, BLOCK_N, UPCAST, USE_TMA, C_TMA,
+        acc, l_i, m_i, q, cq, k_ptrs, v_ptrs, k_desc, v_desc, c_ptrs, c_desc, qa, ka_ptrs, ka_desc, offs_m, 0,
+        start_m, T, sm_scale, mult, stride_kt, stride_vt, stride_ct, False, HAS_C, BLOCK_N, UPCAST, USE_TMA, C_TMA,
+        GATE_MMA,
     )  # fmt: skip
     # diagonal blocks: causal mask
     k_ptrs += start_m.to(tl.int64) * stride_kt
     v_ptrs += start_m.to(tl.int64) * stride_vt
     c_ptrs += start_m.to(tl.int64) * stride_ct
+    ka_ptrs += start_m.to(tl.int64) * GATE_LANES
     acc, l_i, m_i = _fwd_inner(
-        acc, l_i, m_i, q, cq, k_ptrs, v_ptrs, k_desc, v_desc, c_ptrs, c_desc, offs_m, start_m,
-        tl.minimum(start_m + BLOCK_M, T), T, sm_scale, mult, stride_kt, stride_vt, stride_ct, True, HAS_C, BLOCK_N,
-        UPCAST, USE_TMA, C_TMA,
+        acc, l_i, m_i, q, cq, k_ptrs, v_ptrs, k_desc, v_desc, c_ptrs, c_desc, qa, ka_ptrs, ka_desc, offs_m,
+        start_m, tl.minimum(start_m + BLOCK_M, T), T, sm_scale, mult, stride_kt, stride_vt, stride_ct, True, HAS_C,
+        BLOCK_N, UPCAST, USE_TMA, C_TMA, GATE_MMA,
     )  # fmt: skip
 
     # every valid row sees at least its own key, so l_i > 0 and m_i is finite there
@@ -216,21 +256,24 @@ def _fwd_kernel(
     tl.store(LSE + pid_bh.to(tl.int64) * T + offs_m, lse, mask=row_ok)
 
 
-def _fwd(q, k, v, cum, scale, config=None, tma=None, c_tma=None):
+def _fwd(q, k, v, cum, scale, config=None, tma=None, c_tma=None, gate_mma=None):
     """Launch the forward. Returns o [B, T, H, D] (q dtype) and lse [B, H, T] fp32 (log2 units).
 
     q, k, v ``[B, T, H, D]``, cum ``[B, T, H]`` fp32 or None (inputs checked by the caller). ``config`` is the
     block config ``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` and ``tma`` whether to read K/V through TMA
     (default: :func:`common.block_config`'s); TMA is still used only where :func:`_tma_usable` allows it. ``c_tma``:
     whether the key cumsums go through TMA too (default :func:`common.key_cumsums_through_tma`; only where K/V do and
-    the storage allows it).
+    the storage allows it). ``gate_mma``: the bias through the tensor cores (:mod:`.gate_operands`; bf16 only, whose
+    range holds ``c / sm_scale``; default :func:`common.gate_through_mma`).
     """
     B, T, H, D = q.shape
     shipped = common.block_config(D)
     BLOCK_M, BLOCK_N, num_warps, num_stages = config or shipped.fwd
     assert BLOCK_M % BLOCK_N == 0, "forward needs BLOCK_M % BLOCK_N == 0"
     has_c = cum is not None
-    sm_scale, mult = _scales(scale, D, has_c)
+    gate_mma = common.gate_through_mma(D, T, q.dtype) if gate_mma is None else gate_mma
+    gate_mma = bool(gate_mma and has_c and q.dtype == torch.bfloat16)
+    sm_scale, mult = _scales(scale, D, has_c and not gate_mma)
     o = triton_utils.empty((B, T, H, D), q.dtype, q.device)
     lse = triton_utils.empty((B, H, T), torch.float32, q.device)
     use_tma = shipped.tma if tma is None else tma
@@ -241,12 +284,13 @@ def _fwd(q, k, v, cum, scale, config=None, tma=None, c_tma=None):
         install_tma_allocator()
     c = cum if has_c else lse  # dummy pointer, never read
     c_strides = cum.stride() if has_c else (0, 0, 0)
+    qa, ka = gate_operands(cum, sm_scale) if gate_mma else (lse, lse)  # (dummies: never read)
     grid = (B * H, triton.cdiv(T, BLOCK_M))
     _fwd_kernel[grid](
-        q, k, v, c, o, lse, *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(o), *c_strides,
+        q, k, v, c, qa, ka, o, lse, *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(o), *c_strides,
         T, H, sm_scale, mult,
         HAS_C=has_c, HEAD_DIM=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, UPCAST=_upcast(q.dtype),
-        USE_TMA=use_tma, C_TMA=c_tma,
+        USE_TMA=use_tma, C_TMA=c_tma and not gate_mma, GATE_MMA=gate_mma,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return o, lse
