@@ -99,6 +99,11 @@ class TextAdapter(ABC):
         raise UserError(f"model {self.name} does not give log-likelihoods")
 
 
+def chunk_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """:meth:`TokenAdapter.chunk_nll` as a function (what ``torch.compile`` takes)."""
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none").view(targets.shape)
+
+
 class TokenAdapter(TextAdapter):
     """A model whose logits are readable. Subclasses implement :meth:`chunked_logits` and :meth:`generate`."""
 
@@ -114,6 +119,11 @@ class TokenAdapter(TextAdapter):
     def generate(self, prompts: list[list[int]], config: GenerationConfig) -> list[Generation]:
         """Continue each prompt of token ids (BOS already included if wanted), with a cache."""
 
+    def chunk_nll(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """NLL ``[B, chunk]`` float32 of ``targets`` ``[B, chunk]`` under ``logits`` ``[B, chunk, V]`` (softmax in
+        float32). Adapters may run it compiled (:class:`~evalsuite.adapters.native.NativeAdapter`'s ``compile``)."""
+        return chunk_nll(logits, targets)
+
     @torch.inference_mode()
     def token_nll(self, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """NLL of ``targets[b, t]`` given ``input_ids[b, :t+1]``.
@@ -121,7 +131,7 @@ class TokenAdapter(TextAdapter):
         Args: input_ids, targets: ``[B, T]`` long (targets are the inputs shifted left by one).
         Returns: ``[B, T]`` float32 on the CPU.
         """
-        return self.token_scores(input_ids, targets)[0]
+        return self.token_scores(input_ids, targets, argmax=False)[0]
 
     @torch.inference_mode()
     def token_argmax(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -130,19 +140,19 @@ class TokenAdapter(TextAdapter):
 
     @torch.inference_mode()
     def token_scores(
-        self, input_ids: torch.Tensor, targets: torch.Tensor | None
-    ) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """(NLL of ``targets`` or None, argmax), both ``[B, T]`` on the CPU, from one pass over the logits."""
-        nll, argmax = [], []
+        self, input_ids: torch.Tensor, targets: torch.Tensor | None, argmax: bool = True
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(NLL of ``targets`` or None, argmax or None without ``argmax``), both ``[B, T]`` on the CPU, from one pass
+        over the logits."""
+        nll, greedy = [], []
         if targets is not None:
             targets = targets.to(self.device)
         for s, logits in self.chunked_logits(input_ids):
-            argmax.append(logits.argmax(-1))
+            if argmax:
+                greedy.append(logits.argmax(-1))
             if targets is not None:
-                tgt = targets[:, s : s + logits.shape[1]]
-                loss = F.cross_entropy(logits.float().flatten(0, 1), tgt.flatten(), reduction="none")
-                nll.append(loss.view(tgt.shape))
-        return (torch.cat(nll, 1).cpu() if nll else None), torch.cat(argmax, 1).cpu()
+                nll.append(self.chunk_nll(logits, targets[:, s : s + logits.shape[1]]))
+        return (torch.cat(nll, 1).cpu() if nll else None), (torch.cat(greedy, 1).cpu() if argmax else None)
 
     def generate_until(self, prompts: Sequence[str], config: GenerationConfig) -> list[Generation]:
         return self.generate([self.tokenizer.encode(p) for p in prompts], config)

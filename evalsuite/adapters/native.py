@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from evalsuite.adapters.base import ModelInfo, TokenAdapter
+from evalsuite.adapters.base import ModelInfo, TokenAdapter, chunk_nll
 from evalsuite.adapters.registry import ADAPTERS, AdapterOptions
 from evalsuite.cards import ModelCard, load_card
 from evalsuite.errors import UserError
@@ -96,6 +96,7 @@ class NativeAdapter(TokenAdapter):
         checkpoint: Path | None = None,
         attention_backend: str = "auto",
         decode_path: str = "auto",
+        compile: bool = False,
     ):
         if decode_path not in engine.PATHS:
             raise UserError(f"unknown decode path {decode_path!r}; choose from {', '.join(engine.PATHS)}")
@@ -143,7 +144,16 @@ class NativeAdapter(TokenAdapter):
                 if isinstance(module, torch.nn.Linear):
                     module.to(self.dtype)
             if isinstance(self.model, EmbeddingHeadLM):
-                self.model.cast_tied_head(self.dtype)
+                self.model.cast_head(self.dtype)
+        # Full-sequence forwards (token scoring: loss windows, log-likelihoods) through torch.compile: it fuses the
+        # norms, gates and casts between the GEMMs and attention kernels (a 64K window of the 760M FoX (Pro) on an
+        # H200: 1.24 s eager, 0.99 s compiled; results/loss-window/), at a compile of ~40 s per new shape. Decoding
+        # has its own paths.
+        self.compile = compile
+        self._sequence_model = torch.compile(self.model) if compile else self.model
+        # ... and the loss of each logits chunk: one fused reduction over the bf16 logits instead of a float32 copy, a
+        # log-softmax and a gather (24.7 to 8.0 ms of that window)
+        self._chunk_nll = torch.compile(chunk_nll, dynamic=False) if compile else chunk_nll
 
     def _autocast(self):
         if self.dtype == torch.float32:
@@ -161,8 +171,11 @@ class NativeAdapter(TokenAdapter):
         self.check_length(input_ids.shape[1])
         self._check_ids(input_ids)
         with self._autocast():
-            hidden = self.model(input_ids.to(self.device))
+            hidden = self._sequence_model(input_ids.to(self.device))
             yield from self.model.chunked_logits(hidden)
+
+    def chunk_nll(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return self._chunk_nll(logits, targets)
 
     def _left_padded(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The checked prompts as left-padded ids ``[B, T]`` and ``start`` (padded keys are masked through it)."""
@@ -201,6 +214,7 @@ class NativeAdapter(TokenAdapter):
             "device": str(self.device),
             "attention_backend": self.model.attention_backend,
             "decode_path": self.decode_path,
+            "compile": self.compile,
         }
 
 
@@ -212,6 +226,7 @@ def native_adapter(name: str, options: AdapterOptions) -> NativeAdapter:
         dtype=options.dtype,
         checkpoint=options.checkpoint,
         attention_backend=options.attention,
+        compile=options.compile,
     )
 
 

@@ -29,6 +29,7 @@ class AdapterOptions:
     dtype: str = "float32"
     checkpoint: Path | None = None
     attention: str = "auto"
+    compile: bool = False  # native: full-sequence forwards through torch.compile
 
 
 AdapterFactory = Callable[[str, AdapterOptions], TextAdapter]

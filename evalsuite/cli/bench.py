@@ -1,7 +1,7 @@
-"""The benchmark commands, ``evalsuite bench attention|linear|gca|generate|throughput|tune|profile-decode|drt-memory|
-step-time|train|saved-memory``: thin layers over :mod:`evalsuite.bench` (the kernel-level ``srmsnorm``, ``sass`` and
-``profile-ops``: :mod:`evalsuite.cli.bench_kernels`). Registered on the ``bench`` group when :mod:`evalsuite.cli.main`
-imports this module."""
+"""The benchmark commands, ``evalsuite bench attention|linear|gca|generate|throughput|tune|profile-decode|
+loss-window|drt-memory|step-time|train|saved-memory``: thin layers over :mod:`evalsuite.bench` (the kernel-level
+``srmsnorm``, ``sass`` and ``profile-ops``: :mod:`evalsuite.cli.bench_kernels`). Registered on the ``bench`` group
+when :mod:`evalsuite.cli.main` imports this module."""
 
 from __future__ import annotations
 
@@ -300,6 +300,28 @@ def bench_profile_decode_cmd(
 
     profile_decode(out, card=card, path=path, length=length, batch=batch, steps=steps, device=device,
                    other_capacity=other_capacity)  # fmt: skip
+
+
+@bench_app.command("loss-window")
+def bench_loss_window_cmd(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (loss_window.json and .md).")],
+    models: Annotated[
+        str, typer.Option("--models", help="Comma-separated CARD or CARD:BACKEND (random weights of its shapes).")
+    ] = "fox-pro,transformer-pro:sdpa",
+    length: Annotated[int, typer.Option(help="Window tokens.", min=2)] = 65536,
+    batch: Annotated[int, typer.Option(help="Windows per call.", min=1)] = 1,
+    rounds: Annotated[int, typer.Option(help="Timed calls of every model, taken in turns.", min=1)] = 3,
+    device: DeviceOpt = "cuda",
+    compile: Annotated[
+        str, typer.Option(help="off, on (forwards through torch.compile) or both (each model twice).")
+    ] = "off",
+):
+    """Seconds a per-token-loss window takes (the loss task's own call), and its kernels by group."""
+    from evalsuite.bench.loss_window import bench_loss_window
+
+    bench_loss_window(out, _csv_list(models, str, "--models"), length=length, batch=batch, rounds=rounds,
+                      device=device, compile=compile)  # fmt: skip
+    typer.echo(f"wrote {out}/loss_window.json and .md")
 
 
 @bench_app.command("drt-memory")

@@ -11,6 +11,7 @@ from evalsuite.cli.app import app, plot_app
 from evalsuite.cli.options import (
     BackendOpt,
     CheckpointOpt,
+    CompileOpt,
     DeviceOpt,
     DtypeOpt,
     OutOpt,
@@ -77,12 +78,13 @@ def run_cmd(
     repair: RepairOpt = False,
     checkpoint: CheckpointOpt = None,
     attention: BackendOpt = "auto",
+    compile: CompileOpt = False,
 ):
     """Run any registered task, its options given as KEY=VALUE: the generic form of the task commands."""
     from evalsuite.tasks.base import TASKS
 
     task_obj = TASKS.get(task).from_options(_key_values(options or []))
-    adapter = _adapter(model, device, dtype, checkpoint, attention) if model else None
+    adapter = _adapter(model, device, dtype, checkpoint, attention, compile) if model else None
     results = _run(task_obj, adapter, out, repair)
     records = results["records"]
     typer.echo(f"{task}: {len(records)} records in {results['run_dir']}")
@@ -116,6 +118,7 @@ def loss(
     repair: RepairOpt = False,
     checkpoint: CheckpointOpt = None,
     attention: BackendOpt = "auto",
+    compile: CompileOpt = False,
     plot: PlotOpt = True,
 ):
     """Per-token loss L(i) and perplexity P(l) over one window per document (FoX §4.2), and their plot; several
@@ -128,7 +131,7 @@ def loss(
     run_dirs = []
     for spec in model:
         _seed_everything(seed)
-        adapter = _adapter(spec, device, dtype, checkpoint, attention)
+        adapter = _adapter(spec, device, dtype, checkpoint, attention, compile)
         results = _run(LossTask(config), adapter, out, repair)
         _report_loss(spec, results, adapter)
         run_dirs.append(Path(results["run_dir"]))

@@ -30,6 +30,13 @@ CheckpointOpt = Annotated[
 PlotOpt = Annotated[
     bool, typer.Option("--plot/--no-plot", help="Draw the run's figure (PNG and PDF) into its run directory.")
 ]
+CompileOpt = Annotated[
+    bool,
+    typer.Option(
+        "--compile/--no-compile",
+        help="Native models: full-sequence forwards through torch.compile (faster long windows; compiles per shape).",
+    ),
+]
 BackendOpt = Annotated[
     str, typer.Option(help="Attention backend of the model's family (FoX: auto, triton, reference, dense).")
 ]
@@ -49,10 +56,11 @@ def _note_random_weights(adapter) -> None:
         typer.echo("  note: random-init weights; these numbers test the pipeline, not the architecture")
 
 
-def _adapter(model: str, device: str, dtype: str, checkpoint: Path | None, backend: str):
+def _adapter(model: str, device: str, dtype: str, checkpoint: Path | None, backend: str, compile: bool = False):
     from evalsuite.adapters.registry import AdapterOptions, load_adapter
 
-    return load_adapter(model, AdapterOptions(device=device, dtype=dtype, checkpoint=checkpoint, attention=backend))
+    options = AdapterOptions(device=device, dtype=dtype, checkpoint=checkpoint, attention=backend, compile=compile)
+    return load_adapter(model, options)
 
 
 def _csv_list(value: str | None, cast, option: str, allow_empty: bool = False) -> list | None:

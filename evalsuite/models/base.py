@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from evalsuite.errors import UserError
@@ -30,6 +31,8 @@ from evalsuite.kernels.triton_utils import interpreting, triton_installed
 STATE_KINDS = ("kv-cache", "recurrent", "chunk-memory")
 # Elements of one logits chunk (B x positions x vocab): 2**25 fp32 = 128 MiB.
 LOGIT_BUDGET = 2**25
+# A head's rows padded to a multiple of this for many-row logits (EmbeddingHeadLM.cast_head): aligned GEMM outputs.
+HEAD_ROWS_MULTIPLE = 128
 
 
 # torch.nn.init's random fillers, which nn.Linear / nn.Embedding / nn.Conv1d call from reset_parameters when built.
@@ -351,17 +354,49 @@ class EmbeddingHeadLM(CausalLM):
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.register_buffer("head_cast", None, persistent=False)  # see cast_tied_head
+        self.register_buffer("head_cast", None, persistent=False)  # see cast_head
+        self.register_buffer("head_padded", None, persistent=False)
 
     @torch.no_grad()
-    def cast_tied_head(self, dtype: torch.dtype) -> None:
-        """For inference under autocast to ``dtype``: a tied head gets its own copy of the embedding in ``dtype``,
-        which :meth:`logits` uses. Under autocast ``F.linear`` would cast the float32 embedding on every call, a copy
-        of the whole vocabulary per decoded token (88 us of TNL 385M's 1.07 ms compiled step on an H200); the copy
-        gives the same logits bit for bit. The embedding stays float32 for lookups. The copy does not follow later
-        changes to the embedding (not for training). An untied head is a linear layer, cast with the others."""
-        if self.cfg.tie_word_embeddings:
-            self.head_cast = self.embed.weight.to(dtype)
+    def cast_head(self, dtype: torch.dtype) -> None:
+        """For inference under autocast to ``dtype``: the head's weight in ``dtype``, stored with its rows padded by
+        zeros to a multiple of :data:`HEAD_ROWS_MULTIPLE`.
+
+        * A tied head gets its own copy of the embedding (``head_cast``), which :meth:`logits` uses. Under autocast
+          ``F.linear`` would cast the float32 embedding on every call, a copy of the whole vocabulary per decoded
+          token (88 us of TNL 385M's 1.07 ms compiled step on an H200); the copy gives the same logits. The
+          embedding stays float32 for lookups. The copy does not follow later changes to the embedding (not for
+          training). An untied head's weight (cast with the other linear layers) becomes the first rows of the
+          padded storage.
+        * The padded storage (``head_padded``, where the vocabulary is not a multiple already) serves the many-row
+          logits of :meth:`chunked_logits`: with 50,257 columns the GEMM's output rows are not 16-byte aligned and
+          cuBLAS falls back to an sm75 kernel at ~90 TFLOP/s on an H200 (the LM head took 109 ms of a 64K
+          window of the 760M FoX (Pro), 15 ms padded: results/loss-window/).
+        """
+        tied = self.cfg.tie_word_embeddings
+        weight = self.embed.weight if tied else self.lm_head.weight
+        vocab, width = weight.shape
+        rows = -(-vocab // HEAD_ROWS_MULTIPLE) * HEAD_ROWS_MULTIPLE
+        if rows == vocab and not tied:
+            return
+        padded = weight.new_zeros(rows, width, dtype=dtype)
+        padded[:vocab] = weight
+        if tied:
+            self.head_cast = padded[:vocab]
+        else:
+            self.lm_head.weight.data = padded[:vocab]
+        self.head_padded = padded if rows != vocab else None
+
+    def chunked_logits(self, hidden: torch.Tensor, budget: int = LOGIT_BUDGET) -> Iterator[tuple[int, torch.Tensor]]:
+        """As :meth:`CausalLM.chunked_logits`; after :meth:`cast_head`, each chunk's GEMM runs over the padded head
+        and its logits are a ``[B, chunk, V]`` view of the ``[B, chunk, padded V]`` product."""
+        if self.head_padded is None:
+            yield from super().chunked_logits(hidden, budget)
+            return
+        B, T, _ = hidden.shape
+        chunk = max(1, budget // (B * self.head_padded.shape[0]))
+        for s in range(0, T, chunk):
+            yield s, F.linear(hidden[:, s : s + chunk], self.head_padded)[..., : self.vocab_size]
 
     @property
     def vocab_size(self) -> int:
