@@ -40,7 +40,7 @@ def parse_model(spec: str) -> tuple[str, str]:
     """``"card"`` or ``"card:backend"`` -> ``(card, backend)`` (``"auto"`` when none is named)."""
     card, _, backend = spec.partition(":")
     if not card:
-        raise UserError(f"--model {spec!r}: name a card, optionally with :BACKEND")
+        raise UserError(f"--models {spec!r}: name a card, optionally with :BACKEND")
     return card, backend or "auto"
 
 
@@ -55,7 +55,7 @@ def kernel_group(name: str) -> str:
 def window_flops(model: torch.nn.Module, batch: int, length: int) -> tuple[float, float | None]:
     """``(linear FLOPs, attention FLOPs or None)`` of one forward over ``batch`` windows of ``length`` tokens.
 
-    Linear: ``2 * tokens`` per weight of every ``nn.Linear`` (the LM head included, a tied head counted once more).
+    Linear: ``2 * tokens`` per weight of every ``nn.Linear`` and of a tied LM head (the embedding's weights).
     Attention: the causal half of ``QK^T`` and ``PV``, ``2 * B * T^2 * H * hd`` per layer, for the softmax families
     (the FoX architectures: :class:`~evalsuite.models.fox.model.ForgettingTransformer`); None for the others.
     """
@@ -105,7 +105,7 @@ def bench_loss_window(out, models: list[str], length: int = 65536, batch: int = 
     """Time and profile each of ``models`` on ``batch`` windows of ``length`` tokens (module doc); returns the
     records written to ``loss_window.json``."""
     if not models:
-        raise UserError("name at least one --model")
+        raise UserError("name at least one model in --models")
     if length < 2 or batch < 1 or rounds < 1:
         raise UserError(f"need --length >= 2, --batch >= 1 and --rounds >= 1; got {length}, {batch}, {rounds}")
     if compile not in COMPILE_MODES:
