@@ -1,6 +1,7 @@
 """What every benchmark shares: the run's device and software, timing, relative errors and fla's peer ops.
 
-* :func:`env_info` -- device, versions and git commit, stored in every benchmark file.
+* :func:`env_info` -- device, versions and git commit, stored in every benchmark file;
+  :func:`random_weights_adapter` -- a card's shapes with random weights, in the benchmarks' dtype.
 * :func:`time_ms` -- (median, p20, p80) milliseconds of a call: ``triton.testing.do_bench`` on CUDA, a
   ``perf_counter`` loop elsewhere; :func:`graph_ms` -- device time per call inside a captured CUDA graph (what a
   decode step's graph replays); :func:`wall_seconds` -- one synchronised wall-clock call.
@@ -38,6 +39,19 @@ def env_info() -> dict:
     info = {**versions(), "git_commit": git_commit(), "cuda": torch.version.cuda}
     info["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     return info
+
+
+def random_weights_adapter(card: str, device: str, **options):
+    """A :class:`~evalsuite.adapters.native.NativeAdapter` of ``card``'s shapes with random weights (seed 0), bf16 on
+    CUDA and float32 elsewhere; ``options``: the adapter's other keyword arguments."""
+    from dataclasses import replace
+
+    from evalsuite.adapters.native import NativeAdapter
+    from evalsuite.cards import load_card
+
+    spec = replace(load_card(card), weights={"source": "random", "seed": 0})
+    dtype = "bfloat16" if torch.device(device).type == "cuda" else "float32"
+    return NativeAdapter(spec, device=device, dtype=dtype, **options)
 
 
 def sync(device) -> None:

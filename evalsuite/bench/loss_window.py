@@ -21,12 +21,11 @@ from __future__ import annotations
 import json
 import re
 import statistics
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from evalsuite.bench.common import env_info, format_kernel_rows, kernel_table, wall_seconds
+from evalsuite.bench.common import env_info, format_kernel_rows, kernel_table, random_weights_adapter, wall_seconds
 from evalsuite.errors import UserError
 
 # kernel name patterns of each group, tried in order (the rest is "other")
@@ -74,16 +73,6 @@ def window_flops(model: torch.nn.Module, batch: int, length: int) -> tuple[float
 COMPILE_MODES = {"off": (False,), "on": (True,), "both": (False, True)}
 
 
-def _adapter(card_name: str, backend: str, device: str, compile: bool = False):
-    from evalsuite.adapters.native import NativeAdapter
-    from evalsuite.cards import load_card
-
-    spec = replace(load_card(card_name), weights={"source": "random", "seed": 0})
-    cuda = torch.device(device).type == "cuda"
-    dtype = "bfloat16" if cuda else "float32"
-    return NativeAdapter(spec, device=device, dtype=dtype, attention_backend=backend, compile=compile)
-
-
 def _profile_groups(call, device: str) -> tuple[float, dict, list[dict]]:
     """``(device ms, ms per group, rows of the 25 longest kernels)`` of one ``call()`` under ``torch.profiler``."""
     from torch.profiler import ProfilerActivity, profile
@@ -111,7 +100,9 @@ def bench_loss_window(out, models: list[str], length: int = 65536, batch: int = 
     if compile not in COMPILE_MODES:
         raise UserError(f"--compile takes {', '.join(COMPILE_MODES)}; got {compile!r}")
     parsed = [(*parse_model(m), c) for m in models for c in COMPILE_MODES[compile]]
-    adapters = [_adapter(card, backend, device, c) for card, backend, c in parsed]
+    adapters = [
+        random_weights_adapter(card, device, attention_backend=backend, compile=c) for card, backend, c in parsed
+    ]
     for adapter in adapters:
         adapter.check_length(length)
     gen = torch.Generator().manual_seed(seed)

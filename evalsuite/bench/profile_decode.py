@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from evalsuite.bench.common import format_kernel_rows, kernel_table
+from evalsuite.bench.common import format_kernel_rows, kernel_table, random_weights_adapter
 
 PATHS = ("eager", "static", "graph", "compiled")
 
@@ -66,16 +65,14 @@ def profile_decode(out, card: str = "fox-pro", path: str = "compiled", length: i
     """Profile one decode step (module doc); ``other_capacity``: first step a decoder of another cache size, as a
     generate call of other lengths does (the compiled step then recompiles dynamic in the cache size). Returns the
     summary written to the JSON."""
-    from evalsuite.adapters.native import NativeAdapter
-    from evalsuite.cards import load_card
     from evalsuite.errors import UserError
     from evalsuite.runs.provenance import git_commit, versions
 
     if path not in PATHS:
         raise UserError(f"unknown path {path!r}; choose from {', '.join(PATHS)}")
-    spec = replace(load_card(card), weights={"source": "random", "seed": 0})
     cuda = torch.device(device).type == "cuda"
-    adapter = NativeAdapter(spec, device=device, dtype="bfloat16" if cuda else "float32")
+    adapter = random_weights_adapter(card, device)
+    spec = adapter.card
     model = adapter.model
     ids = torch.randint(0, adapter.tokenizer.vocab_size, (batch, length), generator=torch.Generator().manual_seed(0))
     ids = ids.to(adapter.device)
