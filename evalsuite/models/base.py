@@ -274,7 +274,11 @@ class CausalLM(nn.Module, ABC):
         B, T, _ = hidden.shape
         chunk = max(1, budget // (B * self.vocab_size))
         for s in range(0, T, chunk):
-            yield s, self.logits(hidden[:, s : s + chunk])
+            yield s, self.sequence_logits(hidden[:, s : s + chunk])
+
+    def sequence_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """:meth:`logits` of many positions (a chunk of :meth:`chunked_logits`); families may take another route."""
+        return self.logits(hidden)
 
     @property
     @abstractmethod
@@ -369,7 +373,7 @@ class EmbeddingHeadLM(CausalLM):
           training). An untied head's weight (cast with the other linear layers) becomes the first rows of the
           padded storage.
         * The padded storage (``head_padded``, where the vocabulary is not a multiple already) serves the many-row
-          logits of :meth:`chunked_logits`: with 50,257 columns the GEMM's output rows are not 16-byte aligned and
+          logits of :meth:`sequence_logits`: with 50,257 columns the GEMM's output rows are not 16-byte aligned and
           cuBLAS falls back to an sm75 kernel at ~90 TFLOP/s on an H200 (the LM head took 109 ms of a 64K
           window of the 760M FoX (Pro), 15 ms padded: results/loss-window/).
         """
@@ -387,16 +391,12 @@ class EmbeddingHeadLM(CausalLM):
             self.lm_head.weight.data = padded[:vocab]
         self.head_padded = padded if rows != vocab else None
 
-    def chunked_logits(self, hidden: torch.Tensor, budget: int = LOGIT_BUDGET) -> Iterator[tuple[int, torch.Tensor]]:
-        """As :meth:`CausalLM.chunked_logits`; after :meth:`cast_head`, each chunk's GEMM runs over the padded head
-        and its logits are a ``[B, chunk, V]`` view of the ``[B, chunk, padded V]`` product."""
+    def sequence_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """After :meth:`cast_head`, the GEMM runs over the padded head and the logits ``[..., V]`` are a view of its
+        ``[..., padded V]`` product."""
         if self.head_padded is None:
-            yield from super().chunked_logits(hidden, budget)
-            return
-        B, T, _ = hidden.shape
-        chunk = max(1, budget // (B * self.head_padded.shape[0]))
-        for s in range(0, T, chunk):
-            yield s, F.linear(hidden[:, s : s + chunk], self.head_padded)[..., : self.vocab_size]
+            return self.logits(hidden)
+        return F.linear(hidden, self.head_padded)[..., : self.vocab_size]
 
     @property
     def vocab_size(self) -> int:
