@@ -14,9 +14,16 @@ def pytest_configure(config):
     """The kernel tests run the Triton kernels under the interpreter, set here before any test module imports triton:
     triton's own jit'd library functions (tl.sum's combine, ...) and our kernels follow the setting when they are
     built, and importing a model family's package builds its one-token Triton step (interpreted_kernel_modules
-    checks). A run of the GPU tests alone (``pytest -m gpu``, tests/gpu) compiles the kernels for the GPU instead."""
+    checks). A run of the GPU tests alone (``pytest -m gpu``, tests/gpu) compiles the kernels for the GPU instead.
+    Under pytest-xdist each worker's torch takes its share of the cores, so that the timing tests of one worker
+    (``bench generate``'s two-call rate) are not at the mercy of the other's threads."""
     if config.getoption("markexpr").strip() != "gpu":
         os.environ["TRITON_INTERPRET"] = "1"
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:  # pytest -n: the workers share the cores; each torch's own thread pool would oversubscribe them
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
 @pytest.fixture
