@@ -1,6 +1,6 @@
 """The forget gate's bias through the tensor cores (kernels/forgetting/gate_operands.py) on CPU under the Triton
-interpreter: the operands' pass against its PyTorch twin, the exactness of the three-part split, and the forward with
-the bias through the MMA against float64 beside the bias on the ALU."""
+interpreter: the operands' pass against its PyTorch twin, the exactness of the three-part split, and the forward and
+the backward with the bias through the MMA against float64 beside the bias on the ALU."""
 
 import pytest
 import torch
@@ -11,10 +11,16 @@ from conftest import interpreted_kernel_modules, rel_err
 
 from evalsuite.kernels.forgetting import reference
 
-_modules = interpreted_kernel_modules(
-    "evalsuite.kernels.forgetting", {"forward": "_fwd_kernel", "gate_operands": "_gate_operands_kernel", "common": None}
-)
-forward, gate_operands, common = (_modules[n] for n in ("forward", "gate_operands", "common"))
+_KERNELS = {
+    "forward": "_fwd_kernel",
+    "gate_operands": "_gate_operands_kernel",
+    "common": None,
+    "backward_dkdv": "_bwd_dkdv_kernel",
+    "backward_dq": "_bwd_dq_kernel",
+    "backward": "_bwd_preprocess_kernel",
+}
+_modules = interpreted_kernel_modules("evalsuite.kernels.forgetting", _KERNELS)
+forward, backward, gate_operands, common = (_modules[n] for n in ("forward", "backward", "gate_operands", "common"))
 
 pytestmark = pytest.mark.usefixtures("poisoned_kernel_outputs")  # conftest: NaN outputs, guard bands
 
@@ -65,20 +71,46 @@ def test_forward_through_the_mma_matches_float64(T, D, tma):
     assert (lse_mma - lse_alu).abs().max() < 1e-2
 
 
+@pytest.mark.parametrize("T, D", [(70, 64), (33, 32), (48, 128)])
+def test_backward_through_the_mma_matches_float64(T, D):
+    """The backward's gradients with the bias through the MMA against float64, beside the ALU's (the same forward's
+    LSE for both); its descriptor and pointer paths give the same bits."""
+    g = torch.Generator().manual_seed(T * D)
+    q, k, v, do = (torch.randn(2, T, 2, D, generator=g).bfloat16() for _ in range(4))
+    cum = _cumsums(2, T, 2, T / 4)[0] - 1e4  # gates of ~0.8 (sharper ones leave dq ~ 0), offset to |c| ~ 1e4
+    leaves = [x.double().requires_grad_() for x in (q, k, v, cum)]
+    out = reference.attention_dense(*leaves[:3], leaves[3], leaves[3])
+    refs = torch.autograd.grad(out, leaves, do.double())
+    o, lse = forward._fwd(q, k, v, cum, None, gate_mma=False)
+    alu = backward._bwd(do, q, k, v, cum, o, lse, None, tma=False, gate_mma=False)
+    mma, mma_tma = (backward._bwd(do, q, k, v, cum, o, lse, None, tma=t, gate_mma=True) for t in (False, True))
+    for name, a, m, m_tma, ref in zip("qkvc", alu, mma, mma_tma, refs, strict=True):
+        assert torch.equal(m, m_tma), name
+        err_alu, err_mma = rel_err(a, ref), rel_err(m, ref)
+        assert err_mma < 2e-2 and err_mma < 1.5 * err_alu + 1e-4, (name, err_mma, err_alu)
+    if D != 64:  # the MMA path ran: it rounds the bias at another point (at D = 64 the scale, 1/8, scales exactly)
+        assert not torch.equal(mma[3], alu[3])
+
+
 def test_float16_keeps_the_bias_on_the_alu():
-    """fp16's range does not hold c / scale: a request for the MMA gives the ALU path's bits."""
+    """fp16's range does not hold c / scale: a request for the MMA gives the ALU path's bits, forward and backward."""
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, 40, 2, 32, generator=g).half() for _ in range(3))
+    q, k, v, do = (torch.randn(1, 40, 2, 32, generator=g).half() for _ in range(4))
     cum = _cumsums(1, 40, 2, 1e3)[0]
-    mma, alu = (forward._fwd(q, k, v, cum, None, gate_mma=m)[0] for m in (True, False))
+    (mma, lse), (alu, _) = (forward._fwd(q, k, v, cum, None, gate_mma=m) for m in (True, False))
     assert torch.equal(mma, alu)
+    grads = [backward._bwd(do, q, k, v, cum, alu, lse, None, gate_mma=m) for m in (True, False)]
+    assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
 
 
 def test_default_rule():
-    """From GATE_MMA_MIN_T on a GPU (bf16 only); always for bf16 under the interpreter, so the tests cover it."""
+    """From GATE_MMA_MIN_T (forward) and BWD_GATE_MMA_MIN_T (backward) on a GPU, bf16 only; always for bf16 under the
+    interpreter, so the tests cover it."""
     assert common.gate_through_mma(64, 16, torch.bfloat16)
     assert not common.gate_through_mma(64, 1 << 20, torch.float16)
     assert all(t in common.GATE_MMA_MIN_T for t in (64, 128))
+    assert common.backward_gate_through_mma(64, 16, torch.bfloat16)
+    assert not common.backward_gate_through_mma(64, 1 << 20, torch.float16)
 
 
 def test_padding_bias_survives_the_fused_exp2_through_the_mma():

@@ -19,6 +19,7 @@ pytest.importorskip("triton")
 
 from conftest import interpreted_kernel_modules, rel_err
 
+from evalsuite.errors import UserError
 from evalsuite.kernels import triton_utils
 from evalsuite.kernels.forgetting import cumsum_over_time, reference
 
@@ -587,7 +588,7 @@ def test_dispatch_modules_import_without_triton(monkeypatch):
 
 
 def test_tma_comparison_tuner_runs_both_paths_under_the_interpreter():
-    """``bench tune forgetting-tma`` at a tiny shape: both comparisons per T, the same bits on each path, and its
+    """``bench tune forgetting-tma`` at a tiny shape: every comparison per T, the same bits on each path, and its
     thresholds read from the per-T ratios (only the structure: CPU timings decide nothing)."""
     from evalsuite.bench.tune import run_tune
     from evalsuite.bench.tune.forgetting_tma import _thresholds
@@ -596,6 +597,11 @@ def test_tma_comparison_tuner_runs_both_paths_under_the_interpreter():
     kinds = sorted((r["kind"], r.get("gate")) for r in report["records"])
     assert kinds == [("backward", False), ("backward", True), ("forward", None)]
     assert all(r["same_bits"] for r in report["records"])
+    gated = next(r for r in report["records"] if r.get("gate"))
+    assert {"gate_mma_ms", "gate_mma_tma_ms", "gate_mma_over_pointers", "gate_mma_tma_over_gate_mma"} <= gated.keys()
+    assert set(report["best"]) >= {"forward", "backward_gate", "backward_gate_mma", "backward_gate_mma_tma"}
+    with pytest.raises(UserError, match="unknown part 'dq'"):
+        run_tune("forgetting-tma", None, seq_lens=[48], head_dims=[32], parts=["forward", "dq"])
     ratios = ((1, 1.05), (4, 0.99), (16, 0.9))
     points = [{"kind": "forward", "D": 64, "T": t, "tma_over_pointers": x} for t, x in ratios]
     assert _thresholds(points) == {"forward": {"64": 4}}

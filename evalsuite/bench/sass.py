@@ -63,7 +63,7 @@ def _gsa_kernel_and_config(kernel: str, head_dim: int):
 
 def _kernel_and_config(kernel: str, head_dim: int, gate: bool):
     """(jit function, constexpr values, (num_warps, num_stages)) of a kernel at its shipped GPU config, with TMA and
-    the forward's gate through the tensor cores as the launchers choose them at T = :data:`AT_T`."""
+    the gate through the tensor cores as the launchers choose them at T = :data:`AT_T`."""
     if kernel.startswith("gsa-"):
         return _gsa_kernel_and_config(kernel, head_dim)
     import torch
@@ -75,12 +75,13 @@ def _kernel_and_config(kernel: str, head_dim: int, gate: bool):
     table = {"forgetting-fwd": common.FWD_CONFIGS, "forgetting-dq": common.BWD_DQ_CONFIGS,
              "forgetting-dkdv": common.BWD_DKDV_CONFIGS}[kernel]  # fmt: skip
     block_m, block_n, warps, stages = table[head_dim]
-    gate_mma = gate and common.gate_through_mma(head_dim, AT_T, torch.bfloat16)
     if kernel == "forgetting-fwd":
+        gate_mma = gate and common.gate_through_mma(head_dim, AT_T, torch.bfloat16)
         tma = common.FWD_TMA[head_dim]
         c_tma = tma and gate and not gate_mma and common.key_cumsums_through_tma(AT_T)
     else:
-        tma, c_tma = common.backward_tiles_through_tma(head_dim, AT_T, gate), False
+        gate_mma = gate and common.backward_gate_through_mma(head_dim, AT_T, torch.bfloat16)
+        tma, c_tma = common.backward_tiles_through_tma(head_dim, AT_T, gate, gate_mma), False
     values = {"HAS_C": gate, "HEAD_DIM": head_dim, "BLOCK_M": block_m, "BLOCK_N": block_n, "UPCAST": False,
               "USE_TMA": tma, "C_TMA": c_tma, "GATE_MMA": gate_mma}  # fmt: skip
     return fn, values, (warps, stages)

@@ -259,6 +259,9 @@ def bench_tune_cmd(
     lengths: Annotated[str | None, typer.Option(help="Comma-separated cache lengths (forgetting-decode).")] = None,
     seq_lens: Annotated[str | None, typer.Option(help="Comma-separated T values (fla, forgetting-tma).")] = None,
     batches: Annotated[str | None, typer.Option(help="Comma-separated batches (forgetting-decode, fla).")] = None,
+    parts: Annotated[
+        str | None, typer.Option(help="Comma-separated forward, backward-gate, backward-no-gate (forgetting-tma).")
+    ] = None,
 ):
     """Sweep a Triton kernel's launch configs on this GPU (or warm fla's autotuning); print the best, write JSON."""
     import json
@@ -267,7 +270,7 @@ def bench_tune_cmd(
 
     options = {"seq_len": seq_len, "head_dims": _csv_list(head_dims, int, "--head-dims"),
                "lengths": _csv_list(lengths, int, "--lengths"), "seq_lens": _csv_list(seq_lens, int, "--seq-lens"),
-               "batches": _csv_list(batches, int, "--batches")}  # fmt: skip
+               "batches": _csv_list(batches, int, "--batches"), "parts": _csv_list(parts, str, "--parts")}  # fmt: skip
     if shape is not None:
         options["shape"] = tuple(_csv_list(shape, int, "--shape"))
         if len(options["shape"]) != 4:

@@ -73,3 +73,27 @@ def test_gate_through_tensor_cores_matches_float64(head_dim, offset):
     err_alu, err_mma = (((o.double() - ref).norm() / ref.norm()).item() for o in (alu, mma))
     assert err_mma < 3e-3 and err_mma < 1.5 * err_alu, (err_mma, err_alu)
     assert (lse_mma - lse_alu).abs().max().item() < 0.02
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_backward_gate_through_tensor_cores_matches_float64(head_dim):
+    """The backward's gradients with the bias through the tensor cores against float64, beside the ALU's: heads from
+    weak to strong decay, cumsums offset to |c| ~ 1e4."""
+    import torch.nn.functional as F
+
+    from evalsuite.kernels.forgetting import cumsum_over_time
+    from evalsuite.kernels.forgetting.backward import _bwd
+    from evalsuite.kernels.forgetting.forward import _fwd
+    from evalsuite.kernels.forgetting.reference import attention_dense
+
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    q, k, v, do = (torch.randn(1, 2048, 4, head_dim, device="cuda", generator=gen).bfloat16() for _ in range(4))
+    bias = torch.tensor([4.0, 1.0, -1.0, -4.0], device="cuda")
+    cum = cumsum_over_time(F.logsigmoid(torch.randn(1, 2048, 4, device="cuda", generator=gen) + bias)) - 1e4
+    leaves = [x.double().requires_grad_() for x in (q, k, v, cum)]
+    refs = torch.autograd.grad(attention_dense(*leaves[:3], leaves[3], leaves[3]), leaves, do.double())
+    o, lse = _fwd(q, k, v, cum, None)
+    alu, mma = (_bwd(do, q, k, v, cum, o, lse, None, gate_mma=on) for on in (False, True))
+    for name, a, m, ref in zip("qkvc", alu, mma, refs, strict=True):
+        err_alu, err_mma = (((g.double() - ref).norm() / ref.norm()).item() for g in (a, m))
+        assert err_mma < LIMIT and err_mma < 1.5 * err_alu, (name, err_mma, err_alu)

@@ -11,9 +11,12 @@ Two comparisons per head dim and T, at B = tokens_per_call // T, bf16 on a GPU:
   the kernel without the gate timed in the same rounds. ``gate_mma_rel_diff``: its output's relative difference
   from the ALU's (not the same bits: the MMA rounds the bias's sum at another point).
 * ``backward``: the backward alone (both kernels and the Delta pass) with its tiles through descriptors against
-  pointer loads, with and without the gate.
+  pointer loads, with and without the gate; with the gate, also its bias through the tensor cores (operands' pass
+  included) through pointers (``gate_mma``, against the ALU's pointers) and through descriptors (``gate_mma_tma``,
+  against ``gate_mma``). ``gate_mma_rel_diff``: the largest relative difference of its gradients from the ALU's.
 
-Each record says whether both paths gave the same bits (they do the same arithmetic on the same values).
+Each record says whether the descriptor and pointer paths gave the same bits (they do the same arithmetic on the
+same values). ``parts`` picks the comparisons: ``forward``, ``backward-gate``, ``backward-no-gate``.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from evalsuite.bench.common import interleaved_ms, ratio_fields, rel_error
+from evalsuite.errors import UserError
 
 
 def _inputs(B, T, H, D, dtype, device, seed=0):
@@ -67,13 +71,21 @@ def _backward_record(q, k, v, do, log_f, gated, rounds) -> dict:
 
     cum = cumsum_over_time(log_f) if gated else None
     o, lse = forward._fwd(q, k, v, cum, None, gate_mma=False)
-    runs = [_bwd(do, q, k, v, cum, o, lse, None, tma=tma) for tma in (True, False)]
-    same = all(a is None and b is None or torch.equal(a, b) for a, b in zip(*runs, strict=True))
-    calls = {"tma": lambda: _bwd(do, q, k, v, cum, o, lse, None, tma=True),
-             "pointers": lambda: _bwd(do, q, k, v, cum, o, lse, None, tma=False)}  # fmt: skip
+    variants = {"tma": {"tma": True, "gate_mma": False}, "pointers": {"tma": False, "gate_mma": False}}
+    if gated:
+        variants.update(gate_mma={"tma": False, "gate_mma": True}, gate_mma_tma={"tma": True, "gate_mma": True})
+    runs = {name: _bwd(do, q, k, v, cum, o, lse, None, **kw) for name, kw in variants.items()}
+    pairs = [("tma", "pointers")] + [("gate_mma_tma", "gate_mma")] * gated
+    same = all(a is None and b is None or torch.equal(a, b)
+               for x, y in pairs for a, b in zip(runs[x], runs[y], strict=True))  # fmt: skip
+    calls = {name: lambda kw=kw: _bwd(do, q, k, v, cum, o, lse, None, **kw) for name, kw in variants.items()}
     samples = interleaved_ms(calls, rounds=rounds, device=q.device)
     rec = {"kind": "backward", "gate": gated, "same_bits": bool(same), **_medians(samples)}
     rec.update(ratio_fields("tma_over_pointers", samples["tma"], samples["pointers"]))
+    if gated:
+        rec["gate_mma_rel_diff"] = max(rel_error(a, b) for a, b in zip(runs["gate_mma"], runs["pointers"], strict=True))
+        rec.update(ratio_fields("gate_mma_over_pointers", samples["gate_mma"], samples["pointers"]))
+        rec.update(ratio_fields("gate_mma_tma_over_gate_mma", samples["gate_mma_tma"], samples["gate_mma"]))
     return rec
 
 
@@ -81,12 +93,20 @@ def _medians(samples) -> dict:
     return {f"{name}_ms": float(torch.tensor(ms).median()) for name, ms in samples.items()}
 
 
+PARTS = ("forward", "backward-gate", "backward-no-gate")
+
+
 def tune(seq_lens=(1024, 4096, 16384, 65536), head_dims=(64, 128), n_heads: int = 16, tokens_per_call: int = 65536,
-         rounds: int = 10, device: str | None = None, verbose: bool = True) -> dict:  # fmt: skip
-    """The forward and backward comparisons at each (D, T), on ``device`` (default: the GPU; a CPU under the Triton
-    interpreter, for tests). ``best``: per comparison and D, the smallest T from which the descriptors were faster
-    (median ratio < 1) at every larger T measured, or None (``gate_mma``: the bias through the tensor cores against
-    the ALU)."""
+         rounds: int = 10, parts=PARTS, device: str | None = None, verbose: bool = True) -> dict:  # fmt: skip
+    """The comparisons named in ``parts`` (:data:`PARTS`) at each (D, T), on ``device`` (default: the GPU; a CPU
+    under the Triton interpreter, for tests). ``best``: per comparison and D, the smallest T from which the variant
+    was faster (median ratio < 1) at every larger T measured, or None: ``forward``, ``backward_gate``,
+    ``backward_no_gate`` (descriptors against pointers), ``gate_mma`` (the forward's bias through the tensor cores
+    against the ALU), ``backward_gate_mma`` (the same in the backward, through pointers) and
+    ``backward_gate_mma_tma`` (its descriptors against its pointers)."""
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown:
+        raise UserError(f"unknown part {unknown[0]!r}; choose from {', '.join(PARTS)}")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     records = []
     for D in head_dims:
@@ -94,13 +114,18 @@ def tune(seq_lens=(1024, 4096, 16384, 65536), head_dims=(64, 128), n_heads: int 
             B = max(1, tokens_per_call // T)
             q, k, v, do, log_f = _inputs(B, T, n_heads, D, torch.bfloat16 if device != "cpu" else torch.float16, device)
             shape = {"D": D, "T": T, "B": B, "H": n_heads}
-            found = [_forward_record(q, k, v, log_f, rounds)]
-            found += [_backward_record(q, k, v, do, log_f, gated, rounds) for gated in (True, False)]
+            found = [_forward_record(q, k, v, log_f, rounds)] if "forward" in parts else []
+            for gated, part in ((True, "backward-gate"), (False, "backward-no-gate")):
+                if part in parts:
+                    found.append(_backward_record(q, k, v, do, log_f, gated, rounds))
             for rec in found:
                 rec.update(shape)
                 if verbose:
                     label = rec["kind"] + ("" if rec["kind"] == "forward" else " gate" if rec["gate"] else " no gate")
                     mma = f" gate_mma/tma {rec['gate_mma_over_tma']:.3f}" if "gate_mma_over_tma" in rec else ""
+                    if "gate_mma_over_pointers" in rec:
+                        mma = (f" gate_mma/pointers {rec['gate_mma_over_pointers']:.3f}, its tma/pointers "
+                               f"{rec['gate_mma_tma_over_gate_mma']:.3f}")  # fmt: skip
                     print(f"D={D:<4d} T={T:<6d} {label:17s} tma/pointers {rec['tma_over_pointers']:.3f} "
                           f"[{rec['tma_over_pointers_p20']:.3f}-{rec['tma_over_pointers_p80']:.3f}] "
                           f"same bits {rec['same_bits']}{mma}", flush=True)  # fmt: skip
@@ -113,8 +138,10 @@ def _thresholds(records) -> dict:
     for rec in records:
         name = rec["kind"] if rec["kind"] == "forward" else f"backward_{'gate' if rec['gate'] else 'no_gate'}"
         best.setdefault(name, {}).setdefault(str(rec["D"]), []).append((rec["T"], rec["tma_over_pointers"]))
-        if "gate_mma_over_tma" in rec:
-            best.setdefault("gate_mma", {}).setdefault(str(rec["D"]), []).append((rec["T"], rec["gate_mma_over_tma"]))
+        for ratio, key in (("gate_mma_over_tma", "gate_mma"), ("gate_mma_over_pointers", "backward_gate_mma"),
+                           ("gate_mma_tma_over_gate_mma", "backward_gate_mma_tma")):  # fmt: skip
+            if ratio in rec:
+                best.setdefault(key, {}).setdefault(str(rec["D"]), []).append((rec["T"], rec[ratio]))
     out = {}
     for name, per_dim in best.items():
         out[name] = {}

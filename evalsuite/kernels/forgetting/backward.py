@@ -22,6 +22,7 @@ from evalsuite.kernels.forgetting import common
 from evalsuite.kernels.forgetting.backward_dkdv import _bwd_dkdv_kernel
 from evalsuite.kernels.forgetting.backward_dq import _bwd_dq_kernel
 from evalsuite.kernels.forgetting.common import _scales, _strides4, _tma_usable, _upcast
+from evalsuite.kernels.forgetting.gate_operands import gate_operands
 from evalsuite.kernels.triton_utils import install_tma_allocator, interpreting
 
 
@@ -61,7 +62,7 @@ def _bwd_preprocess_kernel(
     tl.store(DELTA + pid_bh.to(tl.int64) * T + offs_m, delta, mask=offs_m < T)
 
 
-def _bwd(do, q, k, v, cum, o, lse, scale, dkdv_config=None, dq_config=None, tma=None):
+def _bwd(do, q, k, v, cum, o, lse, scale, dkdv_config=None, dq_config=None, tma=None, gate_mma=None):
     """Launch the backward. Returns dq, dk, dv (q dtype, [B, T, H, D]) and dcum ([B, T, H] fp32, or None).
 
     do: ``[B, T, H, D]`` output gradient (any strides; made unit-stride on D); q, k, v, cum, o, lse, scale as
@@ -69,10 +70,15 @@ def _bwd(do, q, k, v, cum, o, lse, scale, dkdv_config=None, dq_config=None, tma=
     ``(BLOCK_M, BLOCK_N, num_warps, num_stages)``, default :func:`common.block_config`'s (tuning, tests); ``tma``
     whether the loops read their tiles through TMA descriptors (default: :func:`common.backward_tiles_through_tma`),
     used only where :func:`_tma_usable` allows it and T is a multiple of 4 (16-byte aligned LSE and Delta rows).
+    ``gate_mma``: the bias through the tensor cores (:mod:`.gate_operands`, computed again here rather than kept from
+    the forward; bf16 only; default :func:`common.backward_gate_through_mma`). The LSE is the same function of the
+    scores either way, so this choice is free of the forward's.
     """
     B, T, H, D = q.shape
     has_c = cum is not None
-    sm_scale, mult = _scales(scale, D, has_c)
+    gate_mma = common.backward_gate_through_mma(D, T, q.dtype) if gate_mma is None else gate_mma
+    gate_mma = bool(gate_mma and has_c and q.dtype == torch.bfloat16)
+    sm_scale, mult = _scales(scale, D, has_c and not gate_mma)
     if do.stride(-1) != 1:
         do = do.contiguous()
     dev = q.device
@@ -92,28 +98,29 @@ def _bwd(do, q, k, v, cum, o, lse, scale, dkdv_config=None, dq_config=None, tma=
     dc_strides = dcum.stride() if has_c else (0, 0, 0)
     upcast = _upcast(q.dtype)
     shipped = common.block_config(D)
-    use_tma = common.backward_tiles_through_tma(D, T, has_c) if tma is None else tma
+    use_tma = common.backward_tiles_through_tma(D, T, has_c, gate_mma) if tma is None else tma
     use_tma = use_tma and T % 4 == 0 and _tma_usable(q, k, v, do)
     if use_tma and not interpreting():
         install_tma_allocator()
+    qa, ka = gate_operands(cum, sm_scale) if gate_mma else (delta, delta)  # (dummies: never read)
 
     BM, BN, nw, ns = dkdv_config or shipped.dkdv
     assert BN % BM == 0, "dK/dV kernel needs BLOCK_N % BLOCK_M == 0"
     _bwd_dkdv_kernel[(B * H, triton.cdiv(T, BN))](
-        q, k, v, c, do, lse, delta, dk, dv, dc,
+        q, k, v, c, qa, ka, do, lse, delta, dk, dv, dc,
         *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(do), *_strides4(dk), *_strides4(dv), *c_strides,
         *dc_strides, 1, T, H, sm_scale, mult,
-        HAS_C=has_c, HEAD_DIM=D, BLOCK_M=BM, BLOCK_N=BN, UPCAST=upcast, USE_TMA=use_tma,
+        HAS_C=has_c, HEAD_DIM=D, BLOCK_M=BM, BLOCK_N=BN, UPCAST=upcast, USE_TMA=use_tma, GATE_MMA=gate_mma,
         num_warps=nw, num_stages=ns,
     )  # fmt: skip
 
     BM, BN, nw, ns = dq_config or shipped.dq
     assert BM % BN == 0, "dQ kernel needs BLOCK_M % BLOCK_N == 0"
     _bwd_dq_kernel[(B * H, triton.cdiv(T, BM))](
-        q, k, v, c, do, lse, delta, dq, dc,
+        q, k, v, c, qa, ka, do, lse, delta, dq, dc,
         *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(do), *_strides4(dq), *c_strides, *dc_strides,
         T, H, sm_scale, mult,
-        HAS_C=has_c, HEAD_DIM=D, BLOCK_M=BM, BLOCK_N=BN, UPCAST=upcast, USE_TMA=use_tma,
+        HAS_C=has_c, HEAD_DIM=D, BLOCK_M=BM, BLOCK_N=BN, UPCAST=upcast, USE_TMA=use_tma, GATE_MMA=gate_mma,
         num_warps=nw, num_stages=ns,
     )  # fmt: skip
     return dq, dk, dv, dcum

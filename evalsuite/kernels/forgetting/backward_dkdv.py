@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from evalsuite.kernels.forgetting.common import VECTOR_STRIDES, _mm
+from evalsuite.kernels.forgetting.gate_operands import GATE_LANES
 
 
 @triton.jit
@@ -21,9 +22,11 @@ def _bwd_dkdv_inner(
     k,
     v,
     ck,
+    ka,
     q_ptrs,
     do_ptrs,
     cq_ptrs,
+    qa_ptrs,
     lse_ptrs,
     delta_ptrs,
     descs,
@@ -42,13 +45,16 @@ def _bwd_dkdv_inner(
     BLOCK_M: tl.constexpr,
     UPCAST: tl.constexpr,
     USE_TMA: tl.constexpr,
+    GATE_MMA: tl.constexpr,
 ):
     """Accumulate dK, dV, dc_k of one key block over queries [lo, hi). Pointers start at query ``lo``.
 
     Works on transposed tiles ([BLOCK_N keys, BLOCK_M queries]) so dK/dV accumulate without transposes.
     MASK: causal mask and queries past T (diagonal block and ragged tail).
-    USE_TMA: q, dO, LSE and Delta tiles come from the descriptors ``descs`` (in that order; rows past T read as
-    zeros, which the mask then drops).
+    USE_TMA: q, dO, LSE, Delta and QA tiles come from the descriptors ``descs`` (in that order; rows past T read as
+    zeros, which the mask then drops). GATE_MMA: the bias through the tensor cores as in the forward,
+    ``s_t += ka @ qa^T`` with the key block's operands ``ka`` [BLOCK_N, GATE_LANES] and the query block's; then
+    ``mult`` carries the scale.
     """
     offs_m0 = tl.arange(0, BLOCK_M)
     for start_m in range(lo, hi, BLOCK_M):
@@ -71,11 +77,20 @@ def _bwd_dkdv_inner(
             delta = tl.load(delta_ptrs)
         s_t = _mm(k, tl.trans(q), tl.zeros([k.shape[0], BLOCK_M], dtype=tl.float32), UPCAST)
         if HAS_C:
-            if MASK:
-                cq = tl.load(cq_ptrs, mask=row_ok, other=0.0)
+            if GATE_MMA:
+                if USE_TMA:
+                    qa = descs[4].load([start_m, 0])
+                elif MASK:
+                    qa = tl.load(qa_ptrs, mask=row_ok[:, None], other=0.0)
+                else:
+                    qa = tl.load(qa_ptrs)
+                s_t = _mm(ka, tl.trans(qa), s_t, UPCAST)
             else:
-                cq = tl.load(cq_ptrs)
-            s_t = s_t * sm_scale + (cq[None, :] - ck[:, None])
+                if MASK:
+                    cq = tl.load(cq_ptrs, mask=row_ok, other=0.0)
+                else:
+                    cq = tl.load(cq_ptrs)
+                s_t = s_t * sm_scale + (cq[None, :] - ck[:, None])
         if MASK:  # future queries and rows past T: p = 0
             s_t = tl.where((offs_m[None, :] >= offs_n[:, None]) & row_ok[None, :], s_t, float("-inf"))
         p_t = tl.exp2(s_t * mult - lse[None, :])
@@ -88,6 +103,7 @@ def _bwd_dkdv_inner(
         q_ptrs += BLOCK_M * stride_qt
         do_ptrs += BLOCK_M * stride_dot
         cq_ptrs += BLOCK_M * stride_ct
+        qa_ptrs += BLOCK_M * GATE_LANES
         lse_ptrs += BLOCK_M * stride_lt
         delta_ptrs += BLOCK_M * stride_lt
     return dk, dv, dck
@@ -99,6 +115,8 @@ def _bwd_dkdv_kernel(
     K,
     V,
     C,
+    QA,
+    KA,
     DO,
     LSE,
     DELTA,
@@ -146,11 +164,13 @@ def _bwd_dkdv_kernel(
     BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr,
     USE_TMA: tl.constexpr,
+    GATE_MMA: tl.constexpr,
 ):
     """dK, dV [B, T, H, D] and dc_k = -colsum(dS) into DC [B, T, H] (fp32). Grid: (B*H, cdiv(T, BLOCK_N)).
 
     One key block per program. LSE / DELTA are [B*H, T] with time stride ``stride_lt`` (1). The dQ kernel,
-    launched after this one, adds the row sums to DC.
+    launched after this one, adds the row sums to DC. GATE_MMA: the bias from the gate operands QA, KA ``[B, H, T,
+    GATE_LANES]`` (contiguous; :func:`gate_operands`) through the tensor cores, instead of C (then not read).
     """
     pid_bh = tl.program_id(0)
     pid_n = tl.program_id(1)  # the first key blocks are seen by the most queries: they go first
@@ -168,10 +188,16 @@ def _bwd_dkdv_kernel(
     v = tl.load(V + b * stride_vb + h * stride_vh + rows_n * stride_vt + offs_d[None, :] * stride_vd,
                 mask=col_ok[:, None], other=0.0)  # fmt: skip
     c_base = C + b * stride_cb + h * stride_ch
-    if HAS_C:
+    if HAS_C and not GATE_MMA:
         ck = tl.load(c_base + offs_n.to(tl.int64) * stride_ct, mask=col_ok, other=0.0)
     else:
         ck = tl.zeros([BLOCK_N], dtype=tl.float32)
+    offs_a = tl.arange(0, GATE_LANES)
+    a_base = pid_bh.to(tl.int64) * T * GATE_LANES
+    if GATE_MMA:
+        ka = tl.load(KA + a_base + rows_n * GATE_LANES + offs_a[None, :], mask=col_ok[:, None], other=0.0)
+    else:
+        ka = tl.zeros([BLOCK_N, GATE_LANES], dtype=K.dtype.element_ty)
 
     # pointers at query `start_n` (the diagonal)
     start64 = start_n.to(tl.int64)
@@ -180,21 +206,26 @@ def _bwd_dkdv_kernel(
     do_ptrs = DO + b * stride_dob + h * stride_doh + start64 * stride_dot
     do_ptrs += offs_m[:, None] * stride_dot + offs_d[None, :] * stride_dod
     cq_ptrs = c_base + start64 * stride_ct + offs_m * stride_ct
+    qa_ptrs = QA + a_base + (start64 + offs_m[:, None]) * GATE_LANES + offs_a[None, :]
     lse_ptrs = LSE + (pid_bh.to(tl.int64) * T + start64 + offs_m) * stride_lt
     delta_ptrs = DELTA + (pid_bh.to(tl.int64) * T + start64 + offs_m) * stride_lt
 
     if USE_TMA:
         rows = pid_bh.to(tl.int64) * T
-        descs = (
-            tl.make_tensor_descriptor(Q + b * stride_qb + h * stride_qh, [T, HEAD_DIM], strides=[stride_qt, 1],
-                                      block_shape=[BLOCK_M, HEAD_DIM]),
-            tl.make_tensor_descriptor(DO + b * stride_dob + h * stride_doh, [T, HEAD_DIM], strides=[stride_dot, 1],
-                                      block_shape=[BLOCK_M, HEAD_DIM]),
-            tl.make_tensor_descriptor(LSE + rows, [T], strides=[1], block_shape=[BLOCK_M]),
-            tl.make_tensor_descriptor(DELTA + rows, [T], strides=[1], block_shape=[BLOCK_M]),
-        )  # fmt: skip
+        q_desc = tl.make_tensor_descriptor(Q + b * stride_qb + h * stride_qh, [T, HEAD_DIM], strides=[stride_qt, 1],
+                                           block_shape=[BLOCK_M, HEAD_DIM])  # fmt: skip
+        do_desc = tl.make_tensor_descriptor(DO + b * stride_dob + h * stride_doh, [T, HEAD_DIM],
+                                            strides=[stride_dot, 1], block_shape=[BLOCK_M, HEAD_DIM])  # fmt: skip
+        lse_desc = tl.make_tensor_descriptor(LSE + rows, [T], strides=[1], block_shape=[BLOCK_M])
+        delta_desc = tl.make_tensor_descriptor(DELTA + rows, [T], strides=[1], block_shape=[BLOCK_M])
+        if GATE_MMA:
+            qa_desc = tl.make_tensor_descriptor(QA + a_base, [T, GATE_LANES], strides=[GATE_LANES, 1],
+                                                block_shape=[BLOCK_M, GATE_LANES])  # fmt: skip
+            descs = (q_desc, do_desc, lse_desc, delta_desc, qa_desc)
+        else:
+            descs = (q_desc, do_desc, lse_desc, delta_desc, None)
     else:
-        descs = (None, None, None, None)
+        descs = (None, None, None, None, None)
 
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
@@ -203,8 +234,8 @@ def _bwd_dkdv_kernel(
     # 1) diagonal: queries [start_n, start_n + BLOCK_N) (BLOCK_N % BLOCK_M == 0), masked
     hi = tl.minimum(start_n + BLOCK_N, T)
     dk, dv, dck = _bwd_dkdv_inner(
-        dk, dv, dck, k, v, ck, q_ptrs, do_ptrs, cq_ptrs, lse_ptrs, delta_ptrs, descs, offs_n, start_n, hi, T, sm_scale,
-        mult, stride_qt, stride_dot, stride_ct, stride_lt, True, HAS_C, BLOCK_M, UPCAST, USE_TMA,
+        dk, dv, dck, k, v, ck, ka, q_ptrs, do_ptrs, cq_ptrs, qa_ptrs, lse_ptrs, delta_ptrs, descs, offs_n, start_n, hi,
+        T, sm_scale, mult, stride_qt, stride_dot, stride_ct, stride_lt, True, HAS_C, BLOCK_M, UPCAST, USE_TMA, GATE_MMA,
     )  # fmt: skip
     # 2) full query blocks below the diagonal: no mask
     lo = start_n + BLOCK_N
@@ -214,22 +245,25 @@ def _bwd_dkdv_kernel(
     q_ptrs += shift * stride_qt
     do_ptrs += shift * stride_dot
     cq_ptrs += shift * stride_ct
+    qa_ptrs += shift * GATE_LANES
     lse_ptrs += shift * stride_lt
     delta_ptrs += shift * stride_lt
     dk, dv, dck = _bwd_dkdv_inner(
-        dk, dv, dck, k, v, ck, q_ptrs, do_ptrs, cq_ptrs, lse_ptrs, delta_ptrs, descs, offs_n, lo, hi, T, sm_scale,
-        mult, stride_qt, stride_dot, stride_ct, stride_lt, False, HAS_C, BLOCK_M, UPCAST, USE_TMA,
+        dk, dv, dck, k, v, ck, ka, q_ptrs, do_ptrs, cq_ptrs, qa_ptrs, lse_ptrs, delta_ptrs, descs, offs_n, lo, hi, T,
+        sm_scale, mult, stride_qt, stride_dot, stride_ct, stride_lt, False, HAS_C, BLOCK_M, UPCAST, USE_TMA, GATE_MMA,
     )  # fmt: skip
     # 3) ragged tail [hi, T): masked (at most one step)
     shift64 = (n_full * BLOCK_M).to(tl.int64)
     q_ptrs += shift64 * stride_qt
     do_ptrs += shift64 * stride_dot
     cq_ptrs += shift64 * stride_ct
+    qa_ptrs += shift64 * GATE_LANES
     lse_ptrs += shift64 * stride_lt
     delta_ptrs += shift64 * stride_lt
     dk, dv, dck = _bwd_dkdv_inner(
-        dk, dv, dck, k, v, ck, q_ptrs, do_ptrs, cq_ptrs, lse_ptrs, delta_ptrs, descs, offs_n, tl.maximum(hi, lo), T, T,
-        sm_scale, mult, stride_qt, stride_dot, stride_ct, stride_lt, True, HAS_C, BLOCK_M, UPCAST, USE_TMA,
+        dk, dv, dck, k, v, ck, ka, q_ptrs, do_ptrs, cq_ptrs, qa_ptrs, lse_ptrs, delta_ptrs, descs, offs_n,
+        tl.maximum(hi, lo), T, T, sm_scale, mult, stride_qt, stride_dot, stride_ct, stride_lt, True, HAS_C, BLOCK_M,
+        UPCAST, USE_TMA, GATE_MMA,
     )  # fmt: skip
 
     dk = dk * sm_scale

@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from evalsuite.kernels.forgetting.common import VECTOR_STRIDES, _mm
+from evalsuite.kernels.forgetting.gate_operands import GATE_LANES
 
 
 @triton.jit
@@ -25,6 +26,8 @@ def _bwd_dq_inner(
     k_ptrs,
     v_ptrs,
     ck_ptrs,
+    qa,
+    ka_ptrs,
     descs,
     offs_m,
     lo,
@@ -40,11 +43,13 @@ def _bwd_dq_inner(
     BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr,
     USE_TMA: tl.constexpr,
+    GATE_MMA: tl.constexpr,
 ):
     """Accumulate dQ and dc_q of one query block over keys [lo, hi). Pointers start at key ``lo``.
 
-    USE_TMA: K and V tiles come from the descriptors ``descs`` (K, V; rows past T read as zeros, which the causal
-    mask drops).
+    USE_TMA: K and V tiles come from the descriptors ``descs`` (K, V, then KA; rows past T read as zeros, which the
+    causal mask drops). GATE_MMA: the bias through the tensor cores as in the forward, ``s += qa @ ka^T`` with the
+    query block's operands ``qa`` [BLOCK_M, GATE_LANES] and the key block's; then ``mult`` carries the scale.
     """
     offs_n0 = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
@@ -60,11 +65,20 @@ def _bwd_dq_inner(
             v = tl.load(v_ptrs)
         s = _mm(q, tl.trans(k), tl.zeros([q.shape[0], BLOCK_N], dtype=tl.float32), UPCAST)
         if HAS_C:
-            if MASK:
-                ck = tl.load(ck_ptrs, mask=cols < T, other=0.0)
+            if GATE_MMA:
+                if USE_TMA:
+                    ka = descs[2].load([start_n, 0])
+                elif MASK:
+                    ka = tl.load(ka_ptrs, mask=cols[:, None] < T, other=0.0)
+                else:
+                    ka = tl.load(ka_ptrs)
+                s = _mm(qa, tl.trans(ka), s, UPCAST)
             else:
-                ck = tl.load(ck_ptrs)
-            s = s * sm_scale + (cq[:, None] - ck[None, :])
+                if MASK:
+                    ck = tl.load(ck_ptrs, mask=cols < T, other=0.0)
+                else:
+                    ck = tl.load(ck_ptrs)
+                s = s * sm_scale + (cq[:, None] - ck[None, :])
         if MASK:
             s = tl.where(offs_m[:, None] >= cols[None, :], s, float("-inf"))
         p = tl.exp2(s * mult - lse[:, None])
@@ -76,6 +90,7 @@ def _bwd_dq_inner(
         k_ptrs += BLOCK_N * stride_kt
         v_ptrs += BLOCK_N * stride_vt
         ck_ptrs += BLOCK_N * stride_ct
+        ka_ptrs += BLOCK_N * GATE_LANES
     return dq, dcq
 
 
@@ -85,6 +100,8 @@ def _bwd_dq_kernel(
     K,
     V,
     C,
+    QA,
+    KA,
     DO,
     LSE,
     DELTA,
@@ -126,8 +143,12 @@ def _bwd_dq_kernel(
     BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr,
     USE_TMA: tl.constexpr,
+    GATE_MMA: tl.constexpr,
 ):
-    """dQ [B, T, H, D] and DC += dc_q (DC holds dc_k from the dK/dV kernel). Grid: (B*H, cdiv(T, BLOCK_M))."""
+    """dQ [B, T, H, D] and DC += dc_q (DC holds dc_k from the dK/dV kernel). Grid: (B*H, cdiv(T, BLOCK_M)).
+
+    GATE_MMA: the bias from the gate operands QA, KA ``[B, H, T, GATE_LANES]`` (contiguous; :func:`gate_operands`)
+    through the tensor cores, instead of C (which is then not read)."""
     pid_bh = tl.program_id(0)
     pid_m = tl.num_programs(1) - 1 - tl.program_id(1)  # heaviest (last) query blocks first
     b = (pid_bh // H).to(tl.int64)
@@ -146,39 +167,51 @@ def _bwd_dq_kernel(
     lse = tl.load(LSE + pid_bh.to(tl.int64) * T + offs_m, mask=row_ok, other=float("inf"))  # p = 0 past T
     delta = tl.load(DELTA + pid_bh.to(tl.int64) * T + offs_m, mask=row_ok, other=0.0)
     c_base = C + b * stride_cb + h * stride_ch
-    if HAS_C:
+    if HAS_C and not GATE_MMA:
         cq = tl.load(c_base + offs_m.to(tl.int64) * stride_ct, mask=row_ok, other=0.0)
     else:
         cq = tl.zeros([BLOCK_M], dtype=tl.float32)
+    offs_a = tl.arange(0, GATE_LANES)
+    a_base = pid_bh.to(tl.int64) * T * GATE_LANES
+    ka_ptrs = KA + a_base + offs_n[:, None] * GATE_LANES + offs_a[None, :]
+    if GATE_MMA:
+        qa = tl.load(QA + a_base + rows * GATE_LANES + offs_a[None, :], mask=row_ok[:, None], other=0.0)
+    else:
+        qa = tl.zeros([BLOCK_M, GATE_LANES], dtype=Q.dtype.element_ty)
 
     k_ptrs = K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kt + offs_d[None, :] * stride_kd
     v_ptrs = V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vt + offs_d[None, :] * stride_vd
     ck_ptrs = c_base + offs_n * stride_ct
 
     if USE_TMA:
-        descs = (
-            tl.make_tensor_descriptor(K + b * stride_kb + h * stride_kh, [T, HEAD_DIM], strides=[stride_kt, 1],
-                                      block_shape=[BLOCK_N, HEAD_DIM]),
-            tl.make_tensor_descriptor(V + b * stride_vb + h * stride_vh, [T, HEAD_DIM], strides=[stride_vt, 1],
-                                      block_shape=[BLOCK_N, HEAD_DIM]),
-        )  # fmt: skip
+        k_desc = tl.make_tensor_descriptor(K + b * stride_kb + h * stride_kh, [T, HEAD_DIM], strides=[stride_kt, 1],
+                                           block_shape=[BLOCK_N, HEAD_DIM])  # fmt: skip
+        v_desc = tl.make_tensor_descriptor(V + b * stride_vb + h * stride_vh, [T, HEAD_DIM], strides=[stride_vt, 1],
+                                           block_shape=[BLOCK_N, HEAD_DIM])  # fmt: skip
+        if GATE_MMA:
+            ka_desc = tl.make_tensor_descriptor(KA + a_base, [T, GATE_LANES], strides=[GATE_LANES, 1],
+                                                block_shape=[BLOCK_N, GATE_LANES])  # fmt: skip
+            descs = (k_desc, v_desc, ka_desc)
+        else:
+            descs = (k_desc, v_desc, None)
     else:
-        descs = (None, None)
+        descs = (None, None, None)
 
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     dcq = tl.zeros([BLOCK_M], dtype=tl.float32)
     dq, dcq = _bwd_dq_inner(
-        dq, dcq, q, do, cq, lse, delta, k_ptrs, v_ptrs, ck_ptrs, descs, offs_m, 0, start_m, T, sm_scale, mult,
-        stride_kt, stride_vt, stride_ct, False, HAS_C, BLOCK_N, UPCAST, USE_TMA,
+        dq, dcq, q, do, cq, lse, delta, k_ptrs, v_ptrs, ck_ptrs, qa, ka_ptrs, descs, offs_m, 0, start_m, T, sm_scale,
+        mult, stride_kt, stride_vt, stride_ct, False, HAS_C, BLOCK_N, UPCAST, USE_TMA, GATE_MMA,
     )  # fmt: skip
     start64 = start_m.to(tl.int64)
     k_ptrs += start64 * stride_kt
     v_ptrs += start64 * stride_vt
     ck_ptrs += start64 * stride_ct
+    ka_ptrs += start64 * GATE_LANES
     dq, dcq = _bwd_dq_inner(
-        dq, dcq, q, do, cq, lse, delta, k_ptrs, v_ptrs, ck_ptrs, descs, offs_m, start_m,
+        dq, dcq, q, do, cq, lse, delta, k_ptrs, v_ptrs, ck_ptrs, qa, ka_ptrs, descs, offs_m, start_m,
         tl.minimum(start_m + BLOCK_M, T), T, sm_scale, mult, stride_kt, stride_vt, stride_ct, True, HAS_C, BLOCK_N,
-        UPCAST, USE_TMA,
+        UPCAST, USE_TMA, GATE_MMA,
     )  # fmt: skip
 
     dq = dq * sm_scale

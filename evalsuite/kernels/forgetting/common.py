@@ -69,6 +69,10 @@ GATE_MMA_MIN_T = {64: 1024, 128: 4096}
 # and 0.91-0.96x at D = 128 from 16K, slower below (up to 1.14x at 1K, D = 128); with the gate 0.98-1.21x at D = 64
 # and 0.98-1.11x at D = 128 from 1K to 64K (no gain above 2.4%), so off.
 BWD_TMA_MIN_T = {64: 4096, 128: 16384}
+# Backward: the gate's bias through the tensor cores (as the forward's, the operands computed again), for bf16 inputs
+# from these T on; and with it, the tiles (and the gate operands) through TMA from these T on.
+BWD_GATE_MMA_MIN_T: dict[int, int] = {}
+BWD_GATE_MMA_TMA_MIN_T: dict[int, int] = {}
 # Decode: (BLOCK_N, num_warps, num_stages); BLOCK_M follows Tq. From the decode sweep (``evalsuite bench tune
 # forgetting-decode``) on one H100 (24 heads of 64, bf16; results/kernels/fox-tuning/tune_decode.json): (64, 2, 3) was
 # fastest or within 2% at batch 1 and 8 after 4K and 16K keys (32.0 us at batch 1 after 4K; (64, 4, 2): 34.5 us).
@@ -209,12 +213,22 @@ def gate_through_mma(head_dim: int, T: int, dtype: torch.dtype) -> bool:
     return interpreting() or T >= GATE_MMA_MIN_T.get(head_dim, float("inf"))
 
 
-def backward_tiles_through_tma(head_dim: int, T: int, gated: bool) -> bool:
-    """The backward's default for reading its tiles through TMA (:data:`BWD_TMA_MIN_T`; always under the
-    interpreter, so small tests cover the path)."""
+def backward_gate_through_mma(head_dim: int, T: int, dtype: torch.dtype) -> bool:
+    """The backward's default for adding the gate's bias through the tensor cores (:data:`BWD_GATE_MMA_MIN_T`, bf16
+    only; always for bf16 under the interpreter, so small tests cover the path)."""
+    if dtype != torch.bfloat16:
+        return False
+    return interpreting() or T >= BWD_GATE_MMA_MIN_T.get(head_dim, float("inf"))
+
+
+def backward_tiles_through_tma(head_dim: int, T: int, gated: bool, gate_mma: bool = False) -> bool:
+    """The backward's default for reading its tiles through TMA (:data:`BWD_TMA_MIN_T` without the gate,
+    :data:`BWD_GATE_MMA_TMA_MIN_T` with its bias through the tensor cores, off with the bias on the ALU; always
+    under the interpreter, so small tests cover the path)."""
     if interpreting():
         return True
-    return not gated and T >= BWD_TMA_MIN_T.get(head_dim, float("inf"))
+    table = BWD_GATE_MMA_TMA_MIN_T if gate_mma else {} if gated else BWD_TMA_MIN_T
+    return T >= table.get(head_dim, float("inf"))
 
 
 def _time_contiguous(cum) -> bool:
