@@ -71,8 +71,8 @@ GATE_MMA_MIN_T = {64: 1024, 128: 4096}
 BWD_TMA_MIN_T = {64: 4096, 128: 16384}
 # Backward: the gate's bias through the tensor cores (as the forward's, the operands computed again), for bf16 inputs
 # from these T on; and with it, the tiles (and the gate operands) through TMA from these T on.
-BWD_GATE_MMA_MIN_T: dict[int, int] = {}
-BWD_GATE_MMA_TMA_MIN_T: dict[int, int] = {}
+BWD_GATE_MMA_MIN_T = {64: 4096, 128: 1024}
+BWD_GATE_MMA_TMA_MIN_T = {64: 65536}
 # Decode: (BLOCK_N, num_warps, num_stages); BLOCK_M follows Tq. From the decode sweep (``evalsuite bench tune
 # forgetting-decode``) on one H100 (24 heads of 64, bf16; results/kernels/fox-tuning/tune_decode.json): (64, 2, 3) was
 # fastest or within 2% at batch 1 and 8 after 4K and 16K keys (32.0 us at batch 1 after 4K; (64, 4, 2): 34.5 us).
