@@ -203,9 +203,15 @@ def run_attention_bench(
 
 def _kernel_configs(configs) -> dict:
     """The block configurations the kernels launch with, per head dim (``{D: BlockConfig}``), and from which T the
-    forward reads the key cumsums, and the backward without the gate its tiles, through TMA, and the forward adds the
-    gate's bias through the tensor cores (bf16)."""
-    from evalsuite.kernels.forgetting.common import BWD_TMA_MIN_T, C_TMA_MIN_T, GATE_MMA_MIN_T
+    forward reads the key cumsums, and the backward without the gate its tiles, through TMA, and the forward and the
+    backward add the gate's bias through the tensor cores (bf16; the backward's tiles then through TMA)."""
+    from evalsuite.kernels.forgetting.common import (
+        BWD_GATE_MMA_MIN_T,
+        BWD_GATE_MMA_TMA_MIN_T,
+        BWD_TMA_MIN_T,
+        C_TMA_MIN_T,
+        GATE_MMA_MIN_T,
+    )
 
     return {
         "fwd_configs": {str(d): list(c.fwd) for d, c in configs.items()},
@@ -215,6 +221,8 @@ def _kernel_configs(configs) -> dict:
         "fwd_key_cumsums_tma_from_t": C_TMA_MIN_T,
         "fwd_gate_mma_from_t": {str(d): t for d, t in GATE_MMA_MIN_T.items()},
         "bwd_no_gate_tma_from_t": {str(d): t for d, t in BWD_TMA_MIN_T.items()},
+        "bwd_gate_mma_from_t": {str(d): t for d, t in BWD_GATE_MMA_MIN_T.items()},
+        "bwd_gate_mma_tma_from_t": {str(d): t for d, t in BWD_GATE_MMA_TMA_MIN_T.items()},
     }
 
 

@@ -70,7 +70,10 @@ GATE_MMA_MIN_T = {64: 1024, 128: 4096}
 # and 0.98-1.11x at D = 128 from 1K to 64K (no gain above 2.4%), so off.
 BWD_TMA_MIN_T = {64: 4096, 128: 16384}
 # Backward: the gate's bias through the tensor cores (as the forward's, the operands computed again), for bf16 inputs
-# from these T on; and with it, the tiles (and the gate operands) through TMA from these T on.
+# from these T on. Against the bias on the ALU (pointer loads) in the same process on an H200, backward time ratio at
+# T = 1K, 4K, 16K, 64K: D = 64 1.017, 0.986, 0.955, 0.984; D = 128 0.922, 0.954, 0.964, 0.955. With it, the tiles
+# and the operands through TMA against pointers: D = 64 1.098, 0.998, 0.991, 0.960; D = 128 1.201, 1.041, 0.996,
+# 0.987, so only where it gained more than 1% (results/kernels/fox-tuning/tune_forgetting_tma_bwd_h200.json).
 BWD_GATE_MMA_MIN_T = {64: 4096, 128: 1024}
 BWD_GATE_MMA_TMA_MIN_T = {64: 65536}
 # Decode: (BLOCK_N, num_warps, num_stages); BLOCK_M follows Tq. From the decode sweep (``evalsuite bench tune
