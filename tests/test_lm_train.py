@@ -182,7 +182,7 @@ def test_fine_tuning_restarts_the_schedule(corpus, tmp_path):
     """Pre-training and fine-tuning each warm up to the peak rate and anneal to ``min_lr_ratio`` of it (the GCA paper
     fine-tunes "with all other hyper-parameters unchanged"), not one cosine over both stages."""
     path, _ = corpus
-    config = LMTrainConfig(corpus=str(path), seq_len=256, batch_size=2, steps=50, finetune_steps=50, eval_every=100,
+    config = LMTrainConfig(corpus=str(path), seq_len=256, batch_size=1, steps=50, finetune_steps=50, eval_every=100,
                            eval_rows=2, warmup_steps=5, lr=1e-3, min_lr_ratio=0.2, max_tokens=20000)  # fmt: skip
     summary = train_lm(load_card("transformer-llama-tiny"), config, tmp_path / "run", progress=False)
     lr = {h["step"]: h["lr"] for h in summary["history"] if "loss" in h}
