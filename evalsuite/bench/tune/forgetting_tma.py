@@ -1,14 +1,16 @@
 """The Forgetting Attention kernels' load and gate variants, interleaved in one process (``evalsuite bench tune
-forgetting-tma``): where they pay is what ``C_TMA_MIN_T``, ``GATE_MMA_MIN_T`` and ``BWD_TMA_MIN_T`` in
-:mod:`evalsuite.kernels.forgetting.common` are set from (results/kernels/fox-tuning/).
+forgetting-tma``): where they pay is what ``C_TMA_MIN_T``, ``GATE_MMA_MIN_T``, ``BWD_TMA_MIN_T``,
+``BWD_GATE_MMA_MIN_T`` and ``BWD_GATE_MMA_TMA_MIN_T`` in :mod:`evalsuite.kernels.forgetting.common` are set from
+(results/kernels/fox-tuning/).
 
 Two comparisons per head dim and T, at B = tokens_per_call // T, bf16 on a GPU:
 
 * ``forward``: the forward kernel alone with the key cumsums through a 1-D descriptor (time-major storage, as
   ``cumsum_over_time`` returns it) against pointer loads of the same storage with a row pitch of T + 1 (which the
   launcher cannot give TMA), both with the bias on the ALU; the bias through the tensor cores (``gate_mma``:
-  :mod:`evalsuite.kernels.forgetting.gate_operands`, its operands' pass included) against the first; SDPA causal and
-  the kernel without the gate timed in the same rounds. ``gate_mma_rel_diff``: its output's relative difference
+  :mod:`evalsuite.kernels.forgetting.gate_operands`, its operands' pass included) against the one of the two that
+  the launcher picks at that T (``gate_mma_baseline``: descriptors from ``C_TMA_MIN_T``, else pointers); SDPA causal
+  and the kernel without the gate timed in the same rounds. ``gate_mma_rel_diff``: its output's relative difference
   from the ALU's (not the same bits: the MMA rounds the bias's sum at another point).
 * ``backward``: the backward alone (both kernels and the Delta pass) with its tiles through descriptors against
   pointer loads, with and without the gate; with the gate, also its bias through the tensor cores (operands' pass
@@ -58,7 +60,9 @@ def _forward_record(q, k, v, log_f, rounds) -> dict:
     samples = interleaved_ms(calls, rounds=rounds, device=q.device)
     rec = {"kind": "forward", "same_bits": bool(same), "gate_mma_rel_diff": rel_error(mma, alu), **_medians(samples)}
     rec.update(ratio_fields("tma_over_pointers", samples["tma"], samples["pointers"]))
-    rec.update(ratio_fields("gate_mma_over_tma", samples["gate_mma"], samples["tma"]))
+    baseline = "tma" if common.key_cumsums_through_tma(T) else "pointers"
+    rec["gate_mma_baseline"] = baseline
+    rec.update(ratio_fields("gate_mma_over_alu", samples["gate_mma"], samples[baseline]))
     if "sdpa" in samples:
         rec.update(ratio_fields("tma_over_sdpa", samples["tma"], samples["sdpa"]))
         rec.update(ratio_fields("gate_mma_over_sdpa", samples["gate_mma"], samples["sdpa"]))
@@ -102,7 +106,7 @@ def tune(seq_lens=(1024, 4096, 16384, 65536), head_dims=(64, 128), n_heads: int 
     under the Triton interpreter, for tests). ``best``: per comparison and D, the smallest T from which the variant
     was faster (median ratio < 1) at every larger T measured, or None: ``forward``, ``backward_gate``,
     ``backward_no_gate`` (descriptors against pointers), ``gate_mma`` (the forward's bias through the tensor cores
-    against the ALU), ``backward_gate_mma`` (the same in the backward, through pointers) and
+    against the ALU path the launcher picks), ``backward_gate_mma`` (the same in the backward, through pointers) and
     ``backward_gate_mma_tma`` (its descriptors against its pointers)."""
     unknown = [p for p in parts if p not in PARTS]
     if unknown:
@@ -122,7 +126,7 @@ def tune(seq_lens=(1024, 4096, 16384, 65536), head_dims=(64, 128), n_heads: int 
                 rec.update(shape)
                 if verbose:
                     label = rec["kind"] + ("" if rec["kind"] == "forward" else " gate" if rec["gate"] else " no gate")
-                    mma = f" gate_mma/tma {rec['gate_mma_over_tma']:.3f}" if "gate_mma_over_tma" in rec else ""
+                    mma = f" gate_mma/alu {rec['gate_mma_over_alu']:.3f}" if "gate_mma_over_alu" in rec else ""
                     if "gate_mma_over_pointers" in rec:
                         mma = (f" gate_mma/pointers {rec['gate_mma_over_pointers']:.3f}, its tma/pointers "
                                f"{rec['gate_mma_tma_over_gate_mma']:.3f}")  # fmt: skip
@@ -138,7 +142,7 @@ def _thresholds(records) -> dict:
     for rec in records:
         name = rec["kind"] if rec["kind"] == "forward" else f"backward_{'gate' if rec['gate'] else 'no_gate'}"
         best.setdefault(name, {}).setdefault(str(rec["D"]), []).append((rec["T"], rec["tma_over_pointers"]))
-        for ratio, key in (("gate_mma_over_tma", "gate_mma"), ("gate_mma_over_pointers", "backward_gate_mma"),
+        for ratio, key in (("gate_mma_over_alu", "gate_mma"), ("gate_mma_over_pointers", "backward_gate_mma"),
                            ("gate_mma_tma_over_gate_mma", "backward_gate_mma_tma")):  # fmt: skip
             if ratio in rec:
                 best.setdefault(key, {}).setdefault(str(rec["D"]), []).append((rec["T"], rec[ratio]))

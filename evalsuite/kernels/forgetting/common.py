@@ -59,10 +59,12 @@ BWD_DQ_CONFIGS = {16: (128, 32, 4, 4), 32: (128, 32, 4, 4), 64: (128, 32, 4, 4),
 FWD_TMA = {16: False, 32: False, 64: True, 128: True}
 C_TMA_MIN_T = 4096
 # Forward: the gate's bias through the tensor cores (gate_operands.py, its operands' pass included) for bf16 inputs,
-# from these T on. Against the bias on the ALU in the same process on an H200, forward time ratio at T = 1K, 4K, 16K,
-# 64K (B * T = 65536, H = 16): D = 64 0.989, 0.927, 0.889, 0.856; D = 128 1.024, 0.971, 0.961, 0.877
+# from these T on. Against the bias on the ALU in the same process on an H200, forward time ratio at T = 4K, 16K, 64K
+# (B * T = 65536, H = 16; the key cumsums through TMA, as the launcher reads them there): D = 64 0.927, 0.889, 0.856;
+# D = 128 0.971, 0.961, 0.877. At 1K, against pointer loads of the cumsums (the launcher's choice below
+# C_TMA_MIN_T): 1.04 (D = 64) and 1.03 (D = 128), ratios of the medians
 # (results/kernels/fox-tuning/tune_forgetting_tma_h200.json). D = 16/32 not measured, so off.
-GATE_MMA_MIN_T = {64: 1024, 128: 4096}
+GATE_MMA_MIN_T = {64: 4096, 128: 4096}
 # Backward: the dK/dV kernel's q, dO, LSE and Delta tiles and the dQ kernel's K and V through TMA descriptors, without
 # the gate only, from these T on. Against pointer loads in the same process on an H200
 # (results/kernels/fox-tuning/bwd_tma_h200.json): without the gate 0.84-0.88x the backward's time at D = 64 from 4K
