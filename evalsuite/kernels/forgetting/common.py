@@ -210,20 +210,22 @@ def key_cumsums_through_tma(T: int) -> bool:
     return interpreting() or T >= C_TMA_MIN_T
 
 
-def gate_through_mma(head_dim: int, T: int, dtype: torch.dtype) -> bool:
-    """The forward's default for adding the gate's bias through the tensor cores (:data:`GATE_MMA_MIN_T`, bf16 only;
-    always for bf16 under the interpreter, so small tests cover the path)."""
+def _gate_mma_from(table: dict, head_dim: int, T: int, dtype: torch.dtype) -> bool:
+    """Whether ``table``'s band (``{head_dim: first T}``) takes the gate's bias through the tensor cores: bf16 only,
+    and always for bf16 under the interpreter, so small tests cover the path."""
     if dtype != torch.bfloat16:
         return False
-    return interpreting() or T >= GATE_MMA_MIN_T.get(head_dim, float("inf"))
+    return interpreting() or T >= table.get(head_dim, float("inf"))
+
+
+def gate_through_mma(head_dim: int, T: int, dtype: torch.dtype) -> bool:
+    """The forward's default for adding the gate's bias through the tensor cores (:data:`GATE_MMA_MIN_T`)."""
+    return _gate_mma_from(GATE_MMA_MIN_T, head_dim, T, dtype)
 
 
 def backward_gate_through_mma(head_dim: int, T: int, dtype: torch.dtype) -> bool:
-    """The backward's default for adding the gate's bias through the tensor cores (:data:`BWD_GATE_MMA_MIN_T`, bf16
-    only; always for bf16 under the interpreter, so small tests cover the path)."""
-    if dtype != torch.bfloat16:
-        return False
-    return interpreting() or T >= BWD_GATE_MMA_MIN_T.get(head_dim, float("inf"))
+    """The backward's default for adding the gate's bias through the tensor cores (:data:`BWD_GATE_MMA_MIN_T`)."""
+    return _gate_mma_from(BWD_GATE_MMA_MIN_T, head_dim, T, dtype)
 
 
 def backward_tiles_through_tma(head_dim: int, T: int, gated: bool, gate_mma: bool = False) -> bool:
