@@ -119,7 +119,10 @@ def test_every_required_module_comes_with_the_extra_named():
 
 def test_require(tmp_path, monkeypatch):
     assert require("json", "hf", "x") is json
-    monkeypatch.setitem(sys.modules, "starlette", None)
+    # Starlette and any of its submodules an earlier test imported in this worker are hidden (a cached
+    # ``starlette.routing`` would otherwise be returned without consulting ``starlette``).
+    for name in [n for n in sys.modules if n == "starlette" or n.startswith("starlette.")] + ["starlette"]:
+        monkeypatch.setitem(sys.modules, name, None)
     with pytest.raises(UserError) as e:
         require("starlette.routing", "serve", "evalsuite serve")
     assert str(e.value) == "evalsuite serve needs the 'serve' extra: pip install 'evalsuite[serve]'"
