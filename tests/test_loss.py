@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +18,8 @@ from evalsuite.cards import load_card
 from evalsuite.data.synthetic import synthetic_text
 from evalsuite.errors import UserError
 from evalsuite.tasks.loss import LossConfig, eval_lengths, run_loss
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +133,7 @@ def _cli(*args, **kw):
 
 
 def test_killed_run_resumes_to_identical_numbers(tmp_path):
-    data = write_docs(tmp_path / "docs", 40, words=700)
+    data = write_docs(tmp_path / "docs", 16, words=700)
     args = ["loss", "--model", "fox-pro-tiny", "--data", str(data), "--length", "512", "--device", "cpu"]
     ref = _cli(*args, "--out", str(tmp_path / "ref"))
     assert ref.wait(timeout=300) == 0, ref.stderr.read()
@@ -142,7 +145,7 @@ def test_killed_run_resumes_to_identical_numbers(tmp_path):
         if state.exists():
             try:
                 with np.load(state) as z:
-                    if z["counters"][1] >= 5:
+                    if z["counters"][1] >= 4:
                         break
             except (OSError, ValueError, KeyError):
                 pass  # between the atomic replace and our read; try again
@@ -151,7 +154,7 @@ def test_killed_run_resumes_to_identical_numbers(tmp_path):
     proc.wait()
     assert not (tmp_path / "run" / "results.json").exists(), "run finished before it could be killed"
     with np.load(state) as z:
-        assert 5 <= z["counters"][1] < 40
+        assert 4 <= z["counters"][1] < 16
 
     again = _cli(*args, "--out", str(tmp_path / "run"))
     assert again.wait(timeout=300) == 0, again.stderr.read()
@@ -165,8 +168,11 @@ def test_killed_run_resumes_to_identical_numbers(tmp_path):
 
 def test_the_default_length_is_the_tasks_on_every_path(tmp_path, run_cli):
     """`evalsuite run loss` and `evalsuite loss` take the window length from the task (65536, or the model's
-    max_length when shorter), so they name the same run: the second returns the first's results as they are."""
-    base = ["--model", "fox-pro-tiny", "--device", "cpu", "--out", "run"]
+    max_length when shorter), so they name the same run: the second returns the first's results as they are.
+    The model: fox-pro-tiny's card with max_length 2048 (its own 16384 costs half a minute a window here)."""
+    card = (ROOT / "models" / "fox-pro-tiny.yaml").read_text().replace("max_length: 16384", "max_length: 2048")
+    (tmp_path / "fox-short.yaml").write_text(card)
+    base = ["--model", "fox-short.yaml", "--device", "cpu", "--out", "run"]
     code, _, err = run_cli(["run", "loss", *base, "--set", "max_docs=1"], tmp_path)
     assert code == 0, err
     first = json.loads((tmp_path / "run" / "results.json").read_text())
