@@ -121,7 +121,7 @@ def test_require(tmp_path, monkeypatch):
     assert require("json", "hf", "x") is json
     # Starlette and any of its submodules an earlier test imported in this worker are hidden (a cached
     # ``starlette.routing`` would otherwise be returned without consulting ``starlette``).
-    for name in [n for n in sys.modules if n == "starlette" or n.startswith("starlette.")] + ["starlette"]:
+    for name in {"starlette"} | {n for n in sys.modules if n.split(".")[0] == "starlette"}:
         monkeypatch.setitem(sys.modules, name, None)
     with pytest.raises(UserError) as e:
         require("starlette.routing", "serve", "evalsuite serve")
