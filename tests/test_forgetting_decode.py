@@ -7,14 +7,11 @@ import torch
 pytest.importorskip("triton")
 
 from conftest import interpreted_kernel_modules, rel_err
-from test_forgetting_triton import TOL, make_inputs
+from test_forgetting_triton import TOL, forward, make_inputs
 
 from evalsuite.kernels.forgetting import reference
 
-_modules = interpreted_kernel_modules(
-    "evalsuite.kernels.forgetting", {"decode": "_decode_kernel", "forward": "_fwd_kernel"}
-)
-decode, forward = _modules["decode"], _modules["forward"]
+decode = interpreted_kernel_modules("evalsuite.kernels.forgetting", {"decode": "_decode_kernel"})["decode"]
 
 pytestmark = pytest.mark.usefixtures("poisoned_kernel_outputs")  # conftest: NaN outputs, guard bands
 

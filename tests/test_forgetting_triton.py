@@ -30,7 +30,6 @@ _KERNELS = {
     "backward_dq": "_bwd_dq_kernel",
     "backward": "_bwd_preprocess_kernel",
     "forward": "_fwd_kernel",
-    "decode": "_decode_kernel",
     "cumsum": "_time_scan_kernel",
 }
 _modules = interpreted_kernel_modules("evalsuite.kernels.forgetting", _KERNELS)

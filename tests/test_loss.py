@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from evalsuite.adapters.native import NativeAdapter
 from evalsuite.cards import load_card
@@ -170,8 +171,8 @@ def test_the_default_length_is_the_tasks_on_every_path(tmp_path, run_cli):
     """`evalsuite run loss` and `evalsuite loss` take the window length from the task (65536, or the model's
     max_length when shorter), so they name the same run: the second returns the first's results as they are.
     The model: fox-pro-tiny's card with max_length 2048 (its own 16384 costs half a minute a window here)."""
-    card = (ROOT / "models" / "fox-pro-tiny.yaml").read_text().replace("max_length: 16384", "max_length: 2048")
-    (tmp_path / "fox-short.yaml").write_text(card)
+    card = yaml.safe_load((ROOT / "models" / "fox-pro-tiny.yaml").read_text())
+    (tmp_path / "fox-short.yaml").write_text(yaml.safe_dump({**card, "max_length": 2048}))
     base = ["--model", "fox-short.yaml", "--device", "cpu", "--out", "run"]
     code, _, err = run_cli(["run", "loss", *base, "--set", "max_docs=1"], tmp_path)
     assert code == 0, err
