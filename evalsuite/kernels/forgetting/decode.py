@@ -164,6 +164,10 @@ def _decode_kernel(
     lo = pid_s * keys_per_split
     # last key any row of this block may see, +1
     hi = tl.minimum(tl.minimum(lo + keys_per_split, n_keys), n_keys - Tq + tl.minimum(pid_m * BLOCK_M + BLOCK_M, Tq))
+    new_here = False
+    if APPEND:  # the new row is not read from the cache (it may be in flight): the loop stops before it
+        new_here = (lo <= new) & (new < hi)
+        hi = tl.minimum(hi, new)
     lo = tl.maximum(lo, (ks // BLOCK_N) * BLOCK_N)  # skip whole blocks of left padding, stay block aligned
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -175,16 +179,9 @@ def _decode_kernel(
         cols64 = cols.to(tl.int64)
         k = tl.load(k_base + cols64[:, None] * stride_kt + offs_d[None, :] * stride_kd, mask=col_ok[:, None], other=0.0)
         v = tl.load(v_base + cols64[:, None] * stride_vt + offs_d[None, :] * stride_vd, mask=col_ok[:, None], other=0.0)
-        if APPEND:
-            if (start_n <= new) & (new < start_n + BLOCK_N):  # the new row from registers: it may be in flight
-                k = tl.where((cols == new)[:, None], kn[None, :], k)
-                v = tl.where((cols == new)[:, None], vn[None, :], v)
         s = _mm(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST)
         if HAS_C:
             ck = tl.load(ck_base + cols64 * stride_ckt, mask=col_ok, other=0.0)
-            if APPEND:
-                if (start_n <= new) & (new < start_n + BLOCK_N):
-                    ck = tl.where(cols == new, c_new, ck)
             s = s * sm_scale + (cq[:, None] - ck[None, :])
         visible = (cols[None, :] <= pos[:, None]) & col_ok[None, :] & (cols[None, :] >= ks)
         s = tl.where(visible, s, float("-inf"))
@@ -195,6 +192,18 @@ def _decode_kernel(
         p = tl.exp2(s * mult - (m_use * mult)[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = _mm(p.to(v.dtype), v, acc * alpha[:, None], UPCAST)
+        m_i = m_new
+    if new_here:  # the new row, from registers, as one more key column (its bias cq - c_new is 0: Tq == 1)
+        s_new = tl.sum(q.to(tl.float32) * kn.to(tl.float32)[None, :], 1)
+        if HAS_C:
+            s_new = s_new * sm_scale
+        s_new = tl.where(new >= ks, s_new, float("-inf"))
+        m_new = tl.maximum(m_i, s_new)
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2((m_i - m_use) * mult)
+        p_new = tl.exp2(s_new * mult - m_use * mult)
+        l_i = l_i * alpha + p_new
+        acc = acc * alpha[:, None] + p_new[:, None] * vn.to(tl.float32)[None, :]
         m_i = m_new
 
     empty = l_i == 0.0
@@ -249,10 +258,10 @@ def _num_splits(bh_blocks: int, Tk: int, block_n: int, device) -> int:
     else:
         n_sm = torch.cuda.get_device_properties(device).multi_processor_count
         min_keys = 4 * block_n  # keep each split long enough to amortise its partial write
-    # Rounded down: one split already fills the GPU once there are more programs than 2 per SM, and splitting
-    # further costs the partials' write and merge (H100, 24 heads, batch 8 after 4K keys: 1 split 74.9 us, 2 splits
-    # 101.3 us; results/kernels/fox-tuning/tune_decode.json).
-    want = (2 * n_sm) // bh_blocks
+    # At least 2 programs per SM, rounded up: on an H200 (24 heads of 64, bf16, caches rotated past the L2), batch 8
+    # takes 2 splits in 52.9 us after 4K keys and 189 us after 16K against 68.0 and 252 us with 1; at batch 1 the
+    # 11 splits this gives are within 1% of the best of 5 to 44 (results/kernels/fox-tuning/decode_ab_h200.json).
+    want = triton.cdiv(2 * n_sm, bh_blocks)
     return max(1, min(want, triton.cdiv(Tk, min_keys)))
 
 
