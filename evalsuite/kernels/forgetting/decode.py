@@ -164,7 +164,6 @@ def _decode_kernel(
     lo = pid_s * keys_per_split
     # last key any row of this block may see, +1
     hi = tl.minimum(tl.minimum(lo + keys_per_split, n_keys), n_keys - Tq + tl.minimum(pid_m * BLOCK_M + BLOCK_M, Tq))
-    new_here = False
     if APPEND:  # the new row is not read from the cache (it may be in flight): the loop stops before it
         new_here = (lo <= new) & (new < hi)
         hi = tl.minimum(hi, new)
@@ -193,18 +192,19 @@ def _decode_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = _mm(p.to(v.dtype), v, acc * alpha[:, None], UPCAST)
         m_i = m_new
-    if new_here:  # the new row, from registers, as one more key column (its bias cq - c_new is 0: Tq == 1)
-        s_new = tl.sum(q.to(tl.float32) * kn.to(tl.float32)[None, :], 1)
-        if HAS_C:
-            s_new = s_new * sm_scale
-        s_new = tl.where(new >= ks, s_new, float("-inf"))
-        m_new = tl.maximum(m_i, s_new)
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2((m_i - m_use) * mult)
-        p_new = tl.exp2(s_new * mult - m_use * mult)
-        l_i = l_i * alpha + p_new
-        acc = acc * alpha[:, None] + p_new[:, None] * vn.to(tl.float32)[None, :]
-        m_i = m_new
+    if APPEND:  # the new row, from registers, as one more key column (its bias cq - c_new is 0: Tq == 1)
+        if new_here:
+            s_new = tl.sum(q.to(tl.float32) * kn.to(tl.float32)[None, :], 1)
+            if HAS_C:
+                s_new = s_new * sm_scale
+            s_new = tl.where(new >= ks, s_new, float("-inf"))
+            m_new = tl.maximum(m_i, s_new)
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2((m_i - m_use) * mult)
+            p_new = tl.exp2(s_new * mult - m_use * mult)
+            l_i = l_i * alpha + p_new
+            acc = acc * alpha[:, None] + p_new[:, None] * vn.to(tl.float32)[None, :]
+            m_i = m_new
 
     empty = l_i == 0.0
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
