@@ -115,11 +115,16 @@ def tune(seq_len: int = 16384, head_dims=(64, 128), verbose: bool = True) -> dic
     return {"records": records, "best": best}
 
 
+ROTATE_BYTES = 200_000_000  # K/V copies read in turn past this many bytes: no call finds its cache in the L2 (50-60 MB)
+
+
 def decode_sweep(batch: int, length: int, heads: int, head_dim: int, configs, reps: int, device) -> list[dict]:
-    """Every decode config x split count at one shape (a cache of ``length + 128`` rows, ``length`` of them keys,
-    read through a device-side key length as the static decoder calls it): ms per call (on CUDA the device time
-    inside a captured graph of ``reps`` calls, :func:`graph_ms`; elsewhere one wall-clock call), GB/s of K and V
-    read, and the max error against the PyTorch reference."""
+    """Every decode config x split count at one shape: the static decoder's call (a cache of ``length + 128`` rows,
+    ``length`` of them keys, read through a device-side key length). On CUDA the device time inside a captured graph
+    of ``reps`` calls (:func:`graph_ms`), each call on the next of enough K/V copies to pass :data:`ROTATE_BYTES`;
+    elsewhere one wall-clock call. Records ms per call, GB/s of K and V read, and the max error against the
+    PyTorch reference."""
+    import itertools
     import time
 
     from evalsuite.kernels.forgetting.decode import _num_splits, forgetting_attention_decode_triton
@@ -128,24 +133,28 @@ def decode_sweep(batch: int, length: int, heads: int, head_dim: int, configs, re
     device = torch.device(device)
     gen = torch.Generator(device=device).manual_seed(0)
     capacity = length + 128
+    read = 2 * batch * length * heads * head_dim * 2  # bf16 K and V
+    n_copies = -(-ROTATE_BYTES // read) if device.type == "cuda" else 1
     q = torch.randn(batch, 1, heads, head_dim, device=device, generator=gen, dtype=torch.bfloat16)
-    k, v = (torch.randn(batch, capacity, heads, head_dim, device=device, generator=gen, dtype=torch.bfloat16)
-            for _ in range(2))  # fmt: skip
+    caches = [[torch.randn(batch, capacity, heads, head_dim, device=device, generator=gen, dtype=torch.bfloat16)
+               for _ in range(2)] for _ in range(n_copies)]  # fmt: skip
     cum_k = -torch.rand(batch, capacity, heads, device=device, generator=gen).mul(0.01).cumsum(1)
     key_length = torch.tensor([length], device=device)
     cum_q = cum_k[:, length - 1 : length]
+    k, v = caches[0]
     want = attention_dense(q.float(), k[:, :length].float(), v[:, :length].float(), cum_q, cum_k[:, :length])
-    read = 2 * batch * length * heads * head_dim * k.element_size()
     rows = []
     for config in configs:
         base = _num_splits(batch * heads, capacity, config[0], device)
         for splits in sorted({max(1, base // 2), base, 2 * base, 4 * base}):
+            turn = itertools.cycle(caches)
 
-            def call(splits=splits, config=config):
+            def call(splits=splits, config=config, turn=turn):
+                k, v = next(turn)
                 return forgetting_attention_decode_triton(q, k, v, cum_q, cum_k, key_length=key_length,
                                                           num_splits=splits, config=config)  # fmt: skip
 
-            err = (call().float() - want).abs().max().item()
+            err = (call().float() - want).abs().max().item()  # a fresh cycle's first call: copy 0, want's
             if device.type == "cuda":
                 ms = graph_ms(call, reps)
             else:
@@ -153,8 +162,8 @@ def decode_sweep(batch: int, length: int, heads: int, head_dim: int, configs, re
                 call()
                 ms = (time.perf_counter() - t0) * 1e3
             rows.append({"batch": batch, "length": length, "block_n": config[0], "num_warps": config[1],
-                         "num_stages": config[2], "splits": splits, "default_splits": splits == base, "ms": ms,
-                         "gb_per_s": read / ms / 1e6, "max_error": err})  # fmt: skip
+                         "num_stages": config[2], "splits": splits, "default_splits": splits == base,
+                         "copies": n_copies, "ms": ms, "gb_per_s": read / ms / 1e6, "max_error": err})  # fmt: skip
     return rows
 
 

@@ -79,8 +79,8 @@ BWD_TMA_MIN_T = {64: 4096, 128: 16384}
 BWD_GATE_MMA_MIN_T = {64: 4096, 128: 1024}
 BWD_GATE_MMA_TMA_MIN_T = {64: 65536}
 # Decode: (BLOCK_N, num_warps, num_stages); BLOCK_M follows Tq. From the decode sweep (``evalsuite bench tune
-# forgetting-decode``) on one H100 (24 heads of 64, bf16; results/kernels/fox-tuning/tune_decode.json): (64, 2, 3) was
-# fastest or within 2% at batch 1 and 8 after 4K and 16K keys (32.0 us at batch 1 after 4K; (64, 4, 2): 34.5 us).
+# forgetting-decode``) on an H200 (24 heads of 64, bf16, caches past the L2; results/kernels/fox-tuning/
+# decode_sweep_h200.json): (64, 2, 3) within 1% of the best at batch 1 after 4K and 16K keys, the best at batch 8.
 DECODE_CONFIG = (64, 2, 3)
 # Under the interpreter: small blocks, so tests at T <= 256 still cover several diagonal / off-diagonal blocks.
 INTERPRET_FWD = (32, 16, 4, 1)
