@@ -1,5 +1,6 @@
 """The Forgetting Attention decode kernels (evalsuite/kernels/forgetting/decode.py: split-K over the key cache,
-its merge, the appending step) against the float64 reference, on CPU under ``TRITON_INTERPRET=1``."""
+its merge, the appending step) against the float64 reference, on CPU under ``TRITON_INTERPRET=1``; and the kernel
+compiled for sm_90a."""
 
 import os
 import subprocess

@@ -100,11 +100,12 @@ def _decode_kernel(
     holding fewer keys, whose length a CUDA graph cannot pass as an argument.
     With ``APPEND`` (one query, ``HAS_KL``) this step's key row is not in the cache yet: ``KL`` counts the keys
     before it, the new row is key ``KL`` (the query's own position), its k/v come from ``KN``/``VN`` ``[B, H, D]``
-    and its cumulative log forget is the previous row's plus ``LF`` ``[B, H]`` (0 without ``HAS_LF``). Every
-    program takes the new row from registers; the programs of the last split also write it into the cache (K, V,
-    CK), so the step needs no separate cache-append kernels (results/bench/h100/decode-6/ at commit 164742b). ``N_ROWS``
-    (0-2) more ``[B, H, D]`` rows are copied by those programs, RS1 -> RD1 and RS2 -> RD2 (FoX (Pro)'s KV-shift
-    rows): state the step writes, in the same launch.
+    and its cumulative log forget is the previous row's plus ``LF`` ``[B, H]`` (0 without ``HAS_LF``). The key loop
+    stops before the new row and the split holding it adds it from registers (a check and select inside the loop
+    cost 26% at batch 1 after 4K keys: results/decode/README.md); the programs of the last split also write it into
+    the cache (K, V, CK), so the step needs no separate cache-append kernels (results/bench/h100/decode-6/ at commit
+    164742b). ``N_ROWS`` (0-2) more ``[B, H, D]`` rows are copied by those programs, RS1 -> RD1 and RS2 -> RD2 (FoX
+    (Pro)'s KV-shift rows): state the step writes, in the same launch.
     Grid: (B*H, cdiv(Tq, BLOCK_M), n_splits). Split s covers keys [s*keys_per_split, (s+1)*keys_per_split).
     Writes O_PART [S, B, H, Tq, D] (normalised within the split, 0 where nothing is visible) and
     LSE_PART [S, B, H, Tq] (log2 units, -inf where nothing is visible); :func:`_merge_kernel` merges the splits.
@@ -260,7 +261,7 @@ def _num_splits(bh_blocks: int, Tk: int, block_n: int, device) -> int:
         min_keys = 4 * block_n  # keep each split long enough to amortise its partial write
     # At least 2 programs per SM, rounded up: on an H200 (24 heads of 64, bf16, caches rotated past the L2), batch 8
     # takes 2 splits in 52.9 us after 4K keys and 189 us after 16K against 68.0 and 252 us with 1; at batch 1 the
-    # 11 splits this gives are within 1% of the best of 5 to 44 (results/kernels/fox-tuning/decode_ab_h200.json).
+    # 11 splits this gives are within 1% of the best of 5 to 44 (results/kernels/fox-tuning/decode_sweep_h200.json).
     want = triton.cdiv(2 * n_sm, bh_blocks)
     return max(1, min(want, triton.cdiv(Tk, min_keys)))
 
