@@ -6,15 +6,9 @@ from __future__ import annotations
 
 import itertools
 
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-
+from evalsuite.bench.sass import compile_jit
 from evalsuite.kernels.forgetting.common import DECODE_CONFIG
 from evalsuite.kernels.forgetting.decode import _decode_kernel
-
-POINTERS = {"KS": "*i32", "KL": "*i64", "CQ": "*fp32", "CK": "*fp32", "LF": "*fp32", "O_PART": "*fp32",
-            "LSE_PART": "*fp32"}  # fmt: skip
 
 
 def main() -> None:
@@ -24,18 +18,7 @@ def main() -> None:
             continue
         flags = {"HAS_C": has_c, "HAS_KS": has_ks, "HAS_KL": append, "APPEND": append, "HAS_LF": append and has_c,
                  "N_ROWS": n_rows, "HEAD_DIM": 64, "BLOCK_M": 16, "BLOCK_N": block_n, "UPCAST": False}  # fmt: skip
-        signature = {}
-        for name in _decode_kernel.arg_names:
-            if name in flags:
-                signature[name] = "constexpr"
-            elif name.startswith("stride_") or name in ("Tq", "Tk", "H", "keys_per_split"):
-                signature[name] = "i32"
-            elif name in ("sm_scale", "mult"):
-                signature[name] = "fp32"
-            else:
-                signature[name] = POINTERS.get(name, "*bf16")
-        source = ASTSource(fn=_decode_kernel, signature=signature, constexprs=flags)
-        triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+        compile_jit(_decode_kernel, flags, warps, stages)
         print("compiled", has_c, append, n_rows, has_ks)
 
 

@@ -30,8 +30,11 @@ from pathlib import Path
 
 KERNELS = ("forgetting-fwd", "forgetting-dq", "forgetting-dkdv", "gsa-read", "gsa-pair", "gsa-dgate")
 JSON_NAME = "sass_loops.json"
-_BF16_ARGS = {"Q", "K", "V", "Out", "DO", "DQ", "DK", "DV", "X", "Y", "QA", "KA"}
-_F32_ARGS = {"C", "LSE", "DELTA", "DC", "G", "HS", "OUT", "Z", "DP", "A", "HSK", "HSV", "DHSK", "DHSV", "DG"}
+_BF16_ARGS = {"Q", "K", "V", "Out", "DO", "DQ", "DK", "DV", "X", "Y", "QA", "KA",
+              "KN", "VN", "RS1", "RD1", "RS2", "RD2"}  # fmt: skip
+_F32_ARGS = {"C", "LSE", "DELTA", "DC", "G", "HS", "OUT", "Z", "DP", "A", "HSK", "HSV", "DHSK", "DHSV", "DG",
+             "CQ", "CK", "LF", "O_PART", "LSE_PART"}  # fmt: skip
+_INT_POINTERS = {"KS": "*i32", "KL": "*i64"}  # the decode kernel's key starts and device-side key length
 _INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?);")
 _BRANCH = re.compile(r"\bBRA\s+(0x[0-9a-f]+)")
 AT_T = 16384  # the sequence length whose launch settings the compiled kernels take (the benchmarks' headline T)
@@ -87,12 +90,13 @@ def _kernel_and_config(kernel: str, head_dim: int, gate: bool):
     return fn, values, (warps, stages)
 
 
-def compile_kernel(kernel: str, head_dim: int, gate: bool, arch: int = 90) -> dict:
-    """Compile ``kernel`` for compute capability ``arch`` -> ``{"sass": text, "registers": int, "stack": int}``.
+def compile_jit(fn, values: dict, num_warps: int, num_stages: int, arch: int = 90):
+    """Triton's compiled kernel of the JIT function ``fn`` for compute capability ``arch``, its constexprs ``values``.
 
-    Pointers are bf16 (q, k, v and their gradients) or float32 (cumsums, LSE; GSA's gates, states, logits and pair
-    matrices); scalars 32-bit; head-dim strides fixed to 1 as the launchers see them, the other integers multiples of
-    16 (as at T = :data:`AT_T`, H = 16); ``gate`` sets the FoX kernels' ``HAS_C``.
+    Pointers are bf16 (q, k, v and their gradients, the decode kernel's new and copied rows) or float32 (cumsums,
+    LSE, partial outputs; GSA's gates, states, logits and pair matrices), the decode kernel's key starts and length
+    integers; scalars 32-bit; head-dim strides fixed to 1 as the launchers see them, the other integers multiples of
+    16 (as at T = :data:`AT_T`, H = 16).
     """
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("unset TRITON_INTERPRET: the interpreter runs kernels as Python and compiles nothing")
@@ -100,7 +104,6 @@ def compile_kernel(kernel: str, head_dim: int, gate: bool, arch: int = 90) -> di
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    fn, values, (warps, stages) = _kernel_and_config(kernel, head_dim, gate)
     signature, constexprs = {}, {}
     for name in fn.arg_names:
         if name in values:
@@ -111,6 +114,8 @@ def compile_kernel(kernel: str, head_dim: int, gate: bool, arch: int = 90) -> di
             signature[name] = "*bf16"
         elif name in _F32_ARGS:
             signature[name] = "*fp32"
+        elif name in _INT_POINTERS:
+            signature[name] = _INT_POINTERS[name]
         elif name in ("sm_scale", "mult", "scale"):
             signature[name] = "fp32"
         else:
@@ -121,8 +126,17 @@ def compile_kernel(kernel: str, head_dim: int, gate: bool, arch: int = 90) -> di
     aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
                if signature[n].startswith("*") or signature[n] == "i32" and n not in loose}  # fmt: skip
     source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=aligned)
-    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32),
-                              options={"num_warps": warps, "num_stages": stages})  # fmt: skip
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": num_warps, "num_stages": num_stages})  # fmt: skip
+
+
+def compile_kernel(kernel: str, head_dim: int, gate: bool, arch: int = 90) -> dict:
+    """Compile ``kernel`` for compute capability ``arch`` (:func:`compile_jit`) -> ``{"sass": text, "registers": int,
+    "stack": int}``; ``gate`` sets the FoX kernels' ``HAS_C``."""
+    import triton
+
+    fn, values, (warps, stages) = _kernel_and_config(kernel, head_dim, gate)
+    compiled = compile_jit(fn, values, warps, stages, arch)
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "kernel.cubin"
