@@ -158,6 +158,41 @@ def test_decode_append(B, length, capacity, gate, key_start, num_splits, n_rows)
     assert caches[0][:, n:].isnan().all()  # nothing written past the new row
 
 
+def test_append_operator_stays_whole_in_a_compiled_graph(monkeypatch):
+    """``append_and_attend``'s kernel is the operator ``evalsuite::forgetting_append_decode``: ``torch.compile``
+    (``fullgraph``, aot_eager: the functionalised graph inductor sees) keeps it as one opaque call whose cache writes
+    and copied rows land as the eager call's do (a traced Triton launch would be analysed for its writes instead,
+    which fails on programmatic dependent launch's wait)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    import evalsuite.kernels.forgetting as fa
+
+    monkeypatch.setattr(fa, "cached_attention_graph_safe", lambda q, backend: True)  # the kernel's path on a CPU
+    g = torch.Generator().manual_seed(3)
+    B, H, D, cap, length = 2, 2, 32, 24, 9
+    q, k_new, v_new = (torch.randn(B, 1, H, D, generator=g).bfloat16() for _ in range(3))
+    log_f = -torch.rand(B, 1, H, generator=g)
+    k, v = (torch.randn(B, cap, H, D, generator=g).bfloat16() for _ in range(2))
+    cum = (-0.5 * torch.rand(B, cap, H, generator=g)).cumsum(1)
+    src = torch.randn(B, H, D, generator=g).bfloat16()
+
+    def step(q, k_new, v_new, log_f, k, v, cum, dst):
+        return fa.append_and_attend(q, k_new, v_new, log_f, k, v, cum, torch.tensor([length]), copy_rows=((src, dst),),
+                                    backend="triton") * 2  # fmt: skip
+
+    states = [(k.clone(), v.clone(), cum.clone(), torch.zeros(B, H, D).bfloat16()) for _ in range(2)]
+    want = step(q, k_new, v_new, log_f, *states[0])
+    counter = CompileCounterWithBackend("aot_eager")
+    torch._dynamo.reset()
+    got = torch.compile(step, fullgraph=True, backend=counter)(q, k_new, v_new, log_f, *states[1])
+    ops = [str(node.target) for graph in counter.graphs for node in graph.graph.nodes if node.op == "call_function"]
+    assert "evalsuite.forgetting_append_decode.default" in ops and counter.frame_count == 1
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    for eager, compiled in zip(*states, strict=True):
+        torch.testing.assert_close(compiled, eager, atol=0, rtol=0)
+    assert torch.equal(states[1][3], src) and torch.equal(states[1][0][:, length], k_new[:, 0])
+
+
 def test_merge_kernel_matches_its_reference():
     """The splits' merge: the kernel against :func:`_merge_reference`, with splits that saw no key (lse -inf,
     output 0) and a row no split saw (0)."""
@@ -170,7 +205,7 @@ def test_merge_kernel_matches_its_reference():
     lse[:, 1, 2, 1], o_part[:, 1, 2, 1] = float("-inf"), 0.0
     out = torch.full((B, Tq, H, D), float("nan"), dtype=torch.bfloat16)
     rows = B * H * Tq
-    decode._merge_kernel[(rows,)](o_part, lse, out, S, rows, H, Tq, *out.stride()[:3], HEAD_DIM=D, BLOCK_S=8)
+    decode._merge_kernel[(rows,)](o_part, lse, out, S, rows, H, Tq, *out.stride()[:3], HEAD_DIM=D, BLOCK_S=8, PDL=False)
     want = decode._merge_reference(o_part, lse).permute(0, 2, 1, 3)
     torch.testing.assert_close(out.float(), want, atol=1e-2, rtol=1e-2)
     assert (out[1, 1, 2] == 0).all()
@@ -185,11 +220,12 @@ def test_decode_matches_full_forward():
     assert rel_err(dec, full.float()) < 1e-2
 
 
-def test_decode_kernel_compiles_for_sm90_with_every_flag():
+def test_decode_step_kernels_compile_for_sm90_with_every_flag():
     """The interpreter skips a branch it never takes, so a name the compiler cannot resolve there passes every other
-    test here; compiling for sm_90a (no GPU needed) at each flag combination the launcher passes catches it."""
+    test here; compiling for sm_90a (no GPU needed) at each flag combination the launcher passes, programmatic
+    dependent launch's wait included, catches it."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, str(Path(__file__).parent / "decode_compile.py")], capture_output=True,
+    done = subprocess.run([sys.executable, str(Path(__file__).parent / "decode_step_compile.py")], capture_output=True,
                           text=True, env=env, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.count("compiled") == 12
+    assert done.stdout.count("compiled") == 15

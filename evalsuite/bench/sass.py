@@ -90,14 +90,16 @@ def _kernel_and_config(kernel: str, head_dim: int, gate: bool):
     return fn, values, (warps, stages)
 
 
-def compile_jit(fn, values: dict, num_warps: int, num_stages: int, arch: int = 90):
+def compile_jit(fn, values: dict, num_warps: int, num_stages: int, arch: int = 90, types: dict | None = None):
     """Triton's compiled kernel of the JIT function ``fn`` for compute capability ``arch``, its constexprs ``values``.
 
     Pointers are bf16 (q, k, v and their gradients, the decode kernel's new and copied rows) or float32 (cumsums,
     LSE, partial outputs; GSA's gates, states, logits and pair matrices), the decode kernel's key starts and length
     integers; scalars 32-bit; head-dim strides fixed to 1 as the launchers see them, the other integers multiples of
-    16 (as at T = :data:`AT_T`, H = 16).
+    16 (as at T = :data:`AT_T`, H = 16). ``types``: Triton signature types (``"*bf16"``, ``"i32"``) of arguments
+    those names would get wrong, by name.
     """
+    types = types or {}
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("unset TRITON_INTERPRET: the interpreter runs kernels as Python and compiles nothing")
     import triton
@@ -108,6 +110,8 @@ def compile_jit(fn, values: dict, num_warps: int, num_stages: int, arch: int = 9
     for name in fn.arg_names:
         if name in values:
             signature[name], constexprs[name] = "constexpr", values[name]
+        elif name in types:
+            signature[name] = types[name]
         elif re.fullmatch(r"stride_\w+d", name):  # the head dim's stride
             signature[name], constexprs[name] = "constexpr", 1
         elif name in _BF16_ARGS:

@@ -6,6 +6,8 @@
 * :func:`mm` -- ``acc + a @ b`` with float32 accumulation at ``PREC`` (``"tf32x3"`` for fp32 operands, ``"tf32"``
   otherwise); under ``TRITON_INTERPRET=1`` the interpreter's ``tl.dot`` mishandles bf16, so ``UPCAST`` upcasts the
   operands to float32 first.
+* :func:`wait_for_previous_kernel` -- the wait a kernel launched with programmatic dependent launch
+  (:func:`~evalsuite.kernels.triton_utils.pdl`) makes before it touches memory the kernels before it write.
 """
 
 from __future__ import annotations
@@ -25,3 +27,14 @@ def mm(a, b, acc, UPCAST: tl.constexpr, PREC: tl.constexpr):
         a = a.to(tl.float32)
         b = b.to(tl.float32)
     return tl.dot(a, b, acc, input_precision=PREC)
+
+
+@triton.jit
+def wait_for_previous_kernel(PDL: tl.constexpr):
+    """With ``PDL`` (the launch took ``launch_pdl``): wait until the previous kernel in the stream has finished and
+    its writes are visible, then let the next kernel launch. Every kernel so launched calls this before it reads
+    or writes anything another kernel writes, and lets the next one launch only after it (so whatever follows
+    also runs after everything before this kernel). Without ``PDL``: nothing (the interpreter lacks both)."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()

@@ -16,6 +16,9 @@ Each family (e.g. ``forgetting/``) keeps its kernels and launchers in its own pa
 * :func:`empty` -- the one allocator for kernel outputs. Launchers look it up on this module at call time
   (``triton_utils.empty(...)``), so tests can monkeypatch it to fill every output with NaN and catch any
   element a kernel forgets to write.
+* :func:`pdl` -- whether a launch on a device uses programmatic dependent launch (compute capability >= 9, not
+  under the interpreter): the kernel then starts while the one before it finishes and waits for its writes inside
+  (:func:`~evalsuite.kernels.jit_helpers.wait_for_previous_kernel`).
 * TMA setup: :func:`has_tma` (compute capability >= 9, cached per device) and :func:`install_tma_allocator`
   (once per process: the global-memory scratch that tensor descriptors built inside kernels need). Neither is
   called under the interpreter, which emulates descriptors without a device.
@@ -68,6 +71,16 @@ def empty(shape, dtype: torch.dtype, device) -> torch.Tensor:
 def has_tma(device_index: int) -> bool:
     """Whether CUDA device ``device_index`` has the TMA unit (compute capability >= 9), asked once per device."""
     return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+@torch.compiler.assume_constant_result  # the GEMV dispatcher asks inside compiled steps: a constant there
+def pdl(device: torch.device) -> bool:
+    """Whether kernels launched on ``device`` take programmatic dependent launch (``launch_pdl``, Hopper and newer):
+    the GPU may start a kernel while the one before it in the stream is still running, so its launch latency and
+    whatever it does before :func:`~evalsuite.kernels.jit_helpers.wait_for_previous_kernel` overlap that kernel's
+    tail. A decode step is hundreds of kernels of a few microseconds each (results/decode/README.md). Never under
+    the interpreter, which has no such launch."""
+    return device.type == "cuda" and not interpreting() and has_tma(device.index or 0)
 
 
 def _tma_scratch(size: int, alignment: int, stream) -> torch.Tensor:

@@ -201,7 +201,9 @@ _COMPILED_STEPS: dict[type, Callable] = {}
 
 def _compiled_step(cls: type) -> Callable:
     if cls not in _COMPILED_STEPS:
-        _COMPILED_STEPS[cls] = torch.compile(cls._step_on_device)
+        # Inductor's kernels with programmatic dependent launch (Hopper and newer; ignored elsewhere), as ours take it
+        # (evalsuite/kernels/triton_utils.py): each starts while the one before it finishes.
+        _COMPILED_STEPS[cls] = torch.compile(cls._step_on_device, options={"triton.enable_pdl": True})
     return _COMPILED_STEPS[cls]
 
 

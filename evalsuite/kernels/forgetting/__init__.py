@@ -30,7 +30,7 @@ if triton_installed():
     # import statement breaks the graph, and the resumed frames recompiled inside the CUDA-graph capture. The same
     # for the gate scan in compiled training steps.
     from evalsuite.kernels.forgetting.cumsum import cumsum_over_time_triton
-    from evalsuite.kernels.forgetting.decode import forgetting_attention_decode_triton
+    from evalsuite.kernels.forgetting.decode import forgetting_append_decode, forgetting_attention_decode_triton
 
 
 def cumsum_over_time(log_f):
@@ -135,12 +135,13 @@ def append_and_attend(q, k, v, log_f, k_cache, v_cache, cum_cache, length, *, ke
     The new row's cumulative log forget is the previous row's plus log_f. ``copy_rows``: up to two ``(src, dst)``
     pairs of ``[B, H, D]`` rows the step also writes (``dst.copy_(src)``: FoX (Pro)'s KV-shift rows). The Triton
     decode kernel does all the writes itself (one launch, CUDA-graph safe); every other backend writes with
-    ``index_copy_``/``copy_`` and calls :func:`cached_attention` (the twin the tests compare it with).
+    ``index_copy_``/``copy_`` and calls :func:`cached_attention` (the twin the tests compare it with). The kernel is
+    the operator ``evalsuite::forgetting_append_decode``, opaque to ``torch.compile``.
     """
     q, k, v = _autocast_inputs(q, k, v)  # the caches are written in place: never cast
     if cached_attention_graph_safe(q, backend) and q.dtype == k_cache.dtype == v_cache.dtype:
-        appended = {"append": (k, v, log_f), "copy_rows": copy_rows, "key_length": length, "key_start": key_start}
-        return forgetting_attention_decode_triton(q, k_cache, v_cache, None, cum_cache, **appended)
+        src, dst = [row for row, _ in copy_rows], [row for _, row in copy_rows]
+        return forgetting_append_decode(q, k, v, log_f, k_cache, v_cache, cum_cache, length, key_start, src, dst)
     cum = None
     if cum_cache is not None:
         cum = cum_cache.index_select(1, length - 1) + (0.0 if log_f is None else log_f)

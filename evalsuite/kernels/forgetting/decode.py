@@ -23,6 +23,7 @@ import triton.language as tl
 from evalsuite.kernels import triton_utils
 from evalsuite.kernels.forgetting import common
 from evalsuite.kernels.forgetting.common import _check_inputs, _mm, _scales, _strides4, _upcast
+from evalsuite.kernels.jit_helpers import wait_for_previous_kernel
 from evalsuite.kernels.triton_utils import interpreting
 
 
@@ -92,6 +93,7 @@ def _decode_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Partial attention of query rows against one split of the keys.
 
@@ -122,6 +124,7 @@ def _decode_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < Tq
+    wait_for_previous_kernel(PDL)
     if HAS_KL:
         n_keys = tl.load(KL).to(tl.int32)
     else:
@@ -218,7 +221,7 @@ def _decode_kernel(
 
 @triton.jit
 def _merge_kernel(O_PART, LSE_PART, OUT, S, rows, H, Tq, stride_ob, stride_ot, stride_oh,
-                  HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):  # fmt: skip
+                  HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
     """The splits' partial outputs merged into one query row: each weighted by its share of the softmax mass.
 
     Grid: (B*H*Tq,), one program a row of the ``[B, H, Tq]`` order of O_PART ``[S, rows, D]`` and LSE_PART
@@ -229,6 +232,7 @@ def _merge_kernel(O_PART, LSE_PART, OUT, S, rows, H, Tq, stride_ob, stride_ot, s
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, HEAD_DIM)
     s_ok = offs_s < S
+    wait_for_previous_kernel(PDL)
     lse = tl.load(LSE_PART + offs_s.to(tl.int64) * rows + row, mask=s_ok, other=float("-inf"))
     m = tl.max(lse, 0)
     m = tl.where(m == float("-inf"), 0.0, m)
@@ -381,13 +385,14 @@ def forgetting_attention_decode_triton(q, k, v, cum_q=None, cum_k=None, *, scale
     pairs = [*copy_rows, *[(unused, unused)] * (2 - len(copy_rows))]
     row_args = [t for pair in pairs for t in pair]
     row_strides = [n for t in row_args for n in t.stride()[:2]]
+    pdl = triton_utils.pdl(q.device)
     _decode_kernel[(B * H, n_m, num_splits)](
         q, k, v, cq, ck, ks, kl, kn, vn, lf, *row_args, o_part, lse_part,
         *_strides4(q), *_strides4(k), *_strides4(v), *cq_strides, *ck_strides, *new_strides, *row_strides,
         Tq, Tk, H, keys_per_split, sm_scale, mult,
         HAS_C=has_c, HAS_KS=key_start is not None, HAS_KL=key_length is not None, APPEND=append is not None,
         HAS_LF=has_lf, N_ROWS=len(copy_rows), HEAD_DIM=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-        UPCAST=_upcast(q.dtype),
+        UPCAST=_upcast(q.dtype), PDL=pdl, launch_pdl=pdl,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
 
@@ -397,5 +402,31 @@ def forgetting_attention_decode_triton(q, k, v, cum_q=None, cum_k=None, *, scale
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     rows = B * H * Tq
     _merge_kernel[(rows,)](o_part, lse_part, out, num_splits, rows, H, Tq, out.stride(0), out.stride(1), out.stride(2),
-                           HEAD_DIM=D, BLOCK_S=triton.next_power_of_2(num_splits), num_warps=1)  # fmt: skip
+                           HEAD_DIM=D, BLOCK_S=triton.next_power_of_2(num_splits), PDL=pdl, launch_pdl=pdl,
+                           num_warps=1)  # fmt: skip
     return out
+
+
+# The appending step as an operator (torch.library), so that torch.compile keeps its launches opaque. Traced as a user
+# Triton kernel, the decode kernel's writes would be found by analysing its TTIR, which fails on programmatic
+# dependent launch's wait (inline assembly); inductor then takes every input as written and copies the caches.
+@torch.library.custom_op(
+    "evalsuite::forgetting_append_decode", mutates_args=("k_cache", "v_cache", "cum_cache", "rows_dst")
+)
+def forgetting_append_decode(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_f: torch.Tensor | None, k_cache: torch.Tensor,
+    v_cache: torch.Tensor, cum_cache: torch.Tensor | None, length: torch.Tensor, key_start: torch.Tensor | None,
+    rows_src: list[torch.Tensor], rows_dst: list[torch.Tensor],
+) -> torch.Tensor:  # fmt: skip
+    """:func:`forgetting_attention_decode_triton` with ``append=(k, v, log_f)``, ``key_length=length`` and
+    ``copy_rows=zip(rows_src, rows_dst)``: q ``[B, 1, H, D]`` -> ``[B, 1, H, D]`` (contiguous); writes this step's row
+    into the caches and copies the rows."""
+    out = forgetting_attention_decode_triton(q, k_cache, v_cache, None, cum_cache, key_start=key_start,
+                                             key_length=length, append=(k, v, log_f),
+                                             copy_rows=tuple(zip(rows_src, rows_dst, strict=True)))  # fmt: skip
+    return out.contiguous()
+
+
+@forgetting_append_decode.register_fake
+def _(q, k, v, log_f, k_cache, v_cache, cum_cache, length, key_start, rows_src, rows_dst):
+    return q.new_empty(q.shape)

@@ -35,7 +35,7 @@ from evalsuite.kernels import triton_utils
 from evalsuite.kernels.cells import cells_first
 from evalsuite.kernels.gemv import MAX_ROWS as ROWS  # x rows each program holds: the most rows the kernel takes
 from evalsuite.kernels.gemv import MIN_K
-from evalsuite.kernels.jit_helpers import in_range, mm
+from evalsuite.kernels.jit_helpers import in_range, mm, wait_for_previous_kernel
 
 
 @dataclass(frozen=True)
@@ -70,10 +70,11 @@ def default_config(dtype: torch.dtype) -> GemvConfig:
 def _few_row_linear_kernel(
     X, W, Bias, Y, M, N, K,
     HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    UPCAST: tl.constexpr, PREC: tl.constexpr,
+    UPCAST: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """Y[:M, n0 : n0 + BLOCK_N] = X @ W[n0 : n0 + BLOCK_N].T (+ Bias), float32 accumulation. Grid: (cdiv(N, BLOCK_N),).
-    Needs K >= BLOCK_K."""
+    Needs K >= BLOCK_K. ``PDL``: launched with programmatic dependent launch (the first W tile loads before the
+    wait)."""
     rows = tl.arange(0, ROWS)
     row_ok = rows < M
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -82,9 +83,13 @@ def _few_row_linear_kernel(
     # row offsets: int64 multiples of K (the JIT sees K % 16 == 0 where it holds, so full blocks load as vectors)
     x_ptrs = X + in_range(rows, M)[:, None] * K + offs_k[None, :]
     w_ptrs = W + in_range(cols, N)[:, None] * K + offs_k[None, :]
-    acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
+    # W's first tile before the wait: no kernel writes weights, so its load overlaps the previous kernel's tail
+    w = tl.load(w_ptrs, mask=col_ok[:, None], other=0.0)
+    wait_for_previous_kernel(PDL)
+    x = tl.load(x_ptrs, mask=row_ok[:, None], other=0.0)
+    acc = mm(x, tl.trans(w), tl.zeros((ROWS, BLOCK_N), dtype=tl.float32), UPCAST, PREC)
     k_full = (K // BLOCK_K) * BLOCK_K
-    for k0 in range(0, k_full, BLOCK_K):  # full blocks: row masks only, uniform along K
+    for k0 in range(BLOCK_K, k_full, BLOCK_K):  # full blocks: row masks only, uniform along K
         x = tl.load(x_ptrs + k0, mask=row_ok[:, None], other=0.0)
         w = tl.load(w_ptrs + k0, mask=col_ok[:, None], other=0.0)
         acc = mm(x, tl.trans(w), acc, UPCAST, PREC)
@@ -112,12 +117,13 @@ def few_row_linear_launch(
     cfg = config or default_config(x.dtype)
     block_k = min(cfg.block_k, 1 << (k.bit_length() - 1))  # a power of two <= K, so the tail's block stays in the row
     y = triton_utils.empty((m, n), dtype=x.dtype, device=x.device)
+    pdl = triton_utils.pdl(x.device)
     _few_row_linear_kernel[(triton.cdiv(n, cfg.block_n),)](
         x, weight, weight if bias is None else bias, y, m, n, k,
         HAS_BIAS=bias is not None, ROWS=ROWS, BLOCK_N=cfg.block_n, BLOCK_K=block_k,
         UPCAST=triton_utils.interpreting(),  # the interpreter's bf16 dot is broken
         PREC="tf32x3" if x.dtype == torch.float32 else "tf32",  # float32 accuracy for float32 inputs
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PDL=pdl, launch_pdl=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return y
 
