@@ -17,7 +17,8 @@ Each family (e.g. ``forgetting/``) keeps its kernels and launchers in its own pa
   (``triton_utils.empty(...)``), so tests can monkeypatch it to fill every output with NaN and catch any
   element a kernel forgets to write.
 * :func:`pdl` -- whether a launch on a device uses programmatic dependent launch (compute capability >= 9, not
-  under the interpreter): the kernel then starts while the one before it finishes and waits for its writes inside
+  under the interpreter, not turned off by ``EVALSUITE_PDL=0``: :func:`pdl_allowed`): the kernel then starts while
+  the one before it finishes and waits for its writes inside
   (:func:`~evalsuite.kernels.jit_helpers.wait_for_previous_kernel`).
 * TMA setup: :func:`has_tma` (compute capability >= 9, cached per device) and :func:`install_tma_allocator`
   (once per process: the global-memory scratch that tensor descriptors built inside kernels need). Neither is
@@ -73,14 +74,20 @@ def has_tma(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
+def pdl_allowed() -> bool:
+    """Whether programmatic dependent launch may be used at all: yes unless ``EVALSUITE_PDL=0`` (to time or debug
+    the step without it; read at every launch and compile)."""
+    return os.environ.get("EVALSUITE_PDL", "1") != "0"
+
+
 @torch.compiler.assume_constant_result  # the GEMV dispatcher asks inside compiled steps: a constant there
 def pdl(device: torch.device) -> bool:
     """Whether kernels launched on ``device`` take programmatic dependent launch (``launch_pdl``, Hopper and newer):
     the GPU may start a kernel while the one before it in the stream is still running, so its launch latency and
     whatever it does before :func:`~evalsuite.kernels.jit_helpers.wait_for_previous_kernel` overlap that kernel's
     tail. A decode step is hundreds of kernels of a few microseconds each (results/decode/README.md). Never under
-    the interpreter, which has no such launch."""
-    return device.type == "cuda" and not interpreting() and has_tma(device.index or 0)
+    the interpreter, which has no such launch, nor with :func:`pdl_allowed` false."""
+    return device.type == "cuda" and not interpreting() and pdl_allowed() and has_tma(device.index or 0)
 
 
 def _tma_scratch(size: int, alignment: int, stream) -> torch.Tensor:

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from evalsuite.errors import UserError
+from evalsuite.kernels import triton_utils
 from evalsuite.kernels.gemv import few_row_linear
 from evalsuite.kernels.triton_utils import interpreting, triton_installed
 
@@ -196,15 +197,17 @@ class DeviceStepDecoder(StaticDecoder):
 # method kept on the decoder: that reference cycle leaves each decoder's KV cache (GBs at long context) to the cyclic
 # garbage collector, and a NIAH grid runs out of device memory on an H100. Each recompiles once, dynamic
 # in the shapes that changed (FoX's cache size), when a decoder of another size comes.
-_COMPILED_STEPS: dict[type, Callable] = {}
+# Keyed by the class and whether programmatic dependent launch is allowed (triton_utils.pdl_allowed).
+_COMPILED_STEPS: dict[tuple[type, bool], Callable] = {}
 
 
 def _compiled_step(cls: type) -> Callable:
-    if cls not in _COMPILED_STEPS:
-        # Inductor's kernels with programmatic dependent launch (Hopper and newer; ignored elsewhere), as ours take it
-        # (evalsuite/kernels/triton_utils.py): each starts while the one before it finishes.
-        _COMPILED_STEPS[cls] = torch.compile(cls._step_on_device, options={"triton.enable_pdl": True})
-    return _COMPILED_STEPS[cls]
+    key = (cls, triton_utils.pdl_allowed())
+    if key not in _COMPILED_STEPS:
+        # Inductor's kernels with programmatic dependent launch (Hopper and newer; inductor ignores it elsewhere), as
+        # ours take it (evalsuite/kernels/triton_utils.py): each starts while the one before it finishes.
+        _COMPILED_STEPS[key] = torch.compile(cls._step_on_device, options={"triton.enable_pdl": key[1]})
+    return _COMPILED_STEPS[key]
 
 
 class RecurrentStaticDecoder(DeviceStepDecoder):
