@@ -76,14 +76,12 @@ def test_kernel_under_torch_compile():
 
 
 def test_auto_takes_the_kernel_where_it_measured_faster():
-    """``auto`` on CUDA: the kernel for a small map and an LM head (the same bits as ``triton``); for a stacked map
-    between them cuBLAS (the same bits as F.linear), or on Hopper, where the kernel launches early, the kernel."""
+    """``auto`` on CUDA, called eagerly: the kernel for a small map and an LM head (the same bits as ``triton``),
+    cuBLAS for a stacked map between them (the same bits as F.linear)."""
     import evalsuite.kernels.gemv as gemv
-    from evalsuite.kernels import triton_utils
 
-    pdl = triton_utils.pdl(torch.device("cuda"))
-    for n, k, kernel in ((1024, 1024, True), (50257, 1536, True), (7168, 1536, pdl)):
+    for n, k, kernel in ((1024, 1024, True), (50257, 1536, True), (7168, 1536, False)):
         x, w, _ = _inputs(1, n, k)
-        assert gemv.kernel_is_faster(1, n, k, pdl) == kernel
+        assert gemv.kernel_is_faster(1, n, k) == kernel
         expected = few_row_linear(x, w, backend="triton") if kernel else F.linear(x, w)
         torch.testing.assert_close(few_row_linear(x, w), expected, rtol=0, atol=0)

@@ -3,10 +3,10 @@
 ``few_row_linear(x, weight, bias=None, backend="auto")``: x ``[..., K]``, weight ``[N, K]``, bias ``[N]`` or None
 -> ``[..., N]``, ``x @ weight.T + bias`` in x's dtype. At a decode step x holds 1-16 rows and W (bf16, 2 MB to
 200 MB) is read once, so the map is bound by W's bytes. The kernel (``kernel.py``) gives each 32 rows of W a program
-and streams them; on an H200 it beat cuBLAS on small maps at one row and on LM heads (:data:`SMALL_MAP`), and where it
-launches with programmatic dependent launch (Hopper and newer: it loads its first tile of W while the kernel before it
-finishes) it takes every map: the compiled FoX (Pro) 760M step 5-10% faster at batch 1 and 8, TNL's 5%, GSA's 0.5%
-(results/decode/pdl-h200/).
+and streams them; on an H200 it beat cuBLAS on small maps at one row and on LM heads (:data:`SMALL_MAP`), and inside
+a compiled decode step on Hopper, where it launches with programmatic dependent launch after kernels that do too (it
+loads its first tile of W while the kernel before it finishes), it takes every map: the compiled FoX (Pro) 760M step
+5-10% faster at batch 1 and 8, TNL's 5%, GSA's 0.5% (results/decode/pdl-h200/).
 
 Backends: ``"auto"`` (the kernel on CUDA tensors where it applies and is faster than cuBLAS,
 :func:`kernel_is_faster`; else ``F.linear``), ``"triton"`` (the kernel where it applies, CPU tensors under
@@ -72,8 +72,9 @@ def kernel_applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 
 def kernel_is_faster(rows: int, n: int, k: int, pdl: bool = False) -> bool:
     """Whether the kernel measured faster than cuBLAS for ``rows`` rows of x and a ``[N, K]`` weight (see
-    :data:`SMALL_MAP`); ``pdl``: launched with programmatic dependent launch (:func:`triton_utils.pdl`), where it
-    loads its first tile of W while the kernel before it finishes, which cuBLAS' GEMVs do not: every map."""
+    :data:`SMALL_MAP`); ``pdl``: launched early, with programmatic dependent launch (:func:`triton_utils.pdl`) after a
+    kernel that lets it, so it loads its first tile of W while that kernel finishes, which cuBLAS' GEMVs do not:
+    every map."""
     return pdl or n >= WIDE_MAP or (rows == 1 and n * k <= SMALL_MAP)
 
 
@@ -100,7 +101,10 @@ def few_row_linear(
         return F.linear(x, weight, bias)
     x, weight, bias = args
     (n, k), rows = weight.shape, x.numel() // x.shape[-1]
-    if backend == "auto" and not kernel_is_faster(rows, n, k, triton_utils.pdl(x.device)):
+    # Launched early only where the kernel before it lets it: inside a compiled decode step, whose inductor kernels
+    # launch with PDL too (models/base.py); after eager kernels the first tile's load overlaps nothing.
+    early = torch.compiler.is_compiling() and triton_utils.pdl(x.device)
+    if backend == "auto" and not kernel_is_faster(rows, n, k, early):
         return F.linear(x, weight, bias)
     y = few_row_linear_triton(x.reshape(rows, k).contiguous(), weight, bias)
     return y.view(*x.shape[:-1], n)
