@@ -4,12 +4,11 @@
 
 Random weights of the card's shapes, bf16. For each setting (``EVALSUITE_PDL=0``, then on: the compiled step is
 compiled for each, evalsuite/models/base.py) two decoders take the same prompt and capture their CUDA graphs; each
-round replays 16 steps of each setting's first decoder in turns (the order flips every round; each step also
-copies its logits out), timed with CUDA
-events, and as many of its twin, untimed. Appends one
-JSON line: ms a step (median over rounds) per setting, the median of the per-round ratios on / off, whether the two
-decoders of each setting gave the same logits bit for bit at every step (a race between kernels launched early
-would break that), and the largest logit difference between the settings over the first 8 steps.
+round replays 16 steps of each setting's first decoder in turns (the order flips every round; each step also copies
+its logits out), timed with CUDA events, and as many of its twin, untimed. Appends one JSON line: ms a step (median
+over rounds) per setting, the median of the per-round ratios on / off, whether the two decoders of each setting gave
+the same logits bit for bit at every step (a race between kernels launched early would break that), and the largest
+logit difference between the settings over the first 8 steps.
 """
 
 from __future__ import annotations
