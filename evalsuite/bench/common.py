@@ -33,11 +33,16 @@ class Unavailable(Exception):
 
 
 def env_info() -> dict:
-    """Device, software versions and git commit (the suite's provenance), stored in every record."""
+    """Device, software versions and git commit (the suite's provenance), stored in every record; on CUDA also
+    whether kernels launch with programmatic dependent launch (``pdl``: Hopper and newer unless ``EVALSUITE_PDL=0``),
+    which changes decode-step times."""
+    from evalsuite.kernels import triton_utils
     from evalsuite.runs.provenance import git_commit, versions
 
     info = {**versions(), "git_commit": git_commit(), "cuda": torch.version.cuda}
-    info["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    cuda = torch.cuda.is_available()
+    info["device"] = torch.cuda.get_device_name() if cuda else "cpu"
+    info["pdl"] = cuda and triton_utils.triton_installed() and triton_utils.pdl(torch.device("cuda"))
     return info
 
 

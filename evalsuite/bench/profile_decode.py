@@ -66,6 +66,7 @@ def profile_decode(out, card: str = "fox-pro", path: str = "compiled", length: i
     generate call of other lengths does (the compiled step then recompiles dynamic in the cache size). Returns the
     summary written to the JSON."""
     from evalsuite.errors import UserError
+    from evalsuite.kernels import triton_utils
     from evalsuite.runs.provenance import git_commit, versions
 
     if path not in PATHS:
@@ -99,7 +100,8 @@ def profile_decode(out, card: str = "fox-pro", path: str = "compiled", length: i
                "kernels_per_step": sum(r["calls_per_call"] for r in all_rows),
                "top": [{"kernel": r["kernel"], "calls_per_step": r["calls_per_call"], "us_per_step": r["us_per_call"]}
                        for r in top],
-               "device": device_name, "versions": versions(), "git_commit": git_commit()}  # fmt: skip
+               "device": device_name, "versions": versions(), "git_commit": git_commit(),
+               "pdl": triton_utils.pdl(torch.device(device))}  # fmt: skip
     (out / f"{name}.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(head)
     print("\n".join(rows[:25]))
