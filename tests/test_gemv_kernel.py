@@ -192,7 +192,7 @@ def test_auto_leaves_cpu_tensors_to_f_linear_and_reference_is_f_linear(monkeypat
     faster = [(1, 1024, 1024), (1, 50257, 2048), (8, 50257, 1536)]  # measured faster there
     slower = [(1, 7168, 1536), (1, 2048, 2048), (8, 1536, 1536)]  # and not there
     assert all(gemv.kernel_is_faster(*a) for a in faster) and not any(gemv.kernel_is_faster(*a) for a in slower)
-    assert all(gemv.kernel_is_faster(*a, pdl=True) for a in slower)  # launched early: every map (Hopper)
+    assert all(gemv.kernel_is_faster(*a, launched_early=True) for a in slower)  # compiled steps on Hopper
     with pytest.raises(ValueError, match="unknown GEMV backend"):
         few_row_linear(x, w, b, backend="cublas")
 

@@ -70,12 +70,12 @@ def kernel_applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return not _wants_grad(x, weight, bias)
 
 
-def kernel_is_faster(rows: int, n: int, k: int, pdl: bool = False) -> bool:
+def kernel_is_faster(rows: int, n: int, k: int, launched_early: bool = False) -> bool:
     """Whether the kernel measured faster than cuBLAS for ``rows`` rows of x and a ``[N, K]`` weight (see
-    :data:`SMALL_MAP`); ``pdl``: launched early, with programmatic dependent launch (:func:`triton_utils.pdl`) after a
+    :data:`SMALL_MAP`); ``launched_early``: with programmatic dependent launch (:func:`triton_utils.pdl`) after a
     kernel that lets it, so it loads its first tile of W while that kernel finishes, which cuBLAS' GEMVs do not:
     every map."""
-    return pdl or n >= WIDE_MAP or (rows == 1 and n * k <= SMALL_MAP)
+    return launched_early or n >= WIDE_MAP or (rows == 1 and n * k <= SMALL_MAP)
 
 
 def _autocast(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
