@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import itertools
 
+import torch
+
 from evalsuite.bench.sass import compile_jit
 from evalsuite.kernels.forgetting.common import DECODE_CONFIG
 from evalsuite.kernels.forgetting.decode import _decode_kernel, _merge_kernel
@@ -25,7 +27,7 @@ def main() -> None:
         print("compiled decode", has_c, append, n_rows, has_ks)
     compile_jit(_merge_kernel, {"HEAD_DIM": 64, "BLOCK_S": 16, "PDL": True}, 1, 1)
     print("compiled merge")
-    cfg = GPU_CONFIGS[next(iter(GPU_CONFIGS))]
+    cfg = GPU_CONFIGS[torch.bfloat16]
     for has_bias in (True, False):
         flags = {"HAS_BIAS": has_bias, "ROWS": 16, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "UPCAST": False,
                  "PREC": "tf32", "PDL": True}  # fmt: skip

@@ -188,10 +188,7 @@ def _decode_kernel(
             s = s * sm_scale + (cq[:, None] - ck[None, :])
         visible = (cols[None, :] <= pos[:, None]) & col_ok[None, :] & (cols[None, :] >= ks)
         s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # rows that have seen no visible key yet keep m = -inf; use 0 as the shift so no inf - inf appears
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2((m_i - m_use) * mult)
+        m_new, m_use, alpha = _running_max(m_i, tl.max(s, 1), mult)
         p = tl.exp2(s * mult - (m_use * mult)[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = _mm(p.to(v.dtype), v, acc * alpha[:, None], UPCAST)
@@ -202,9 +199,7 @@ def _decode_kernel(
             if HAS_C:
                 s_new = s_new * sm_scale
             s_new = tl.where(new >= ks, s_new, float("-inf"))
-            m_new = tl.maximum(m_i, s_new)
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2((m_i - m_use) * mult)
+            m_new, m_use, alpha = _running_max(m_i, s_new, mult)
             p_new = tl.exp2(s_new * mult - m_use * mult)
             l_i = l_i * alpha + p_new
             acc = acc * alpha[:, None] + p_new[:, None] * vn.to(tl.float32)[None, :]
@@ -217,6 +212,16 @@ def _decode_kernel(
     row = (pid_s * tl.num_programs(0) + pid_bh).to(tl.int64) * Tq + offs_m
     tl.store(O_PART + row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=row_ok[:, None])
     tl.store(LSE_PART + row, lse, mask=row_ok)
+
+
+@triton.jit
+def _running_max(m_i, row_max, mult):
+    """The online softmax's update for rows with running max ``m_i`` whose new scores peak at ``row_max``: the new
+    running max, the shift the new scores take (0 for rows that have seen no visible key yet, which keep -inf: no
+    inf - inf) and the factor ``alpha`` that rescales the old sums. ``[BLOCK_M]`` each; base 2 with ``mult``."""
+    m_new = tl.maximum(m_i, row_max)
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    return m_new, m_use, tl.exp2((m_i - m_use) * mult)
 
 
 @triton.jit
